@@ -1,0 +1,258 @@
+//! An in-memory [`LeaseStore`]: the reference implementation, for tests and the simulator.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use async_trait::async_trait;
+
+use super::{LeaseStore, Listing};
+use crate::error::LeaseError;
+use crate::model::{
+    GroupName, Heartbeat, HostName, Lease, LeaseKey, Membership, PartitionId, Timestamp, Version,
+};
+
+#[derive(Debug, Default)]
+struct Group {
+    leases: BTreeMap<PartitionId, Row>,
+    hosts: BTreeMap<HostName, Heartbeat>,
+    change_counter: u64,
+}
+
+#[derive(Debug, Clone)]
+enum Row {
+    Lease(Lease),
+    /// A row made unreadable on purpose by a test (see [`MemoryLeaseStore::corrupt`]).
+    Corrupt {
+        version: Version,
+        reason: String,
+    },
+}
+
+/// A [`LeaseStore`] in process memory. Cloning gives another handle to the same store.
+///
+/// Each call takes one mutex for a few map operations, so it serves millions of calls a second;
+/// the simulator relies on that.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryLeaseStore {
+    groups: Arc<Mutex<HashMap<GroupName, Group>>>,
+}
+
+impl MemoryLeaseStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<GroupName, Group>> {
+        // A panic while holding the lock cannot leave a half-applied write (each write is one
+        // map operation), so a poisoned lock is still consistent.
+        self.groups
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Makes the row of `key` unreadable, as a hand-edited row in a real store would be:
+    /// `list` then reports it as [`LeaseError::Malformed`] with `reason`. For tests.
+    pub fn corrupt(&self, key: &LeaseKey, reason: &str) {
+        let mut groups = self.lock();
+        let group = groups.entry(key.group.clone()).or_default();
+        let version = match group.leases.get(&key.partition) {
+            Some(Row::Lease(l)) => l.version,
+            Some(Row::Corrupt { version, .. }) => *version,
+            None => Version::FIRST,
+        };
+        group.leases.insert(
+            key.partition.clone(),
+            Row::Corrupt {
+                version,
+                reason: reason.to_string(),
+            },
+        );
+    }
+}
+
+fn malformed(key: &LeaseKey, reason: &str) -> LeaseError {
+    LeaseError::Malformed {
+        key: key.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+#[async_trait]
+impl LeaseStore for MemoryLeaseStore {
+    async fn list(&self, group: &GroupName) -> Result<Listing, LeaseError> {
+        let groups = self.lock();
+        let mut listing = Listing::default();
+        if let Some(g) = groups.get(group) {
+            listing.leases.reserve(g.leases.len());
+            for (partition, row) in &g.leases {
+                match row {
+                    Row::Lease(l) => listing.leases.push(l.clone()),
+                    Row::Corrupt { reason, .. } => listing.malformed.push(malformed(
+                        &LeaseKey::new(group.clone(), partition.clone()),
+                        reason,
+                    )),
+                }
+            }
+        }
+        Ok(listing)
+    }
+
+    async fn get(&self, key: &LeaseKey) -> Result<Option<Lease>, LeaseError> {
+        let groups = self.lock();
+        match groups
+            .get(&key.group)
+            .and_then(|g| g.leases.get(&key.partition))
+        {
+            None => Ok(None),
+            Some(Row::Lease(l)) => Ok(Some(l.clone())),
+            Some(Row::Corrupt { reason, .. }) => Err(malformed(key, reason)),
+        }
+    }
+
+    async fn create(&self, lease: &Lease) -> Result<Option<Lease>, LeaseError> {
+        lease.validate()?;
+        let mut groups = self.lock();
+        let group = groups.entry(lease.key.group.clone()).or_default();
+        if group.leases.contains_key(&lease.key.partition) {
+            return Ok(None);
+        }
+        let mut stored = lease.clone();
+        stored.version = Version::FIRST;
+        group
+            .leases
+            .insert(lease.key.partition.clone(), Row::Lease(stored.clone()));
+        group.change_counter += 1;
+        Ok(Some(stored))
+    }
+
+    async fn replace(&self, lease: &Lease, expected: Version) -> Result<Lease, LeaseError> {
+        lease.validate()?;
+        let mut groups = self.lock();
+        let group = groups
+            .get_mut(&lease.key.group)
+            .ok_or_else(|| LeaseError::NotFound {
+                key: lease.key.to_string(),
+            })?;
+        let row =
+            group
+                .leases
+                .get_mut(&lease.key.partition)
+                .ok_or_else(|| LeaseError::NotFound {
+                    key: lease.key.to_string(),
+                })?;
+        let current = match row {
+            Row::Lease(l) => l,
+            Row::Corrupt { reason, .. } => return Err(malformed(&lease.key, reason)),
+        };
+        if current.version != expected {
+            return Err(LeaseError::Conflict {
+                key: lease.key.to_string(),
+                expected,
+                current: Box::new(current.clone()),
+            });
+        }
+        let bump = current.ownership_differs(lease);
+        let mut stored = lease.clone();
+        stored.version = expected.next();
+        *current = stored.clone();
+        if bump {
+            group.change_counter += 1;
+        }
+        Ok(stored)
+    }
+
+    async fn delete(&self, key: &LeaseKey, expected: Version) -> Result<(), LeaseError> {
+        let mut groups = self.lock();
+        let not_found = || LeaseError::NotFound {
+            key: key.to_string(),
+        };
+        let group = groups.get_mut(&key.group).ok_or_else(not_found)?;
+        let version = match group.leases.get(&key.partition).ok_or_else(not_found)? {
+            Row::Lease(l) if l.version != expected => {
+                return Err(LeaseError::Conflict {
+                    key: key.to_string(),
+                    expected,
+                    current: Box::new(l.clone()),
+                })
+            }
+            Row::Lease(l) => l.version,
+            // A corrupt row can be deleted at its version, so an operator can clear it.
+            Row::Corrupt { version, .. } => *version,
+        };
+        if version != expected {
+            return Err(malformed(key, "version mismatch on a malformed row"));
+        }
+        group.leases.remove(&key.partition);
+        group.change_counter += 1;
+        Ok(())
+    }
+
+    async fn heartbeat(
+        &self,
+        group: &GroupName,
+        host: &HostName,
+        incarnation: &str,
+        written_at: Timestamp,
+        expected: Option<Version>,
+    ) -> Result<Heartbeat, LeaseError> {
+        let mut groups = self.lock();
+        let g = groups.entry(group.clone()).or_default();
+        let current = g.hosts.get(host);
+        let version = match (current, expected) {
+            (None, None) => Version::FIRST,
+            (Some(row), Some(v)) if row.version == v => v.next(),
+            (current, _) => {
+                return Err(LeaseError::HeartbeatConflict {
+                    group: group.to_string(),
+                    host: host.to_string(),
+                    current: current.cloned().map(Box::new),
+                })
+            }
+        };
+        let row = Heartbeat {
+            group: group.clone(),
+            host: host.clone(),
+            incarnation: incarnation.to_string(),
+            version,
+            written_at,
+        };
+        g.hosts.insert(host.clone(), row.clone());
+        Ok(row)
+    }
+
+    async fn remove_heartbeat(
+        &self,
+        group: &GroupName,
+        host: &HostName,
+        expected: Version,
+    ) -> Result<(), LeaseError> {
+        let mut groups = self.lock();
+        let Some(g) = groups.get_mut(group) else {
+            return Ok(());
+        };
+        match g.hosts.get(host) {
+            None => Ok(()),
+            Some(row) if row.version == expected => {
+                g.hosts.remove(host);
+                Ok(())
+            }
+            Some(row) => Err(LeaseError::HeartbeatConflict {
+                group: group.to_string(),
+                host: host.to_string(),
+                current: Some(Box::new(row.clone())),
+            }),
+        }
+    }
+
+    async fn membership(&self, group: &GroupName) -> Result<Membership, LeaseError> {
+        let groups = self.lock();
+        Ok(groups
+            .get(group)
+            .map(|g| Membership {
+                hosts: g.hosts.values().cloned().collect(),
+                change_counter: g.change_counter,
+            })
+            .unwrap_or_default())
+    }
+}

@@ -1,0 +1,120 @@
+//! The lease store seam: where leases and host heartbeats live.
+//!
+//! [`LeaseStore`] is deliberately small: list, create-if-absent, compare-and-swap, delete, and
+//! the membership row per host. Acquiring, renewing, checkpointing, handing off and releasing
+//! are built on top of it by the processor, so a backend only has to get these few operations
+//! atomic. [`MemoryLeaseStore`] is the in-memory implementation for tests and the simulator.
+//!
+//! The trait is object-safe (`Arc<dyn LeaseStore>`): a host picks its store at run time from a
+//! URL, and the processor, CLI and simulator hold one type whatever the backend. The cost is
+//! one boxed future per call, which is noise next to a store round trip.
+
+mod memory;
+
+pub use memory::MemoryLeaseStore;
+
+use async_trait::async_trait;
+
+use crate::error::LeaseError;
+use crate::model::{GroupName, Heartbeat, HostName, Lease, LeaseKey, Membership, Version};
+
+/// The result of [`LeaseStore::list`]: the readable leases, and every row that could not be
+/// read, each as an error naming its key. One bad row never hides the others.
+#[derive(Debug, Default)]
+pub struct Listing {
+    /// The leases, ordered by partition id.
+    pub leases: Vec<Lease>,
+    /// One [`LeaseError::Malformed`] per unreadable row.
+    pub malformed: Vec<LeaseError>,
+}
+
+/// A shared store of leases and host heartbeats, partitioned by group.
+///
+/// # Contract
+///
+/// - Every successful write of a row sets its version to one more than before (a created row
+///   gets [`Version::FIRST`]), and returns the row as stored.
+/// - Writes are atomic per row, and conditional: `create` only if absent, `replace` and
+///   `delete` only at the expected version. Nothing is ever overwritten blindly.
+/// - Every write that creates or deletes a lease, or changes its `state`, `owner` or
+///   `next_owner`, bumps the group's change counter in the same atomic step; a write that only
+///   moves the continuation or properties does not.
+/// - Groups are isolated: nothing done in one group is visible in another.
+///
+/// # Cancel safety
+///
+/// Dropping a returned future may or may not have applied the write (as with any remote
+/// call). Because every write is conditional on a version, the caller recovers by re-reading.
+#[async_trait]
+pub trait LeaseStore: Send + Sync + std::fmt::Debug {
+    /// All leases of `group`, ordered by partition id.
+    ///
+    /// # Errors
+    /// [`LeaseError::Store`] if the store cannot be read. Unreadable rows do not fail the call:
+    /// they are returned in [`Listing::malformed`].
+    async fn list(&self, group: &GroupName) -> Result<Listing, LeaseError>;
+
+    /// The lease with `key`, or `None`.
+    ///
+    /// # Errors
+    /// [`LeaseError::Malformed`] if its row cannot be read; [`LeaseError::Store`] on failure.
+    async fn get(&self, key: &LeaseKey) -> Result<Option<Lease>, LeaseError>;
+
+    /// Stores `lease` if no lease has its key. Returns `Some(stored)` (version
+    /// [`Version::FIRST`]) if this call created it, `None` if it already existed. Racing
+    /// creators: exactly one gets `Some`.
+    ///
+    /// # Errors
+    /// [`LeaseError::Invalid`] if `lease` fails [`Lease::validate`]; [`LeaseError::Store`].
+    async fn create(&self, lease: &Lease) -> Result<Option<Lease>, LeaseError>;
+
+    /// Writes `lease` if the stored row is at `expected`; returns the row as stored (version
+    /// `expected + 1`). `lease.version` is ignored.
+    ///
+    /// # Errors
+    /// [`LeaseError::Conflict`] with the current row if the version moved;
+    /// [`LeaseError::NotFound`] if there is no row; [`LeaseError::Invalid`];
+    /// [`LeaseError::Store`].
+    async fn replace(&self, lease: &Lease, expected: Version) -> Result<Lease, LeaseError>;
+
+    /// Deletes the lease if it is at `expected`.
+    ///
+    /// # Errors
+    /// [`LeaseError::Conflict`] with the current row if the version moved;
+    /// [`LeaseError::NotFound`]; [`LeaseError::Store`].
+    async fn delete(&self, key: &LeaseKey, expected: Version) -> Result<(), LeaseError>;
+
+    /// Writes `host`'s heartbeat row in `group`: creates it when `expected` is `None` and no
+    /// row exists, otherwise replaces it if it is at `expected`. `written_at` is stored for
+    /// display. Returns the row as stored.
+    ///
+    /// # Errors
+    /// [`LeaseError::HeartbeatConflict`] with the current row if it exists when `expected` is
+    /// `None`, or is not at `expected`, or was removed; [`LeaseError::Store`].
+    async fn heartbeat(
+        &self,
+        group: &GroupName,
+        host: &HostName,
+        incarnation: &str,
+        written_at: crate::model::Timestamp,
+        expected: Option<Version>,
+    ) -> Result<Heartbeat, LeaseError>;
+
+    /// Removes `host`'s heartbeat row if it is at `expected` (a host leaving gracefully, or an
+    /// operator clearing a dead one). Removing a row that is already gone succeeds.
+    ///
+    /// # Errors
+    /// [`LeaseError::HeartbeatConflict`] if the row is at another version; [`LeaseError::Store`].
+    async fn remove_heartbeat(
+        &self,
+        group: &GroupName,
+        host: &HostName,
+        expected: Version,
+    ) -> Result<(), LeaseError>;
+
+    /// Every heartbeat of `group` and its change counter, in one read of O(hosts) rows.
+    ///
+    /// # Errors
+    /// [`LeaseError::Store`].
+    async fn membership(&self, group: &GroupName) -> Result<Membership, LeaseError>;
+}

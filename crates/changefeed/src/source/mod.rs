@@ -1,0 +1,101 @@
+//! The feed source seam: listing partitions and reading them in order.
+//!
+//! A [`FeedSource`] lists the partitions of a feed with their lineage and opens a
+//! [`PartitionReader`] on one of them at a [`Position`]. The source alone understands its
+//! continuations; the core only stores them and hands them back. [`MemoryFeed`] is the
+//! in-memory implementation (with split and merge) for tests and the simulator.
+
+mod memory;
+
+pub use memory::MemoryFeed;
+
+use async_trait::async_trait;
+
+use crate::error::SourceError;
+use crate::model::{Batch, Continuation, Partition, PartitionId, Position};
+
+/// A partitioned, ordered feed of change records.
+///
+/// # Contract
+///
+/// - Within a partition, records are returned in one fixed order, and a reader opened at
+///   `Position::Continuation(c)` returns exactly the records after the one `c` stands for.
+/// - A partition listed as closed receives no more records; its reader eventually returns a
+///   batch with `end_of_partition` set, and its children (partitions naming it as a parent)
+///   are listed no later than that.
+///
+/// # Cancel safety
+///
+/// Every method only reads; dropping a future loses nothing.
+#[async_trait]
+pub trait FeedSource: Send + Sync + std::fmt::Debug {
+    /// Every partition the source knows, open and closed, with their parents.
+    ///
+    /// # Errors
+    /// [`SourceError::Source`] if the source cannot be read.
+    async fn partitions(&self) -> Result<Vec<Partition>, SourceError>;
+
+    /// A reader of `partition` starting at `from`.
+    ///
+    /// # Errors
+    /// [`SourceError::UnknownPartition`]; [`SourceError::InvalidContinuation`] if `from` holds
+    /// a continuation this source did not issue for this partition; [`SourceError::Source`].
+    async fn open(
+        &self,
+        partition: &PartitionId,
+        from: &Position,
+    ) -> Result<Box<dyn PartitionReader>, SourceError>;
+
+    /// How many records remain after `after` (`None`: from the beginning), where the source can
+    /// tell; `Ok(None)` when it cannot. Used for lag.
+    ///
+    /// # Errors
+    /// As for [`FeedSource::open`].
+    async fn remaining(
+        &self,
+        partition: &PartitionId,
+        after: Option<&Continuation>,
+    ) -> Result<Option<u64>, SourceError>;
+}
+
+/// Reads one partition forward.
+#[async_trait]
+pub trait PartitionReader: Send + std::fmt::Debug {
+    /// The next records, at most `max` of them (`max` ≥ 1). An empty batch means nothing new
+    /// yet, or, with `end_of_partition`, nothing ever again.
+    ///
+    /// # Errors
+    /// [`SourceError::Source`] on failure; the reader stays at the same place, so calling again
+    /// retries.
+    async fn next_batch(&mut self, max: usize) -> Result<Batch, SourceError>;
+}
+
+/// The stable hash of a record key into the 128-bit key space partitions divide
+/// (FNV-1a, 128-bit). Sources that route records by key use it, so routing is the same
+/// in every process and every run.
+pub fn key_hash(key: &str) -> u128 {
+    const OFFSET: u128 = 0x6c62272e07bb014262b821756295c58d;
+    const PRIME: u128 = 0x0000000001000000000000000000013B;
+    let mut h = OFFSET;
+    for b in key.as_bytes() {
+        h ^= u128::from(*b);
+        h = h.wrapping_mul(PRIME);
+    }
+    h
+}
+
+/// Splits the key space into `n` equal, contiguous ranges, in order (`n` ≥ 1).
+pub fn split_key_space(n: u32) -> Vec<crate::model::KeyRange> {
+    let n = u128::from(n.max(1));
+    let width = u128::MAX / n;
+    (0..n)
+        .map(|i| crate::model::KeyRange {
+            start: i * width,
+            end: if i + 1 == n {
+                u128::MAX
+            } else {
+                (i + 1) * width - 1
+            },
+        })
+        .collect()
+}

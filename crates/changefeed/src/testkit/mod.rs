@@ -1,0 +1,12 @@
+//! Conformance suites every backend runs against its real server (feature `testkit`).
+//!
+//! One public async function per seam: [`lease_store_conformance`] and
+//! [`feed_source_conformance`]. A backend's own tests call them with a fixture factory; the
+//! in-memory implementations run them first. Backend differences go in through the fixture
+//! traits, never by forking the suite. A check that fails panics with a message naming it.
+
+mod feed;
+mod store;
+
+pub use feed::{feed_source_conformance, FeedFixture};
+pub use store::{lease_store_conformance, Corruption, LeaseStoreFixture};

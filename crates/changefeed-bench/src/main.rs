@@ -1,1 +1,27 @@
-fn main() {}
+//! `changefeed-bench`: benchmarks for changefeed. Each subcommand measures the thing and its
+//! baseline in the same run, prints a short table, and ends with one line
+//! `RESULT key=value …` so figures can be compared across machines.
+
+use clap::{Parser, Subcommand};
+
+mod store;
+
+#[derive(Debug, Parser)]
+#[command(name = "changefeed-bench", about = "changefeed benchmarks; each ends with a RESULT line")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Lease store operations: CAS replace/s and list of N leases, SQLite against memory.
+    Store(store::Args),
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Store(args) => store::run(args),
+    }
+}

@@ -1,0 +1,3 @@
+//! Integration tests of the core crate: one binary, one module per area.
+
+mod conformance;

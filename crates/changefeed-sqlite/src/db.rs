@@ -1,0 +1,183 @@
+//! The shared SQLite plumbing: opening a connection, the schema and its migrations, and running
+//! a closure on the connection off the async runtime.
+//!
+//! Both [`crate::SqliteLeaseStore`] and [`crate::SqliteFeed`] hold a [`Db`]: one connection
+//! behind a mutex, used only from `tokio::task::spawn_blocking`. What the tables mean is left to
+//! those two modules; this one only creates them.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior};
+use tokio::task::JoinError;
+
+use crate::error::SqliteError;
+
+/// How long a connection waits for another writer's lock before giving up with `SQLITE_BUSY`.
+pub(crate) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The table holding the schema version (one row).
+const VERSION_TABLE: &str = "changefeed_schema_version";
+
+/// The migrations, in order: migration `i` (0-based) takes the schema from version `i` to
+/// `i + 1`. Never edit a released entry; append a new one.
+const MIGRATIONS: &[&str] = &[
+    // 1: leases, heartbeats and change counters; the feed's partitions and records.
+    r#"
+    CREATE TABLE changefeed_leases (
+        group_name   TEXT NOT NULL,
+        partition    TEXT NOT NULL,
+        state        TEXT NOT NULL,
+        owner        TEXT,
+        next_owner   TEXT,
+        continuation TEXT,
+        start        TEXT NOT NULL,
+        parents      TEXT NOT NULL,
+        properties   TEXT NOT NULL,
+        version      INTEGER NOT NULL,
+        PRIMARY KEY (group_name, partition)
+    ) WITHOUT ROWID;
+    CREATE TABLE changefeed_heartbeats (
+        group_name  TEXT NOT NULL,
+        host        TEXT NOT NULL,
+        incarnation TEXT NOT NULL,
+        version     INTEGER NOT NULL,
+        written_at  INTEGER NOT NULL,
+        PRIMARY KEY (group_name, host)
+    ) WITHOUT ROWID;
+    CREATE TABLE changefeed_groups (
+        group_name     TEXT NOT NULL PRIMARY KEY,
+        change_counter INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    CREATE TABLE changefeed_partitions (
+        id          TEXT NOT NULL PRIMARY KEY,
+        parents     TEXT NOT NULL,
+        closed      INTEGER NOT NULL,
+        range_start TEXT NOT NULL,
+        range_end   TEXT NOT NULL
+    ) WITHOUT ROWID;
+    CREATE TABLE changefeed_records (
+        partition    TEXT NOT NULL,
+        seq          INTEGER NOT NULL,
+        key          TEXT NOT NULL,
+        data         BLOB NOT NULL,
+        timestamp_ms INTEGER NOT NULL,
+        PRIMARY KEY (partition, seq)
+    ) WITHOUT ROWID;
+    "#,
+];
+
+/// The schema version this build creates and understands.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// One connection to the database file, shared by the clones of one handle.
+#[derive(Debug, Clone)]
+pub(crate) struct Db {
+    conn: Arc<Mutex<Connection>>,
+    path: Arc<PathBuf>,
+}
+
+impl Db {
+    /// Opens (creating if needed) the database at `path` and brings its schema up to date.
+    pub(crate) async fn open(path: &Path) -> Result<Db, SqliteError> {
+        let path = path.to_path_buf();
+        let conn = tokio::task::spawn_blocking({
+            let path = path.clone();
+            move || open_blocking(&path)
+        })
+        .await??;
+        Ok(Db {
+            conn: Arc::new(Mutex::new(conn)),
+            path: Arc::new(path),
+        })
+    }
+
+    /// The file this handle opened.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Runs `f` on the connection in the blocking thread pool, so the async runtime never
+    /// waits on SQLite (a busy database may hold a call for up to [`BUSY_TIMEOUT`]).
+    pub(crate) async fn call<T, E, F>(&self, f: F) -> Result<Result<T, E>, JoinError>
+    where
+        T: Send + 'static,
+        E: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, E> + Send + 'static,
+    {
+        let conn = Arc::clone(&self.conn);
+        tokio::task::spawn_blocking(move || {
+            // A panic while the lock was held dropped its rusqlite `Transaction`, which rolled
+            // back, so the connection behind a poisoned lock is still usable.
+            let mut guard = conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            f(&mut guard)
+        })
+        .await
+    }
+}
+
+/// Opens the connection: WAL journal (readers never block the writer, and several processes
+/// can share the file), `synchronous = NORMAL` (durable across process crashes; a power loss
+/// may lose the last commits, which only means re-delivery), a busy timeout, then migrations.
+fn open_blocking(path: &Path) -> Result<Connection, SqliteError> {
+    let mut conn = Connection::open(path)?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    // Switching to WAL needs a moment of exclusive access; the busy timeout covers a race with
+    // another process opening the same file.
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    migrate(&mut conn, path)?;
+    Ok(conn)
+}
+
+/// Applies the migrations the database lacks, all in one immediate transaction, so two
+/// processes opening a fresh file at once cannot both apply them.
+fn migrate(conn: &mut Connection, path: &Path) -> Result<(), SqliteError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    tx.execute_batch(&format!(
+        "CREATE TABLE IF NOT EXISTS {VERSION_TABLE} (version INTEGER NOT NULL)"
+    ))?;
+    let found: Option<i64> = tx
+        .query_row(
+            &format!("SELECT MAX(version) FROM {VERSION_TABLE}"),
+            [],
+            |r| r.get(0),
+        )
+        .optional()?
+        .flatten();
+    let found = found.unwrap_or(0);
+    if found > SCHEMA_VERSION {
+        return Err(SqliteError::SchemaTooNew {
+            path: path.display().to_string(),
+            found,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    if found == SCHEMA_VERSION {
+        return Ok(()); // dropping `tx` ends the read-only transaction
+    }
+    let first = usize::try_from(found).map_err(|_| SqliteError::SchemaCorrupt {
+        path: path.display().to_string(),
+        found,
+    })?;
+    for migration in &MIGRATIONS[first..] {
+        tx.execute_batch(migration)?;
+    }
+    tx.execute(&format!("DELETE FROM {VERSION_TABLE}"), [])?;
+    tx.execute(
+        &format!("INSERT INTO {VERSION_TABLE} (version) VALUES (?1)"),
+        [SCHEMA_VERSION],
+    )?;
+    tx.commit()?;
+    Ok(())
+}
+
+/// Whether `err` is SQLite saying another connection holds the lock: worth retrying later.
+pub(crate) fn is_busy(err: &rusqlite::Error) -> bool {
+    matches!(
+        err.sqlite_error_code(),
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked)
+    )
+}

@@ -1,0 +1,93 @@
+//! The backend's own errors, carried as the `source` of the core's `LeaseError::Store` and
+//! `SourceError::Source`, and the one place that decides which of them are retryable.
+
+use changefeed::{LeaseError, SourceError};
+
+use crate::db::is_busy;
+
+/// What can go wrong inside the SQLite backend. Callers see it as the `source` of a
+/// [`LeaseError::Store`] or [`SourceError::Source`]; downcast to tell the cases apart.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SqliteError {
+    /// The database was written by a newer version of this crate; opening it could corrupt it.
+    #[error(
+        "database {path} has schema version {found}, newer than version {supported} that this \
+         build of changefeed-sqlite knows; upgrade changefeed-sqlite to open it"
+    )]
+    SchemaTooNew {
+        /// The database file.
+        path: String,
+        /// The version stored in the file.
+        found: i64,
+        /// The newest version this build knows.
+        supported: i64,
+    },
+    /// The stored schema version is not a version at all (negative).
+    #[error("database {path} has an invalid schema version {found}")]
+    SchemaCorrupt {
+        /// The database file.
+        path: String,
+        /// The version stored in the file.
+        found: i64,
+    },
+    /// A stored row that is not a lease (heartbeat, partition, record) cannot be read.
+    #[error("malformed {table} row {key}: {reason}")]
+    MalformedRow {
+        /// The table.
+        table: &'static str,
+        /// The row's key as stored.
+        key: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// `append` found no open partition covering the key's hash (the feed has no partitions
+    /// yet: call `create_partitions` first).
+    #[error("no open partition covers the hash of key {key:?}; were partitions created?")]
+    NoOpenPartition {
+        /// The record key.
+        key: String,
+    },
+    /// A value could not be encoded as JSON for storage.
+    #[error("cannot encode {what} as JSON: {source}")]
+    Encode {
+        /// Which field.
+        what: &'static str,
+        /// The encoder's error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// SQLite failed.
+    #[error(transparent)]
+    Sqlite(#[from] rusqlite::Error),
+    /// The blocking task running the call panicked or was cancelled at shutdown.
+    #[error("the blocking task running the call failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+impl SqliteError {
+    /// Whether trying again later may help: SQLite reported the database busy or locked
+    /// (another connection held the write lock for longer than the busy timeout).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            SqliteError::Sqlite(e) => is_busy(e),
+            _ => false,
+        }
+    }
+
+    /// As a lease store error for `operation` on `key`.
+    pub(crate) fn into_lease(self, operation: &'static str, key: Option<String>) -> LeaseError {
+        let retryable = self.is_retryable();
+        LeaseError::store(operation, key, retryable, self)
+    }
+
+    /// As a feed source error for `operation` on `partition`.
+    pub(crate) fn into_source(
+        self,
+        operation: &'static str,
+        partition: Option<String>,
+    ) -> SourceError {
+        let retryable = self.is_retryable();
+        SourceError::source(operation, partition, retryable, self)
+    }
+}

@@ -1,10 +1,163 @@
-//! `store`: lease store throughput.
+//! `store`: lease store throughput, a real backend against the in-memory baseline in one run.
+//!
+//! Measures compare-and-swap `replace` per second (one writer, sequential, each write a
+//! checkpoint that moves the continuation) and the time to `list` a group of N leases (median
+//! of 5), on a SQLite file and on `MemoryLeaseStore`. Wall time is read with
+//! `std::time::Instant`: measuring real elapsed time is the point of a benchmark.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context};
+use changefeed::lease::{LeaseStore, MemoryLeaseStore};
+use changefeed::model::{
+    Continuation, GroupName, HostName, Lease, LeaseKey, LeaseState, PartitionId, Position,
+};
+use changefeed_sqlite::SqliteLeaseStore;
 
 /// Arguments of `changefeed-bench store`.
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Leases in the group that `list` reads.
+    #[arg(long, default_value_t = 10_000)]
+    leases: usize,
+    /// CAS `replace` calls to time, per store.
+    #[arg(long, default_value_t = 20_000)]
+    ops: u64,
+    /// The store under test: `sqlite://PATH` (default: a file in a temporary directory).
+    /// The benchmark writes only the groups `bench-replace` and `bench-list`.
+    #[arg(long)]
+    url: Option<String>,
+}
 
-/// Runs the benchmark.
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("not written yet")
+/// What one store measured.
+#[derive(Debug)]
+struct Figures {
+    replace_per_s: f64,
+    list_ms: f64,
+}
+
+/// Runs the benchmark on its own tokio runtime.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    ensure!(args.ops > 0, "--ops must be at least 1");
+    ensure!(args.leases > 0, "--leases must be at least 1");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("building the tokio runtime")?;
+    runtime.block_on(run_async(args))
+}
+
+async fn run_async(args: Args) -> anyhow::Result<()> {
+    // Kept alive until the end so the temporary file outlives the store.
+    let mut _tempdir = None;
+    let (label, path) = match args.url.as_deref() {
+        None => {
+            let dir = tempfile::tempdir().context("creating a temporary directory")?;
+            let path = dir.path().join("bench.db");
+            _tempdir = Some(dir);
+            ("sqlite (temp file)".to_string(), path)
+        }
+        Some(url) => match url.strip_prefix("sqlite://") {
+            Some(path) if !path.is_empty() => (format!("sqlite ({path})"), PathBuf::from(path)),
+            _ => bail!("unsupported --url {url:?}: expected sqlite://PATH"),
+        },
+    };
+    let sqlite: Arc<dyn LeaseStore> = Arc::new(
+        SqliteLeaseStore::open(&path)
+            .await
+            .with_context(|| format!("opening {}", path.display()))?,
+    );
+    let memory: Arc<dyn LeaseStore> = Arc::new(MemoryLeaseStore::new());
+
+    let sq = measure(sqlite.as_ref(), &args).await.context("sqlite")?;
+    let mem = measure(memory.as_ref(), &args).await.context("memory")?;
+
+    println!(
+        "store: {} CAS replaces (sequential checkpoints), list of {} leases (median of 5)",
+        args.ops, args.leases
+    );
+    println!("{:<40} {:>14} {:>12}", "store", "replace/s", "list ms");
+    for (name, f) in [(label.as_str(), &sq), ("memory", &mem)] {
+        println!("{name:<40} {:>14.0} {:>12.2}", f.replace_per_s, f.list_ms);
+    }
+    println!(
+        "RESULT sqlite_replace_per_s={:.0} memory_replace_per_s={:.0} sqlite_list_ms={:.3} \
+         memory_list_ms={:.3} replace_ratio={:.1}",
+        sq.replace_per_s,
+        mem.replace_per_s,
+        sq.list_ms,
+        mem.list_ms,
+        mem.replace_per_s / sq.replace_per_s
+    );
+    Ok(())
+}
+
+async fn measure(store: &dyn LeaseStore, args: &Args) -> anyhow::Result<Figures> {
+    Ok(Figures {
+        replace_per_s: replace_per_s(store, args.ops).await?,
+        list_ms: list_ms(store, args.leases).await?,
+    })
+}
+
+/// Sequential checkpoint-style CAS writes on one owned lease.
+async fn replace_per_s(store: &dyn LeaseStore, ops: u64) -> anyhow::Result<f64> {
+    let key = LeaseKey::new(GroupName::new("bench-replace")?, PartitionId::new("0")?);
+    let mut lease = Lease::new(key.clone(), Position::Beginning);
+    lease.state = LeaseState::Owned;
+    lease.owner = Some(HostName::new("bench")?);
+    let mut lease = match store.create(&lease).await? {
+        Some(created) => created,
+        None => store.get(&key).await?.context("the bench lease vanished")?,
+    };
+    let checkpoint = |lease: &Lease, i: u64| {
+        let mut next = lease.clone();
+        next.continuation = Some(Continuation::new(format!("0:{i}")));
+        next
+    };
+    // Warm up (prepared statements, page cache) before timing.
+    for i in 0..ops.min(200) {
+        lease = store.replace(&checkpoint(&lease, i), lease.version).await?;
+    }
+    let start = Instant::now();
+    for i in 0..ops {
+        lease = store.replace(&checkpoint(&lease, i), lease.version).await?;
+    }
+    Ok(ops as f64 / start.elapsed().as_secs_f64())
+}
+
+/// Median time of 5 `list` calls on a group of `n` leases.
+async fn list_ms(store: &dyn LeaseStore, n: usize) -> anyhow::Result<f64> {
+    let group = GroupName::new("bench-list")?;
+    // A reused file may hold a previous run's group: start from exactly `n` leases.
+    for lease in store.list(&group).await?.leases {
+        store.delete(&lease.key, lease.version).await?;
+    }
+    let width = n.to_string().len();
+    for i in 0..n {
+        let key = LeaseKey::new(group.clone(), PartitionId::new(format!("{i:0width$}"))?);
+        let mut lease = Lease::new(key, Position::Beginning);
+        lease.continuation = Some(Continuation::new(format!("{i}:12345")));
+        lease.properties.insert("zone".into(), "a".into());
+        store.create(&lease).await?;
+    }
+    let mut times = Vec::with_capacity(5);
+    for _ in 0..5 {
+        let start = Instant::now();
+        let listing = store.list(&group).await?;
+        times.push(start.elapsed());
+        ensure!(
+            listing.leases.len() == n && listing.malformed.is_empty(),
+            "listed {} leases and {} malformed rows, expected {n}",
+            listing.leases.len(),
+            listing.malformed.len()
+        );
+    }
+    times.sort();
+    Ok(ms(times[times.len() / 2]))
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1_000.0
 }

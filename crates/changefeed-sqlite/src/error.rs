@@ -91,3 +91,28 @@ impl SqliteError {
         SourceError::source(operation, partition, retryable, self)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rusqlite::ffi;
+
+    fn sqlite(code: std::os::raw::c_int) -> SqliteError {
+        SqliteError::Sqlite(rusqlite::Error::SqliteFailure(ffi::Error::new(code), None))
+    }
+
+    #[test]
+    fn busy_and_locked_are_retryable_and_nothing_else_is() {
+        // One place decides retryability: a lock held by another connection may free up.
+        assert!(sqlite(ffi::SQLITE_BUSY).is_retryable());
+        assert!(sqlite(ffi::SQLITE_LOCKED).is_retryable());
+        assert!(!sqlite(ffi::SQLITE_CORRUPT).is_retryable());
+        assert!(!sqlite(ffi::SQLITE_READONLY).is_retryable());
+        let err = sqlite(ffi::SQLITE_BUSY).into_lease("replace", Some("g/0".into()));
+        assert!(err.is_retryable());
+        assert!(err.to_string().contains("replace failed for g/0"), "{err}");
+        let err = sqlite(ffi::SQLITE_BUSY).into_source("read", Some("3".into()));
+        assert!(err.is_retryable());
+        assert!(err.to_string().contains("partition 3"), "{err}");
+    }
+}

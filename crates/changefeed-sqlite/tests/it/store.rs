@@ -450,3 +450,21 @@ async fn an_invalid_lease_is_refused_before_writing() {
     ));
     assert_eq!(store.get(&lease.key).await.unwrap(), None);
 }
+
+#[tokio::test]
+async fn the_file_is_in_wal_mode_with_the_current_schema_version() {
+    // WAL lets readers (membership, list) run while another process writes.
+    let fx = Fixture::new();
+    drop(fx.store().await);
+    let conn = rusqlite::Connection::open(&fx.path).unwrap();
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "wal");
+    let version: i64 = conn
+        .query_row("SELECT version FROM changefeed_schema_version", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(version, SCHEMA_VERSION);
+}

@@ -1,0 +1,345 @@
+//! [`EqualShare`], the default strategy: every live host gets an equal share of the eligible
+//! leases, and every host computes the same assignment from the same snapshot.
+//!
+//! The plan is worked out for the whole fleet and then cut down to the asking host. Every host
+//! that sees the same snapshot computes the same fleet-wide assignment, so two hosts never go
+//! for the same free lease or ask for the same lease, and a fleet that sees one snapshot
+//! reaches its balance in one cycle (plus one for hand-offs the owner does not honour, which
+//! the asker then steals). Hosts that see different snapshots may collide; the compare-and-swap
+//! decides, and the loser plans again next cycle.
+
+use std::cmp::{Ordering, Reverse};
+use std::collections::HashMap;
+
+use super::{BalanceStrategy, HandoffRequest, LeaseView, Plan, Snapshot};
+use crate::model::{HostName, LeaseState};
+
+/// Equal share of the eligible leases for every live host (`DESIGN.md`, "Balancing").
+///
+/// With `E` eligible leases and `H` live hosts, each host's quota is `E / H`, plus one for the
+/// `E % H` hosts that hold the most leases now (ties by name); see [`super::quotas`]. Weights
+/// ([`LeaseView::weight`]) are ignored: this strategy balances lease counts.
+///
+/// A host's plan, from one snapshot:
+///
+/// 1. **Steal** every eligible lease whose `next_owner` is this host, whose owner is live, and
+///    whose hand-off is overdue. Pending hand-offs (overdue or not) count toward the asker's
+///    share and against the owner's, so nobody asks twice for the same move.
+/// 2. **Take** free leases (no owner, or a dead owner) up to the quota, in one pass. Free leases
+///    go first to the live host named in their `next_owner` (it had asked for them), then, in
+///    partition order, to the hosts under quota in name order: each host takes its own slice,
+///    so hosts of one snapshot never race for the same lease.
+/// 3. **Request hand-offs** for the rest of the shortfall, from hosts over their quota, the
+///    most over-quota first (ties by name), each giving no more than its excess. Leases
+///    already asked for by a live host are never asked for again; a `next_owner` naming a dead
+///    host (or the owner itself) is a stale request and may be overwritten, and such leases
+///    are asked for first so they move once instead of twice.
+/// 4. **Release** nothing. An over-quota host waits to be asked: a release would leave the
+///    partition unread until someone takes it, while a hand-off moves it with no gap and no
+///    duplicates. Releasing on shutdown is the processor's job (`DESIGN.md` rule 6), not the
+///    balancer's.
+///
+/// Because the extra leases go to the hosts holding the most, a fleet where every host holds
+/// its quota plans nothing: if every host holds `E / H` or `E / H + 1` leases and none is free,
+/// the hosts holding `E / H + 1` are exactly the ones whose quota is `E / H + 1`. Hosts one
+/// lease apart are therefore balanced and nothing oscillates.
+///
+/// A host not in `live_hosts` (its own heartbeat is not live) plans nothing.
+#[derive(Debug, Default, Clone)]
+pub struct EqualShare;
+
+impl BalanceStrategy for EqualShare {
+    fn plan(&self, snapshot: &Snapshot<'_>) -> Plan {
+        let fleet = Fleet::new(snapshot.live_hosts);
+        let Some(me) = fleet.index_of(snapshot.me) else {
+            return Plan::default();
+        };
+        let census = Census::new(&fleet, snapshot.leases);
+        let leases = snapshot.leases;
+        let hosts = fleet.hosts.len();
+        let mut plan = Plan::default();
+
+        // 1. Steal overdue hand-offs to me.
+        for (i, status) in census.status.iter().enumerate() {
+            if let Status::Held {
+                owner,
+                pending: Some(asker),
+            } = *status
+            {
+                if asker == me && owner != me && leases[i].handoff_overdue {
+                    plan.steal.push(leases[i].lease.key.partition.clone());
+                }
+            }
+        }
+
+        // Shortfall of every host, after pending hand-offs.
+        let mut need: Vec<usize> = (0..hosts)
+            .map(|h| census.quota[h].saturating_sub(census.effective[h]))
+            .collect();
+
+        // 2a. Free leases a live host asked for go to it first, while it is under quota.
+        let mut asked: Vec<(usize, usize)> = Vec::new(); // (lease, asker)
+        let mut rest: Vec<usize> = Vec::new(); // free leases nobody live asked for
+        for (i, status) in census.status.iter().enumerate() {
+            match *status {
+                Status::Free { asker: Some(a) } => asked.push((i, a)),
+                Status::Free { asker: None } => rest.push(i),
+                _ => {}
+            }
+        }
+        asked.sort_unstable_by(|x, y| by_partition(leases, x.0, y.0));
+        for (i, a) in asked {
+            if need[a] > 0 {
+                need[a] -= 1;
+                if a == me {
+                    plan.take.push(leases[i].lease.key.partition.clone());
+                }
+            } else {
+                rest.push(i);
+            }
+        }
+
+        // 2b. The other free leases, in partition order, to hosts under quota in name order.
+        // Only this host's slice is materialised; the others' sizes follow from `need`.
+        let free = rest.len();
+        let mut before = 0usize; // free leases handed to hosts before the current one
+        for (h, n) in need.iter_mut().enumerate() {
+            let got = (*n).min(free.saturating_sub(before));
+            if h == me && got > 0 {
+                let slice = select_range(&mut rest, before, before + got, |x, y| {
+                    by_partition(leases, *x, *y)
+                });
+                plan.take
+                    .extend(slice.iter().map(|&i| leases[i].lease.key.partition.clone()));
+            }
+            before += got;
+            *n -= got;
+        }
+
+        // 3. Hand-offs: hosts under quota, in name order, draw from the hosts over quota, most
+        // over first. Only this host's draws are materialised.
+        let mut donors: Vec<(usize, usize)> = (0..hosts) // (host, how many it gives)
+            .map(|h| {
+                let excess = census.effective[h].saturating_sub(census.quota[h]);
+                (h, excess.min(census.requestable[h]))
+            })
+            .filter(|&(_, give)| give > 0)
+            .collect();
+        donors.sort_unstable_by_key(|&(h, give)| (Reverse(give), h));
+        let mut draws: Vec<(usize, usize, usize)> = Vec::new(); // (donor, offset, count)
+        let (mut d, mut offset) = (0usize, 0usize);
+        'askers: for (asker, &want) in need.iter().enumerate() {
+            let mut want = want;
+            while want > 0 {
+                let Some(&(donor, give)) = donors.get(d) else {
+                    break 'askers;
+                };
+                let n = want.min(give - offset);
+                if asker == me {
+                    draws.push((donor, offset, n));
+                }
+                want -= n;
+                offset += n;
+                if offset == give {
+                    d += 1;
+                    offset = 0;
+                }
+            }
+            if asker == me {
+                break;
+            }
+        }
+        if !draws.is_empty() {
+            let mut slot: Vec<Option<usize>> = vec![None; hosts];
+            for (k, &(donor, _, _)) in draws.iter().enumerate() {
+                slot[donor] = Some(k);
+            }
+            let mut offered: Vec<Vec<usize>> = vec![Vec::new(); draws.len()];
+            for (i, status) in census.status.iter().enumerate() {
+                if let Status::Held {
+                    owner,
+                    pending: None,
+                } = *status
+                {
+                    if let Some(k) = slot[owner] {
+                        offered[k].push(i);
+                    }
+                }
+            }
+            for (&(donor, offset, n), mut list) in draws.iter().zip(offered) {
+                // Stale requests first (they would otherwise move twice), then by partition.
+                let slice = select_range(&mut list, offset, offset + n, |x, y| {
+                    let unasked = |i: usize| leases[i].lease.next_owner.is_none();
+                    unasked(*x)
+                        .cmp(&unasked(*y))
+                        .then_with(|| by_partition(leases, *x, *y))
+                });
+                plan.request_handoff
+                    .extend(slice.iter().map(|&i| HandoffRequest {
+                        partition: leases[i].lease.key.partition.clone(),
+                        from: fleet.hosts[donor].clone(),
+                    }));
+            }
+        }
+
+        plan.take.sort_unstable();
+        plan.steal.sort_unstable();
+        plan.request_handoff.sort_unstable();
+        plan
+    }
+}
+
+/// Orders leases by partition id, then by position in the snapshot (a total order even if a
+/// snapshot repeats a partition).
+fn by_partition(leases: &[LeaseView<'_>], x: usize, y: usize) -> Ordering {
+    leases[x]
+        .lease
+        .key
+        .partition
+        .cmp(&leases[y].lease.key.partition)
+        .then(x.cmp(&y))
+}
+
+/// Rearranges `items` so that `items[from..to]` holds, sorted, the elements that would be at
+/// those positions if all of `items` were sorted by `cmp`, and returns that slice. Expected
+/// O(len + k log k): the rest is never fully sorted.
+fn select_range<T>(
+    items: &mut [T],
+    from: usize,
+    to: usize,
+    mut cmp: impl FnMut(&T, &T) -> Ordering,
+) -> &[T] {
+    let to = to.min(items.len());
+    let from = from.min(to);
+    if from == to {
+        return &[];
+    }
+    if from > 0 {
+        items.select_nth_unstable_by(from, &mut cmp);
+    }
+    let tail = &mut items[from..];
+    if to - from < tail.len() {
+        tail.select_nth_unstable_by(to - from, &mut cmp);
+    }
+    let range = &mut items[from..to];
+    range.sort_unstable_by(&mut cmp);
+    range
+}
+
+/// The live hosts, sorted and deduplicated, with a name → index map.
+pub(super) struct Fleet<'s> {
+    /// Live hosts in name order.
+    pub(super) hosts: Vec<&'s HostName>,
+    index: HashMap<&'s str, usize>,
+}
+
+impl<'s> Fleet<'s> {
+    pub(super) fn new(live_hosts: &'s [HostName]) -> Self {
+        let mut hosts: Vec<&HostName> = live_hosts.iter().collect();
+        hosts.sort_unstable();
+        hosts.dedup();
+        let index = hosts
+            .iter()
+            .enumerate()
+            .map(|(i, h)| (h.as_str(), i))
+            .collect();
+        Self { hosts, index }
+    }
+
+    fn index_of(&self, host: &HostName) -> Option<usize> {
+        self.index.get(host.as_str()).copied()
+    }
+}
+
+/// How the balancer classifies one lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Status {
+    /// Ineligible: never taken, counts for nobody.
+    Ignored,
+    /// Eligible with no live owner. `asker`: the live host in its `next_owner`, if any.
+    Free { asker: Option<usize> },
+    /// Eligible and owned by a live host. `pending`: the live host (other than the owner) that
+    /// asked for it by hand-off, if any.
+    Held {
+        owner: usize,
+        pending: Option<usize>,
+    },
+}
+
+/// One pass over the leases: each lease's status and each host's counts and quota.
+pub(super) struct Census {
+    status: Vec<Status>,
+    /// Per host: eligible leases owned, minus pending hand-offs out, plus pending hand-offs in.
+    /// (The quota ranking also counts the free leases a host asked for; see [`super::quotas`].)
+    effective: Vec<usize>,
+    /// Per host: eligible leases owned with no pending hand-off to a live host.
+    requestable: Vec<usize>,
+    /// Per host: its quota.
+    pub(super) quota: Vec<usize>,
+}
+
+impl Census {
+    pub(super) fn new(fleet: &Fleet<'_>, leases: &[LeaseView<'_>]) -> Self {
+        let hosts = fleet.hosts.len();
+        let mut owned = vec![0usize; hosts];
+        let mut incoming = vec![0usize; hosts];
+        let mut outgoing = vec![0usize; hosts];
+        let mut requestable = vec![0usize; hosts];
+        let mut claimed = vec![0usize; hosts];
+        let mut eligible = 0usize;
+        let status: Vec<Status> = leases
+            .iter()
+            .map(|view| {
+                let lease = view.lease;
+                if !view.eligible || lease.state == LeaseState::Finished {
+                    return Status::Ignored;
+                }
+                eligible += 1;
+                let owner = match lease.state {
+                    LeaseState::Owned => lease.owner.as_ref().and_then(|o| fleet.index_of(o)),
+                    _ => None,
+                };
+                let asker = lease.next_owner.as_ref().and_then(|n| fleet.index_of(n));
+                match owner {
+                    None => {
+                        if let Some(a) = asker {
+                            claimed[a] += 1;
+                        }
+                        Status::Free { asker }
+                    }
+                    Some(owner) => {
+                        owned[owner] += 1;
+                        let pending = asker.filter(|&a| a != owner);
+                        match pending {
+                            Some(a) => {
+                                outgoing[owner] += 1;
+                                incoming[a] += 1;
+                            }
+                            None => requestable[owner] += 1,
+                        }
+                        Status::Held { owner, pending }
+                    }
+                }
+            })
+            .collect();
+        let effective: Vec<usize> = (0..hosts)
+            .map(|h| owned[h] - outgoing[h] + incoming[h])
+            .collect();
+        let mut quota = vec![0usize; hosts];
+        if let (Some(base), Some(extra)) =
+            (eligible.checked_div(hosts), eligible.checked_rem(hosts))
+        {
+            let mut order: Vec<usize> = (0..hosts).collect();
+            order.sort_unstable_by_key(|&h| (Reverse(effective[h] + claimed[h]), h));
+            for (rank, &h) in order.iter().enumerate() {
+                quota[h] = base + usize::from(rank < extra);
+            }
+        }
+        Self {
+            status,
+            effective,
+            requestable,
+            quota,
+        }
+    }
+}

@@ -4,10 +4,14 @@
 
 use clap::{Parser, Subcommand};
 
+mod balance;
 mod store;
 
 #[derive(Debug, Parser)]
-#[command(name = "changefeed-bench", about = "changefeed benchmarks; each ends with a RESULT line")]
+#[command(
+    name = "changefeed-bench",
+    about = "changefeed benchmarks; each ends with a RESULT line"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -15,6 +19,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// One host's EqualShare plan on a large lease table, against an O(leases) baseline.
+    Balance(balance::Args),
     /// Lease store operations: CAS replace/s and list of N leases, SQLite against memory.
     Store(store::Args),
 }
@@ -22,6 +28,7 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
+        Command::Balance(args) => balance::run(args),
         Command::Store(args) => store::run(args),
     }
 }

@@ -1,0 +1,175 @@
+//! `balance`: time of one host's [`EqualShare`] plan on a large lease table, against a trivial
+//! O(leases) pass over the same table in the same run.
+//!
+//! Scenarios (each `--leases` × `--hosts`):
+//! - `join`: `hosts − 1` hosts hold every lease evenly and one new host joins; the new host's
+//!   plan asks for its whole share by hand-off.
+//! - `free10`: every host holds an even share of 90% of the leases, 10% are free; the plan is
+//!   for the last host by name.
+//! - `steady`: every host holds its share; the plan is empty.
+//!
+//! The baseline counts the leases per owner with a hash map: the least any balancer must do.
+//! Wall time is read with `std::time::Instant`: measuring real elapsed time is the point of a
+//! benchmark.
+
+use std::collections::HashMap;
+use std::hint::black_box;
+use std::time::Instant;
+
+use anyhow::{ensure, Context};
+use changefeed::balance::{quotas, BalanceStrategy, EqualShare, LeaseView, Snapshot};
+use changefeed::model::{GroupName, HostName, Lease, LeaseKey, LeaseState, PartitionId, Position};
+
+/// Arguments of `changefeed-bench balance`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Leases in the table.
+    #[arg(long, default_value_t = 100_000)]
+    leases: usize,
+    /// Live hosts, the planning host included.
+    #[arg(long, default_value_t = 1_000)]
+    hosts: usize,
+    /// Timed runs per scenario; the median is reported.
+    #[arg(long, default_value_t = 7)]
+    runs: usize,
+}
+
+/// One scenario: a lease table, the live hosts, and the host that plans.
+struct Scenario {
+    name: &'static str,
+    leases: Vec<Lease>,
+    live: Vec<HostName>,
+    me: HostName,
+}
+
+/// Runs the benchmark.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    ensure!(args.leases > 0, "--leases must be at least 1");
+    ensure!(args.hosts >= 2, "--hosts must be at least 2");
+    ensure!(args.runs > 0, "--runs must be at least 1");
+    let scenarios = build(&args)?;
+
+    println!(
+        "balance: one host's EqualShare plan, {} leases x {} hosts, median of {} runs",
+        args.leases, args.hosts, args.runs
+    );
+    println!(
+        "{:<8} {:>6} {:>9} {:>6} {:>12} {:>12} {:>7}",
+        "scenario", "take", "handoffs", "quota", "plan ms", "baseline ms", "ratio"
+    );
+    let (mut worst_plan, mut worst_baseline) = (0.0f64, 0.0f64);
+    for s in &scenarios {
+        let views: Vec<LeaseView<'_>> = s.leases.iter().map(LeaseView::new).collect();
+        let snapshot = Snapshot {
+            me: &s.me,
+            live_hosts: &s.live,
+            leases: &views,
+        };
+        let plan = EqualShare.plan(&snapshot);
+        let quota = quotas(&s.live, &views).get(&s.me).copied().unwrap_or(0);
+        let plan_ms = median_ms(args.runs, || {
+            black_box(EqualShare.plan(black_box(&snapshot)));
+        });
+        let baseline_ms = median_ms(args.runs, || {
+            black_box(count_owners(black_box(&views)));
+        });
+        println!(
+            "{:<8} {:>6} {:>9} {:>6} {:>12.3} {:>12.3} {:>7.2}",
+            s.name,
+            plan.take.len(),
+            plan.request_handoff.len(),
+            quota,
+            plan_ms,
+            baseline_ms,
+            plan_ms / baseline_ms
+        );
+        if plan_ms > worst_plan {
+            (worst_plan, worst_baseline) = (plan_ms, baseline_ms);
+        }
+    }
+    println!(
+        "RESULT balance_ms={worst_plan:.3} baseline_ms={worst_baseline:.3} ratio={:.2}",
+        worst_plan / worst_baseline
+    );
+    Ok(())
+}
+
+/// The baseline: one pass counting eligible leases per owner.
+fn count_owners<'a>(views: &'a [LeaseView<'a>]) -> HashMap<&'a HostName, usize> {
+    let mut counts = HashMap::new();
+    for v in views.iter().filter(|v| v.eligible) {
+        if let Some(owner) = v.lease.owner.as_ref() {
+            *counts.entry(owner).or_insert(0) += 1;
+        }
+    }
+    counts
+}
+
+/// Median wall time of `runs` calls of `f`, in milliseconds, after one warm-up call.
+fn median_ms(runs: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    let mut times: Vec<f64> = (0..runs)
+        .map(|_| {
+            let start = Instant::now();
+            f();
+            start.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+fn build(args: &Args) -> anyhow::Result<Vec<Scenario>> {
+    let group = GroupName::new("bench").context("group name")?;
+    let hosts: Vec<HostName> = (0..args.hosts)
+        .map(|i| HostName::new(format!("host-{i:06}")))
+        .collect::<Result<_, _>>()
+        .context("host name")?;
+    let lease = |i: usize, owner: Option<&HostName>| -> anyhow::Result<Lease> {
+        let partition = PartitionId::new(format!("{i:08}")).context("partition id")?;
+        let mut lease = Lease::new(LeaseKey::new(group.clone(), partition), Position::Beginning);
+        if let Some(owner) = owner {
+            lease.state = LeaseState::Owned;
+            lease.owner = Some(owner.clone());
+        }
+        Ok(lease)
+    };
+    let last = hosts[hosts.len() - 1].clone();
+    let old = &hosts[..hosts.len() - 1];
+
+    let join = (0..args.leases)
+        .map(|i| lease(i, Some(&old[i % old.len()])))
+        .collect::<anyhow::Result<_>>()?;
+    // Every tenth lease is free; the others go round the hosts in turn.
+    let free10 = (0..args.leases)
+        .map(|i| {
+            lease(
+                i,
+                (i % 10 != 0).then(|| &hosts[(i - i / 10 - 1) % hosts.len()]),
+            )
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let steady = (0..args.leases)
+        .map(|i| lease(i, Some(&hosts[i % hosts.len()])))
+        .collect::<anyhow::Result<_>>()?;
+    Ok(vec![
+        Scenario {
+            name: "join",
+            leases: join,
+            live: hosts.clone(),
+            me: last.clone(),
+        },
+        Scenario {
+            name: "free10",
+            leases: free10,
+            live: hosts.clone(),
+            me: last.clone(),
+        },
+        Scenario {
+            name: "steady",
+            leases: steady,
+            live: hosts,
+            me: last,
+        },
+    ])
+}

@@ -8,7 +8,11 @@ mod demo;
 mod plan;
 
 #[derive(Debug, Parser)]
-#[command(name = "changefeed", version, about = "Share a partitioned change feed across a fleet of processes")]
+#[command(
+    name = "changefeed",
+    version,
+    about = "Share a partitioned change feed across a fleet of processes"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -28,6 +28,7 @@ pub mod clock;
 pub mod error;
 pub mod lease;
 pub mod model;
+pub mod processor;
 pub mod source;
 #[cfg(feature = "testkit")]
 pub mod testkit;

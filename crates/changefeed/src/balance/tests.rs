@@ -563,7 +563,7 @@ proptest! {
                 prop_assert!(fleet.is_live(&r.from) && r.from != me);
                 prop_assert_eq!(l.lease.owner.as_ref(), Some(&r.from));
                 prop_assert!(
-                    l.lease.next_owner.as_ref().map_or(true, |n| !fleet.is_live(n) || *n == r.from),
+                    l.lease.next_owner.as_ref().is_none_or(|n| !fleet.is_live(n) || *n == r.from),
                     "{} already requested by a live host", r.partition
                 );
                 let over = holding.get(&r.from).copied().unwrap_or(0) - quotas[&r.from] as i64;
@@ -626,6 +626,6 @@ proptest! {
         let eligible = fleet.table.eligible.iter().filter(|e| **e).count();
         prop_assert_eq!(q.values().sum::<usize>(), eligible);
         let (min, max) = (q.values().min(), q.values().max());
-        prop_assert!(max.zip(min).map_or(true, |(max, min)| max - min <= 1));
+        prop_assert!(max.zip(min).is_none_or(|(max, min)| max - min <= 1));
     }
 }

@@ -9,8 +9,10 @@
 //! URL, and the processor, CLI and simulator hold one type whatever the backend. The cost is
 //! one boxed future per call, which is noise next to a store round trip.
 
+mod counting;
 mod memory;
 
+pub use counting::{CountingStore, StoreCounts, StoreStats};
 pub use memory::MemoryLeaseStore;
 
 use async_trait::async_trait;

@@ -70,18 +70,23 @@ pub trait PartitionReader: Send + std::fmt::Debug {
     async fn next_batch(&mut self, max: usize) -> Result<Batch, SourceError>;
 }
 
-/// The stable hash of a record key into the 128-bit key space partitions divide
-/// (FNV-1a, 128-bit). Sources that route records by key use it, so routing is the same
-/// in every process and every run.
+/// The stable hash of a record key into the 128-bit key space partitions divide: FNV-1a over
+/// the bytes, then two splitmix64 finalizer rounds for the two halves, so that short keys
+/// spread over the whole space. Sources that route records by key use it, so routing is the
+/// same in every process and every run.
 pub fn key_hash(key: &str) -> u128 {
-    const OFFSET: u128 = 0x6c62272e07bb014262b821756295c58d;
-    const PRIME: u128 = 0x0000000001000000000000000000013B;
-    let mut h = OFFSET;
-    for b in key.as_bytes() {
-        h ^= u128::from(*b);
-        h = h.wrapping_mul(PRIME);
+    fn mix(mut z: u64) -> u64 {
+        z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
     }
-    h
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in key.as_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01B3);
+    }
+    (u128::from(mix(h)) << 64) | u128::from(mix(h ^ 0x5851_F42D_4C95_7F2D))
 }
 
 /// Splits the key space into `n` equal, contiguous ranges, in order (`n` ≥ 1).
@@ -98,4 +103,35 @@ pub fn split_key_space(n: u32) -> Vec<crate::model::KeyRange> {
             },
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_keys_spread_over_every_range() {
+        // Routing by key must use the whole key space, or some partitions never get records.
+        let ranges = split_key_space(8);
+        let mut counts = [0usize; 8];
+        for i in 0..800 {
+            let h = key_hash(&format!("key-{i}"));
+            let slot = ranges.iter().position(|r| r.contains(h)).expect("covered");
+            counts[slot] += 1;
+        }
+        assert!(counts.iter().all(|c| *c > 50), "{counts:?}");
+    }
+
+    #[test]
+    fn key_space_ranges_are_contiguous_and_complete() {
+        for n in [1, 2, 3, 7, 8] {
+            let r = split_key_space(n);
+            assert_eq!(r.len(), n as usize);
+            assert_eq!(r[0].start, 0);
+            assert_eq!(r[r.len() - 1].end, u128::MAX);
+            for w in r.windows(2) {
+                assert_eq!(w[0].end + 1, w[1].start);
+            }
+        }
+    }
 }

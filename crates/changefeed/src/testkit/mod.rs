@@ -6,6 +6,7 @@
 //! traits, never by forking the suite. A check that fails panics with a message naming it.
 
 mod feed;
+pub mod fleet;
 mod store;
 
 pub use feed::{feed_source_conformance, FeedFixture};

@@ -1,0 +1,153 @@
+//! A [`LeaseStore`] wrapper that counts calls and rows, and reports them as metrics.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use super::{LeaseStore, Listing};
+use crate::error::LeaseError;
+use crate::model::{
+    GroupName, Heartbeat, HostName, Lease, LeaseKey, Membership, Timestamp, Version,
+};
+
+/// Counts of store calls, shared between a [`CountingStore`] and whoever reads them.
+#[derive(Debug, Default)]
+pub struct StoreStats {
+    /// Read calls (`list`, `get`, `membership`).
+    pub reads: AtomicU64,
+    /// Write calls (`create`, `replace`, `delete`, `heartbeat`, `remove_heartbeat`).
+    pub writes: AtomicU64,
+    /// Lease rows returned by `list` and `get`.
+    pub lease_rows_read: AtomicU64,
+    /// `list` calls.
+    pub lists: AtomicU64,
+    /// `heartbeat` calls.
+    pub heartbeats: AtomicU64,
+}
+
+impl StoreStats {
+    /// A copy of the counts as plain numbers: (reads, writes, lease rows read, lists,
+    /// heartbeats).
+    pub fn snapshot(&self) -> StoreCounts {
+        StoreCounts {
+            reads: self.reads.load(Ordering::Relaxed),
+            writes: self.writes.load(Ordering::Relaxed),
+            lease_rows_read: self.lease_rows_read.load(Ordering::Relaxed),
+            lists: self.lists.load(Ordering::Relaxed),
+            heartbeats: self.heartbeats.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Plain counts from [`StoreStats::snapshot`].
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct StoreCounts {
+    /// Read calls.
+    pub reads: u64,
+    /// Write calls.
+    pub writes: u64,
+    /// Lease rows read.
+    pub lease_rows_read: u64,
+    /// `list` calls.
+    pub lists: u64,
+    /// `heartbeat` calls.
+    pub heartbeats: u64,
+}
+
+/// Wraps a store, counting every call in [`StoreStats`] and in the metrics
+/// `changefeed_store_reads_total`, `changefeed_store_writes_total` and
+/// `changefeed_store_lease_rows_read_total` (label `op`).
+#[derive(Debug, Clone)]
+pub struct CountingStore {
+    inner: Arc<dyn LeaseStore>,
+    stats: Arc<StoreStats>,
+}
+
+impl CountingStore {
+    /// Wraps `inner`, counting into `stats`.
+    pub fn new(inner: Arc<dyn LeaseStore>, stats: Arc<StoreStats>) -> Self {
+        Self { inner, stats }
+    }
+
+    fn read(&self, op: &'static str, rows: u64) {
+        self.stats.reads.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .lease_rows_read
+            .fetch_add(rows, Ordering::Relaxed);
+        metrics::counter!("changefeed_store_reads_total", "op" => op).increment(1);
+        if rows > 0 {
+            metrics::counter!("changefeed_store_lease_rows_read_total", "op" => op).increment(rows);
+        }
+    }
+
+    fn write(&self, op: &'static str) {
+        self.stats.writes.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("changefeed_store_writes_total", "op" => op).increment(1);
+    }
+}
+
+#[async_trait]
+impl LeaseStore for CountingStore {
+    async fn list(&self, group: &GroupName) -> Result<Listing, LeaseError> {
+        let r = self.inner.list(group).await;
+        self.stats.lists.fetch_add(1, Ordering::Relaxed);
+        let rows = r
+            .as_ref()
+            .map(|l| (l.leases.len() + l.malformed.len()) as u64)
+            .unwrap_or(0);
+        self.read("list", rows);
+        r
+    }
+
+    async fn get(&self, key: &LeaseKey) -> Result<Option<Lease>, LeaseError> {
+        let r = self.inner.get(key).await;
+        self.read("get", 1);
+        r
+    }
+
+    async fn create(&self, lease: &Lease) -> Result<Option<Lease>, LeaseError> {
+        self.write("create");
+        self.inner.create(lease).await
+    }
+
+    async fn replace(&self, lease: &Lease, expected: Version) -> Result<Lease, LeaseError> {
+        self.write("replace");
+        self.inner.replace(lease, expected).await
+    }
+
+    async fn delete(&self, key: &LeaseKey, expected: Version) -> Result<(), LeaseError> {
+        self.write("delete");
+        self.inner.delete(key, expected).await
+    }
+
+    async fn heartbeat(
+        &self,
+        group: &GroupName,
+        host: &HostName,
+        incarnation: &str,
+        written_at: Timestamp,
+        expected: Option<Version>,
+    ) -> Result<Heartbeat, LeaseError> {
+        self.write("heartbeat");
+        self.stats.heartbeats.fetch_add(1, Ordering::Relaxed);
+        self.inner
+            .heartbeat(group, host, incarnation, written_at, expected)
+            .await
+    }
+
+    async fn remove_heartbeat(
+        &self,
+        group: &GroupName,
+        host: &HostName,
+        expected: Version,
+    ) -> Result<(), LeaseError> {
+        self.write("remove_heartbeat");
+        self.inner.remove_heartbeat(group, host, expected).await
+    }
+
+    async fn membership(&self, group: &GroupName) -> Result<Membership, LeaseError> {
+        self.read("membership", 0);
+        self.inner.membership(group).await
+    }
+}

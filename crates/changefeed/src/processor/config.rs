@@ -1,0 +1,170 @@
+//! Processor settings and their validation.
+
+use std::time::Duration;
+
+use crate::model::Position;
+
+/// When the worker writes a checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckpointMode {
+    /// After every batch the handler accepted (the default).
+    EveryBatch,
+    /// After a batch the handler accepted, at most once per interval (fewer store writes on hot
+    /// partitions; on stop or hand-off the pending position is always written).
+    Interval(Duration),
+    /// Only when the handler calls [`super::Context::checkpoint`].
+    Manual,
+}
+
+/// Timing and batching settings of a processor. Built by [`super::ProcessorBuilder`], which
+/// validates them with [`Settings::validate`].
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Where a new lease without a checkpoint starts. Default [`Position::Beginning`].
+    pub start_position: Position,
+    /// How long a host's heartbeat must stay unchanged, on an observer's own clock, before the
+    /// observer judges the host dead and takes its leases. Default 10 s.
+    pub lease_expiry: Duration,
+    /// How often a host writes its heartbeat. Default 2 s.
+    pub renew_interval: Duration,
+    /// A host whose last successful heartbeat was sent `lease_expiry − safety_margin` ago stops
+    /// its workers (fencing). Covers clock-rate drift and store latency. Default 2 s.
+    pub safety_margin: Duration,
+    /// How often a host reads membership and balances. Default 2 s.
+    pub acquire_interval: Duration,
+    /// A host lists every lease at least this often, even when the change counter did not
+    /// move. Default 60 s.
+    pub full_list_interval: Duration,
+    /// Most records per batch. Default 1000.
+    pub max_batch_size: usize,
+    /// Wait before reading an idle partition again. Default 500 ms.
+    pub poll_delay: Duration,
+    /// How long an asker waits for a hand-off before taking the lease. Default 10 s.
+    pub handoff_timeout: Duration,
+    /// When checkpoints are written. Default [`CheckpointMode::EveryBatch`].
+    pub checkpoint_mode: CheckpointMode,
+    /// How many times a failing batch is retried before the lease is released. Default 5.
+    pub handler_max_retries: u32,
+    /// First backoff after a source, store or handler error; doubles up to `max_backoff`.
+    /// Default 100 ms.
+    pub min_backoff: Duration,
+    /// Longest backoff. Default 10 s.
+    pub max_backoff: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            start_position: Position::Beginning,
+            lease_expiry: Duration::from_secs(10),
+            renew_interval: Duration::from_secs(2),
+            safety_margin: Duration::from_secs(2),
+            acquire_interval: Duration::from_secs(2),
+            full_list_interval: Duration::from_secs(60),
+            max_batch_size: 1000,
+            poll_delay: Duration::from_millis(500),
+            handoff_timeout: Duration::from_secs(10),
+            checkpoint_mode: CheckpointMode::EveryBatch,
+            handler_max_retries: 5,
+            min_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A setting that breaks a rule, or a missing part. The message names the setting and the rule.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A setting breaks a rule.
+    #[error("{setting}: {rule}")]
+    Invalid {
+        /// The setting's name, as the builder method is called.
+        setting: &'static str,
+        /// The rule, with the values involved.
+        rule: String,
+    },
+    /// A required part was not given.
+    #[error("{0} is required: call ProcessorBuilder::{0}")]
+    Missing(&'static str),
+}
+
+/// Largest accepted `max_batch_size`.
+pub const MAX_BATCH_LIMIT: usize = 1_000_000;
+
+impl Settings {
+    /// Checks every rule, returning the first broken one.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the setting, for example
+    /// `renew_interval: 15s must be below lease_expiry − safety_margin (8s)`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |setting, rule: String| Err(ConfigError::Invalid { setting, rule });
+        let positive = [
+            ("lease_expiry", self.lease_expiry),
+            ("renew_interval", self.renew_interval),
+            ("acquire_interval", self.acquire_interval),
+            ("full_list_interval", self.full_list_interval),
+            ("poll_delay", self.poll_delay),
+            ("handoff_timeout", self.handoff_timeout),
+            ("min_backoff", self.min_backoff),
+            ("max_backoff", self.max_backoff),
+        ];
+        for (setting, value) in positive {
+            if value.is_zero() {
+                return bad(setting, "must be greater than zero".into());
+            }
+        }
+        if self.safety_margin >= self.lease_expiry {
+            return bad(
+                "safety_margin",
+                format!(
+                    "{:?} must be below lease_expiry ({:?})",
+                    self.safety_margin, self.lease_expiry
+                ),
+            );
+        }
+        let fence_after = self.lease_expiry - self.safety_margin;
+        if self.renew_interval >= fence_after {
+            return bad(
+                "renew_interval",
+                format!(
+                    "{:?} must be below lease_expiry − safety_margin ({:?}), or the host fences itself between heartbeats",
+                    self.renew_interval, fence_after
+                ),
+            );
+        }
+        if self.max_batch_size == 0 || self.max_batch_size > MAX_BATCH_LIMIT {
+            return bad(
+                "max_batch_size",
+                format!(
+                    "{} must be between 1 and {MAX_BATCH_LIMIT}",
+                    self.max_batch_size
+                ),
+            );
+        }
+        if self.min_backoff > self.max_backoff {
+            return bad(
+                "min_backoff",
+                format!(
+                    "{:?} must not exceed max_backoff ({:?})",
+                    self.min_backoff, self.max_backoff
+                ),
+            );
+        }
+        if let CheckpointMode::Interval(d) = self.checkpoint_mode {
+            if d.is_zero() {
+                return bad(
+                    "checkpoint_mode",
+                    "the interval must be greater than zero".into(),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// How long after its last successful heartbeat was sent a host fences itself.
+    pub fn fence_after(&self) -> Duration {
+        self.lease_expiry.saturating_sub(self.safety_margin)
+    }
+}

@@ -1,0 +1,257 @@
+//! Keeping this host alive, judging whether others are, and fencing.
+//!
+//! Liveness is per host (design, "The lease store seam"): each host writes one heartbeat row per
+//! renew interval. An observer judges a host dead when it has seen the same heartbeat version
+//! for `lease_expiry` on its *own* monotonic clock (rule 2), so no two clocks are ever compared.
+//! A host whose last successful heartbeat was *sent* `lease_expiry − safety_margin` ago fences
+//! itself: its workers stop before any observer can judge it dead (rule 3).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use crate::clock::Clock;
+use crate::error::LeaseError;
+use crate::lease::LeaseStore;
+use crate::model::{GroupName, Heartbeat, HostName, Membership, Version};
+
+/// What an observer remembers of each host's heartbeat.
+#[derive(Debug, Default, Clone)]
+pub struct Liveness {
+    seen: BTreeMap<HostName, Seen>,
+}
+
+#[derive(Debug, Clone)]
+struct Seen {
+    version: Version,
+    incarnation: String,
+    changed_at: Instant,
+}
+
+impl Liveness {
+    /// Takes in a membership read made at `now` (this host's monotonic clock).
+    pub fn observe(&mut self, membership: &Membership, now: Instant) {
+        let mut next = BTreeMap::new();
+        for hb in &membership.hosts {
+            let seen = match self.seen.remove(&hb.host) {
+                Some(s) if s.version == hb.version && s.incarnation == hb.incarnation => s,
+                _ => Seen {
+                    version: hb.version,
+                    incarnation: hb.incarnation.clone(),
+                    changed_at: now,
+                },
+            };
+            next.insert(hb.host.clone(), seen);
+        }
+        self.seen = next;
+    }
+
+    /// The hosts whose heartbeat changed less than `expiry` ago, sorted by name.
+    pub fn live(&self, now: Instant, expiry: Duration) -> Vec<HostName> {
+        self.seen
+            .iter()
+            .filter(|(_, s)| now.saturating_duration_since(s.changed_at) < expiry)
+            .map(|(h, _)| h.clone())
+            .collect()
+    }
+
+    /// When `host`'s heartbeat was last seen to change, if it is known.
+    pub fn changed_at(&self, host: &HostName) -> Option<Instant> {
+        self.seen.get(host).map(|s| s.changed_at)
+    }
+}
+
+/// Why the processor could not run or stopped.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProcessorError {
+    /// Another live process uses this host name.
+    #[error("host name {host} is already in use in group {group} by a live process (incarnation {incarnation}); refusing to start a second one")]
+    DuplicateHost {
+        /// The group.
+        group: String,
+        /// The host name.
+        host: String,
+        /// The other process's incarnation id.
+        incarnation: String,
+    },
+    /// This host's heartbeat row was taken over or removed by someone else while it ran.
+    #[error("host {host} in group {group}: heartbeat row was replaced or removed by another writer; stopped")]
+    Superseded {
+        /// The group.
+        group: String,
+        /// The host name.
+        host: String,
+    },
+    /// The store failed while registering the host.
+    #[error(transparent)]
+    Store(#[from] LeaseError),
+}
+
+/// Registers this host's heartbeat row. If a row with this name exists, watches it for
+/// `lease_expiry`: if it moves, another live process holds the name and we refuse; if it stays
+/// still, the previous incarnation is dead and we take the row over.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn register(
+    store: &dyn LeaseStore,
+    clock: &dyn Clock,
+    group: &GroupName,
+    host: &HostName,
+    incarnation: &str,
+    lease_expiry: Duration,
+    renew_interval: Duration,
+    cancel: &CancellationToken,
+) -> Result<Option<Heartbeat>, ProcessorError> {
+    let mut watching: Option<(Heartbeat, Instant)> = None;
+    loop {
+        let expected = watching.as_ref().map(|(hb, _)| hb.version);
+        let stale_enough = watching.as_ref().is_some_and(|(_, since)| {
+            clock.now().saturating_duration_since(*since) >= lease_expiry
+        });
+        if expected.is_none() || stale_enough {
+            match store
+                .heartbeat(group, host, incarnation, clock.wall(), expected)
+                .await
+            {
+                Ok(hb) => {
+                    if expected.is_some() {
+                        info!(%host, "took over the heartbeat of a dead previous incarnation");
+                    }
+                    return Ok(Some(hb));
+                }
+                Err(LeaseError::HeartbeatConflict {
+                    current: Some(cur), ..
+                }) => {
+                    let moved = watching
+                        .as_ref()
+                        .is_some_and(|(hb, _)| hb.version != cur.version);
+                    if moved {
+                        return Err(ProcessorError::DuplicateHost {
+                            group: group.to_string(),
+                            host: host.to_string(),
+                            incarnation: cur.incarnation.clone(),
+                        });
+                    }
+                    if watching.is_none() {
+                        info!(%host, incarnation = %cur.incarnation, "a heartbeat row with this host name exists; watching it before taking over");
+                        watching = Some((*cur, clock.now()));
+                    }
+                }
+                Err(LeaseError::HeartbeatConflict { current: None, .. }) => {
+                    watching = None;
+                    continue;
+                }
+                Err(err) => return Err(err.into()),
+            }
+        } else if let Some((hb, _)) = &watching {
+            // Poll the row at the renew cadence to see whether it moves.
+            let m = store.membership(group).await?;
+            match m.hosts.iter().find(|h| &h.host == host) {
+                None => {
+                    watching = None;
+                    continue;
+                }
+                Some(cur) if cur.version != hb.version => {
+                    return Err(ProcessorError::DuplicateHost {
+                        group: group.to_string(),
+                        host: host.to_string(),
+                        incarnation: cur.incarnation.clone(),
+                    });
+                }
+                Some(_) => {}
+            }
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return Ok(None),
+            _ = clock.sleep(renew_interval.min(lease_expiry / 4).max(Duration::from_millis(1))) => {}
+        }
+    }
+}
+
+/// Heartbeat loop: renews the row every `renew_interval`, and raises the fence when the last
+/// successful renewal was sent `fence_after` ago. Lowers it again when a renewal succeeds.
+/// Returns an error if the row was taken over or removed.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn run(
+    store: Arc<dyn LeaseStore>,
+    clock: Arc<dyn Clock>,
+    mut row: Heartbeat,
+    renew_interval: Duration,
+    fence_after: Duration,
+    fenced: watch::Sender<bool>,
+    cancel: CancellationToken,
+    write_timeout: Duration,
+) -> Result<Heartbeat, ProcessorError> {
+    let mut last_ok_sent = clock.now();
+    loop {
+        let deadline = last_ok_sent + fence_after;
+        let wait = renew_interval;
+        let fence_in = deadline.saturating_duration_since(clock.now());
+        tokio::select! {
+            _ = cancel.cancelled() => return Ok(row),
+            _ = clock.sleep(fence_in), if !*fenced.borrow() => {
+                warn!(host = %row.host, "no successful heartbeat for lease_expiry − safety_margin; fencing: workers stop");
+                metrics::counter!("changefeed_fenced_total").increment(1);
+                fenced.send_replace(true);
+                continue;
+            }
+            _ = clock.sleep(wait) => {}
+        }
+        let sent = clock.now();
+        let write = store.heartbeat(
+            &row.group,
+            &row.host,
+            &row.incarnation,
+            clock.wall(),
+            Some(row.version),
+        );
+        // A hung store must not hold the loop: the fence deadline still fires.
+        let fence_in = (last_ok_sent + fence_after).saturating_duration_since(clock.now());
+        let result = tokio::select! {
+            _ = cancel.cancelled() => return Ok(row),
+            r = write => Some(r),
+            _ = clock.sleep(write_timeout.min(fence_in.max(Duration::from_millis(1)))) => None,
+        };
+        match result {
+            Some(Ok(hb)) => {
+                row = hb;
+                last_ok_sent = sent;
+                if *fenced.borrow() {
+                    info!(host = %row.host, "heartbeat succeeded again; fence lowered");
+                    fenced.send_replace(false);
+                }
+            }
+            Some(Err(LeaseError::HeartbeatConflict {
+                current: Some(cur), ..
+            })) if cur.incarnation == row.incarnation => {
+                // An earlier write that timed out on our side did land: adopt its version. It is
+                // not counted as a success, since when it was sent is unknown.
+                row = *cur;
+            }
+            Some(Err(LeaseError::HeartbeatConflict { current, .. })) => {
+                error!(host = %row.host, current = ?current.map(|c| c.incarnation), "heartbeat row taken over or removed; stopping");
+                fenced.send_replace(true);
+                return Err(ProcessorError::Superseded {
+                    group: row.group.to_string(),
+                    host: row.host.to_string(),
+                });
+            }
+            Some(Err(err)) => {
+                warn!(host = %row.host, error = %err, "heartbeat failed");
+            }
+            None => {
+                warn!(host = %row.host, "heartbeat timed out");
+            }
+        }
+        if clock.now() >= last_ok_sent + fence_after && !*fenced.borrow() {
+            warn!(host = %row.host, "no successful heartbeat for lease_expiry − safety_margin; fencing: workers stop");
+            metrics::counter!("changefeed_fenced_total").increment(1);
+            fenced.send_replace(true);
+        }
+    }
+}

@@ -1,0 +1,774 @@
+//! The processor: one host of a fleet, from builder to graceful stop.
+//!
+//! A [`Processor`] registers this host's heartbeat, then every acquire interval reads the
+//! group's membership (O(hosts) rows), lists the leases only when ownership changed, asks the
+//! [`BalanceStrategy`] for a plan, and applies it by compare-and-swap: takes free and dead
+//! hosts' leases, asks over-quota hosts for hand-offs, and runs one worker per owned lease. It
+//! owns the shell; the decisions live in the pure [`crate::balance`] module.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use changefeed::lease::MemoryLeaseStore;
+//! use changefeed::processor::{handler_fn, Processor};
+//! use changefeed::source::MemoryFeed;
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let feed = MemoryFeed::new(4);
+//! feed.append("customer-1", "hello");
+//! let processor = Processor::builder()
+//!     .host("host-a")
+//!     .group("orders")
+//!     .store(Arc::new(MemoryLeaseStore::new()))
+//!     .source(Arc::new(feed))
+//!     .handler(handler_fn(|ctx, batch| async move {
+//!         println!("{}: {} records", ctx.partition(), batch.records.len());
+//!         Ok(())
+//!     }))
+//!     .build()?;
+//! let running = processor.start();
+//! running.stop().await?;
+//! # Ok(()) }
+//! ```
+
+mod config;
+mod handler;
+mod heartbeat;
+mod worker;
+
+pub use config::{CheckpointMode, ConfigError, Settings, MAX_BATCH_LIMIT};
+pub use handler::{handler_fn, CloseReason, Context, FnHandler, Handler, HandlerError};
+pub use heartbeat::{Liveness, ProcessorError};
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn, Instrument};
+
+use crate::balance::{BalanceStrategy, EqualShare, LeaseView, Snapshot};
+use crate::clock::{Clock, SystemClock};
+use crate::lease::{CountingStore, LeaseStore};
+use crate::model::{GroupName, HostName, Lease, LeaseState, PartitionId};
+use crate::source::FeedSource;
+
+/// Builds a [`Processor`]; every setting is validated by [`ProcessorBuilder::build`].
+#[derive(Default)]
+pub struct ProcessorBuilder {
+    host: Option<String>,
+    group: Option<String>,
+    store: Option<Arc<dyn LeaseStore>>,
+    source: Option<Arc<dyn FeedSource>>,
+    handler: Option<Arc<dyn Handler>>,
+    strategy: Option<Arc<dyn BalanceStrategy>>,
+    clock: Option<Arc<dyn Clock>>,
+    seed: Option<u64>,
+    settings: Settings,
+}
+
+impl std::fmt::Debug for ProcessorBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcessorBuilder")
+            .field("host", &self.host)
+            .field("group", &self.group)
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+macro_rules! setting {
+    ($(#[$doc:meta])* $name:ident: $ty:ty) => {
+        $(#[$doc])*
+        pub fn $name(mut self, value: $ty) -> Self {
+            self.settings.$name = value;
+            self
+        }
+    };
+}
+
+impl ProcessorBuilder {
+    /// This host's name, unique in the group (required).
+    pub fn host(mut self, name: impl Into<String>) -> Self {
+        self.host = Some(name.into());
+        self
+    }
+
+    /// The group: the hosts sharing this feed (required).
+    pub fn group(mut self, name: impl Into<String>) -> Self {
+        self.group = Some(name.into());
+        self
+    }
+
+    /// The lease store (required).
+    pub fn store(mut self, store: Arc<dyn LeaseStore>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// The feed source (required).
+    pub fn source(mut self, source: Arc<dyn FeedSource>) -> Self {
+        self.source = Some(source);
+        self
+    }
+
+    /// The handler (required).
+    pub fn handler(mut self, handler: impl Handler) -> Self {
+        self.handler = Some(Arc::new(handler));
+        self
+    }
+
+    /// The handler, already shared.
+    pub fn shared_handler(mut self, handler: Arc<dyn Handler>) -> Self {
+        self.handler = Some(handler);
+        self
+    }
+
+    /// The balancing strategy. Default [`EqualShare`].
+    pub fn strategy(mut self, strategy: Arc<dyn BalanceStrategy>) -> Self {
+        self.strategy = Some(strategy);
+        self
+    }
+
+    /// The clock. Default [`SystemClock`].
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// Seeds every random choice (incarnation id, backoff jitter). Default: derived from the
+    /// clock's wall time and the process id.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// Replaces all timing settings at once.
+    pub fn settings(mut self, settings: Settings) -> Self {
+        self.settings = settings;
+        self
+    }
+
+    setting!(
+        /// Where a new lease without a checkpoint starts.
+        start_position: crate::model::Position
+    );
+    setting!(
+        /// See [`Settings::lease_expiry`].
+        lease_expiry: Duration
+    );
+    setting!(
+        /// See [`Settings::renew_interval`].
+        renew_interval: Duration
+    );
+    setting!(
+        /// See [`Settings::safety_margin`].
+        safety_margin: Duration
+    );
+    setting!(
+        /// See [`Settings::acquire_interval`].
+        acquire_interval: Duration
+    );
+    setting!(
+        /// See [`Settings::full_list_interval`].
+        full_list_interval: Duration
+    );
+    setting!(
+        /// See [`Settings::max_batch_size`].
+        max_batch_size: usize
+    );
+    setting!(
+        /// See [`Settings::poll_delay`].
+        poll_delay: Duration
+    );
+    setting!(
+        /// See [`Settings::handoff_timeout`].
+        handoff_timeout: Duration
+    );
+    setting!(
+        /// See [`Settings::checkpoint_mode`].
+        checkpoint_mode: CheckpointMode
+    );
+    setting!(
+        /// See [`Settings::handler_max_retries`].
+        handler_max_retries: u32
+    );
+
+    /// Validates everything and builds the processor.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the first setting that breaks a rule or the missing part.
+    pub fn build(self) -> Result<Processor, ConfigError> {
+        let host = HostName::new(self.host.ok_or(ConfigError::Missing("host"))?).map_err(|e| {
+            ConfigError::Invalid {
+                setting: "host",
+                rule: e.to_string(),
+            }
+        })?;
+        let group =
+            GroupName::new(self.group.ok_or(ConfigError::Missing("group"))?).map_err(|e| {
+                ConfigError::Invalid {
+                    setting: "group",
+                    rule: e.to_string(),
+                }
+            })?;
+        let store = self.store.ok_or(ConfigError::Missing("store"))?;
+        let source = self.source.ok_or(ConfigError::Missing("source"))?;
+        let handler = self.handler.ok_or(ConfigError::Missing("handler"))?;
+        self.settings.validate()?;
+        let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock));
+        static STARTS: AtomicU64 = AtomicU64::new(0);
+        let seed = self.seed.unwrap_or_else(|| {
+            (clock.wall().0 as u64)
+                ^ (u64::from(std::process::id()) << 32)
+                ^ STARTS
+                    .fetch_add(1, Ordering::Relaxed)
+                    .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        });
+        let stats = Arc::new(crate::lease::StoreStats::default());
+        Ok(Processor {
+            host,
+            group,
+            store: Arc::new(CountingStore::new(store, stats.clone())),
+            stats,
+            source,
+            handler,
+            strategy: self.strategy.unwrap_or_else(|| Arc::new(EqualShare)),
+            clock,
+            rng: SmallRng::seed_from_u64(seed),
+            settings: Arc::new(self.settings),
+        })
+    }
+}
+
+/// One host of a fleet. Run it with [`Processor::run`] or [`Processor::start`].
+pub struct Processor {
+    host: HostName,
+    group: GroupName,
+    store: Arc<dyn LeaseStore>,
+    stats: Arc<crate::lease::StoreStats>,
+    source: Arc<dyn FeedSource>,
+    handler: Arc<dyn Handler>,
+    strategy: Arc<dyn BalanceStrategy>,
+    clock: Arc<dyn Clock>,
+    rng: SmallRng,
+    settings: Arc<Settings>,
+}
+
+impl std::fmt::Debug for Processor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Processor")
+            .field("host", &self.host)
+            .field("group", &self.group)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A running processor, from [`Processor::start`].
+#[derive(Debug)]
+pub struct ProcessorHandle {
+    cancel: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), ProcessorError>>,
+    stats: Arc<crate::lease::StoreStats>,
+}
+
+impl ProcessorHandle {
+    /// Stops gracefully: every worker finishes or abandons its batch, checkpoints and releases
+    /// its lease; the heartbeat row is removed. Returns once every task has ended.
+    ///
+    /// # Errors
+    /// What the processor failed with, if it had already stopped on an error.
+    pub async fn stop(self) -> Result<(), ProcessorError> {
+        self.cancel.cancel();
+        self.join().await
+    }
+
+    /// Waits for the processor to end by itself (it only does on an error, or when the
+    /// cancellation token is cancelled).
+    ///
+    /// # Errors
+    /// What the processor failed with.
+    pub async fn join(self) -> Result<(), ProcessorError> {
+        match self.task.await {
+            Ok(r) => r,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// Drops every task at once without releasing anything, as a crash would. For tests and
+    /// the simulator.
+    pub fn kill(self) {
+        self.task.abort();
+    }
+
+    /// Whether the processor has ended.
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// Counts of the store calls this processor made.
+    pub fn store_stats(&self) -> &crate::lease::StoreStats {
+        &self.stats
+    }
+}
+
+impl Processor {
+    /// A builder with default settings.
+    pub fn builder() -> ProcessorBuilder {
+        ProcessorBuilder::default()
+    }
+
+    /// This host's name.
+    pub fn host(&self) -> &HostName {
+        &self.host
+    }
+
+    /// Spawns the processor on the current tokio runtime.
+    pub fn start(self) -> ProcessorHandle {
+        let cancel = CancellationToken::new();
+        let stats = self.stats.clone();
+        let task = tokio::spawn(self.run(cancel.clone()));
+        ProcessorHandle {
+            cancel,
+            task,
+            stats,
+        }
+    }
+
+    /// Runs until `cancel` is cancelled (then stops gracefully) or a fatal error. Dropping the
+    /// future drops every task of the processor with it.
+    ///
+    /// # Errors
+    /// [`ProcessorError::DuplicateHost`] if another live process has this host name;
+    /// [`ProcessorError::Superseded`] if the heartbeat row was taken over while running;
+    /// [`ProcessorError::Store`] if registration failed.
+    pub async fn run(mut self, cancel: CancellationToken) -> Result<(), ProcessorError> {
+        let span = tracing::info_span!("host", host = %self.host, group = %self.group);
+        async move {
+            let incarnation = format!("{:016x}", self.rng.gen::<u64>());
+            let Some(row) = heartbeat::register(
+                self.store.as_ref(),
+                self.clock.as_ref(),
+                &self.group,
+                &self.host,
+                &incarnation,
+                self.settings.lease_expiry,
+                self.settings.renew_interval,
+                &cancel,
+            )
+            .await?
+            else {
+                return Ok(());
+            };
+            info!(%incarnation, "host registered");
+            Host::new(self, row.clone()).run(cancel, row).await
+        }
+        .instrument(span)
+        .await
+    }
+}
+
+struct WorkerSlot {
+    cancel: CancellationToken,
+    hint: watch::Sender<Option<Lease>>,
+    known_version: crate::model::Version,
+}
+
+struct Host {
+    p: Processor,
+    group_label: String,
+    liveness: Liveness,
+    leases: Vec<Lease>,
+    listed_counter: Option<u64>,
+    listed_live: Vec<HostName>,
+    last_full_list: Option<Instant>,
+    workers: HashMap<PartitionId, WorkerSlot>,
+    worker_tasks: JoinSet<()>,
+    worker_cancel: CancellationToken,
+    exits_tx: mpsc::UnboundedSender<worker::WorkerExit>,
+    exits_rx: mpsc::UnboundedReceiver<worker::WorkerExit>,
+    fenced_tx: watch::Sender<bool>,
+    /// When this host first saw itself as `next_owner` of a lease, per partition.
+    asked_at: BTreeMap<PartitionId, Instant>,
+    /// When this host registered. Hand-off requests wait one renew interval after it, so that
+    /// hosts started together see each other before computing shares (otherwise the first to
+    /// run would ask for a share of a smaller fleet, and leases would move twice).
+    registered_at: Instant,
+    /// Set when the last plan was cut short (deferred requests): plan again next cycle even if
+    /// nothing changed.
+    replan: bool,
+}
+
+impl Host {
+    fn new(p: Processor, _row: crate::model::Heartbeat) -> Self {
+        let (exits_tx, exits_rx) = mpsc::unbounded_channel();
+        let p_now = p.clock.now();
+        Self {
+            group_label: p.group.to_string(),
+            p,
+            liveness: Liveness::default(),
+            leases: Vec::new(),
+            listed_counter: None,
+            listed_live: Vec::new(),
+            last_full_list: None,
+            workers: HashMap::new(),
+            worker_tasks: JoinSet::new(),
+            worker_cancel: CancellationToken::new(),
+            exits_tx,
+            exits_rx,
+            fenced_tx: watch::channel(false).0,
+            asked_at: BTreeMap::new(),
+            registered_at: p_now,
+            replan: false,
+        }
+    }
+
+    async fn run(
+        mut self,
+        cancel: CancellationToken,
+        row: crate::model::Heartbeat,
+    ) -> Result<(), ProcessorError> {
+        let hb_cancel = CancellationToken::new();
+        let mut hb_task = JoinSet::new();
+        let s = &self.p.settings;
+        hb_task.spawn(
+            heartbeat::run(
+                self.p.store.clone(),
+                self.p.clock.clone(),
+                row.clone(),
+                s.renew_interval,
+                s.fence_after(),
+                self.fenced_tx.clone(),
+                hb_cancel.clone(),
+                s.renew_interval,
+            )
+            .in_current_span(),
+        );
+        let mut next_cycle = self.p.clock.now();
+        let mut outcome = Ok(());
+        loop {
+            let wait = next_cycle.saturating_duration_since(self.p.clock.now());
+            let sleep = self.p.clock.sleep(wait);
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                done = hb_task.join_next() => {
+                    outcome = match done {
+                        Some(Ok(Err(e))) => Err(e),
+                        _ => Ok(()),
+                    };
+                    break;
+                }
+                Some(exit) = self.exits_rx.recv() => self.on_exit(exit),
+                _ = sleep => {
+                    self.cycle().await;
+                    next_cycle = self.p.clock.now() + self.p.settings.acquire_interval;
+                }
+            }
+        }
+        // Graceful stop: workers release their leases first, then the heartbeat goes.
+        info!("stopping: releasing leases");
+        self.worker_cancel.cancel();
+        while self.worker_tasks.join_next().await.is_some() {}
+        while let Ok(exit) = self.exits_rx.try_recv() {
+            self.on_exit(exit);
+        }
+        hb_cancel.cancel();
+        let row = match hb_task.join_next().await {
+            Some(Ok(Ok(row))) => Some(row),
+            _ => None,
+        };
+        if let (Some(row), true) = (row, outcome.is_ok()) {
+            if let Err(err) = self
+                .p
+                .store
+                .remove_heartbeat(&row.group, &row.host, row.version)
+                .await
+            {
+                warn!(error = %err, "could not remove the heartbeat row; it will expire");
+            }
+        }
+        metrics::gauge!("changefeed_leases_owned", "group" => self.group_label.clone()).set(0.0);
+        info!("stopped");
+        outcome
+    }
+
+    fn on_exit(&mut self, exit: worker::WorkerExit) {
+        debug!(partition = %exit.partition, reason = ?exit.reason, "worker exited");
+        self.workers.remove(&exit.partition);
+        // Whatever the reason, the lease changed hands or state: list next cycle.
+        self.listed_counter = None;
+    }
+
+    fn fenced(&self) -> bool {
+        *self.fenced_tx.borrow()
+    }
+
+    async fn cycle(&mut self) {
+        while self.worker_tasks.try_join_next().is_some() {}
+        if self.fenced() {
+            // A fenced host neither takes nor asks; its workers have stopped.
+            return;
+        }
+        let now = self.p.clock.now();
+        let membership = match self.p.store.membership(&self.p.group).await {
+            Ok(m) => m,
+            Err(err) => {
+                warn!(error = %err, "reading membership failed");
+                return;
+            }
+        };
+        self.liveness.observe(&membership, now);
+        let mut live = self.liveness.live(now, self.p.settings.lease_expiry);
+        if !live.contains(&self.p.host) {
+            live.push(self.p.host.clone());
+            live.sort();
+        }
+        let full_due = self
+            .last_full_list
+            .is_none_or(|t| now.saturating_duration_since(t) >= self.p.settings.full_list_interval);
+        let need_list = full_due
+            || self.listed_counter != Some(membership.change_counter)
+            || live != self.listed_live;
+        if need_list {
+            match self.p.store.list(&self.p.group).await {
+                Ok(listing) => {
+                    for bad in &listing.malformed {
+                        warn!(error = %bad, "unreadable lease row skipped");
+                    }
+                    metrics::gauge!("changefeed_malformed_leases", "group" => self.group_label.clone())
+                        .set(listing.malformed.len() as f64);
+                    self.leases = listing.leases;
+                    self.listed_counter = Some(membership.change_counter);
+                    self.listed_live = live.clone();
+                    if full_due {
+                        self.last_full_list = Some(now);
+                    }
+                }
+                Err(err) => {
+                    warn!(error = %err, "listing leases failed");
+                    return;
+                }
+            }
+        } else {
+            // Nothing changed hands: the cached list is accurate; only time-based decisions
+            // (overdue hand-offs) can differ.
+            if self.asked_at.is_empty() && !self.replan {
+                self.publish_gauges();
+                return;
+            }
+        }
+        self.send_hints();
+        self.adopt_own_leases().await;
+        self.balance(&live, now).await;
+        self.publish_gauges();
+    }
+
+    fn publish_gauges(&self) {
+        metrics::gauge!("changefeed_leases_owned", "group" => self.group_label.clone())
+            .set(self.workers.len() as f64);
+    }
+
+    /// Tells each worker about a newer row of its lease (a hand-off request, or a new owner).
+    fn send_hints(&mut self) {
+        for lease in &self.leases {
+            if let Some(slot) = self.workers.get_mut(&lease.key.partition) {
+                if lease.version > slot.known_version {
+                    slot.known_version = lease.version;
+                    slot.hint.send_replace(Some(lease.clone()));
+                }
+            }
+        }
+    }
+
+    /// Leases the store says are ours but no worker runs (a restart under the same name, or a
+    /// fence that was lowered): claim them by CAS and start workers.
+    async fn adopt_own_leases(&mut self) {
+        let mine: Vec<Lease> = self
+            .leases
+            .iter()
+            .filter(|l| l.is_owned_by(&self.p.host) && !self.workers.contains_key(&l.key.partition))
+            .cloned()
+            .collect();
+        for lease in mine {
+            match self.p.store.replace(&lease, lease.version).await {
+                Ok(stored) => {
+                    info!(lease = %stored.key, "resuming a lease this host owns");
+                    self.start_worker(stored);
+                }
+                Err(err) => debug!(lease = %lease.key, error = %err, "could not resume lease"),
+            }
+        }
+    }
+
+    fn eligible(&self) -> Vec<bool> {
+        let by_id: HashMap<&PartitionId, &Lease> =
+            self.leases.iter().map(|l| (&l.key.partition, l)).collect();
+        self.leases
+            .iter()
+            .map(|l| {
+                l.state != LeaseState::Finished
+                    && l.parents.iter().all(|p| {
+                        by_id
+                            .get(p)
+                            .is_none_or(|parent| parent.state == LeaseState::Finished)
+                    })
+            })
+            .collect()
+    }
+
+    async fn balance(&mut self, live: &[HostName], now: Instant) {
+        // Track how long our hand-off requests have been pending, on our own clock.
+        let me = self.p.host.clone();
+        let asked: Vec<PartitionId> = self
+            .leases
+            .iter()
+            .filter(|l| l.next_owner.as_ref() == Some(&me))
+            .map(|l| l.key.partition.clone())
+            .collect();
+        self.asked_at.retain(|p, _| asked.contains(p));
+        for p in asked {
+            self.asked_at.entry(p).or_insert(now);
+        }
+        let eligible = self.eligible();
+        let views: Vec<LeaseView<'_>> = self
+            .leases
+            .iter()
+            .zip(eligible)
+            .map(|(lease, eligible)| LeaseView {
+                lease,
+                eligible,
+                handoff_overdue: self.asked_at.get(&lease.key.partition).is_some_and(|t| {
+                    now.saturating_duration_since(*t) >= self.p.settings.handoff_timeout
+                }),
+            })
+            .collect();
+        let mut plan = self.p.strategy.plan(&Snapshot {
+            me: &me,
+            live_hosts: live,
+            leases: &views,
+        });
+        self.replan = false;
+        if now.saturating_duration_since(self.registered_at) < self.p.settings.renew_interval
+            && !plan.request_handoff.is_empty()
+        {
+            plan.request_handoff.clear();
+            self.replan = true;
+        }
+        drop(views);
+        if plan.is_empty() {
+            return;
+        }
+        debug!(?plan, "balance plan");
+        let find = |leases: &[Lease], p: &PartitionId| {
+            leases.iter().find(|l| &l.key.partition == p).cloned()
+        };
+        for (partition, kind) in plan
+            .take
+            .iter()
+            .map(|p| (p, "take"))
+            .chain(plan.steal.iter().map(|p| (p, "steal")))
+        {
+            let Some(lease) = find(&self.leases, partition) else {
+                continue;
+            };
+            let mut next = lease.clone();
+            next.state = LeaseState::Owned;
+            next.owner = Some(me.clone());
+            next.next_owner = None;
+            match self.p.store.replace(&next, lease.version).await {
+                Ok(stored) => {
+                    info!(lease = %stored.key, previous = ?lease.owner, kind, "took lease");
+                    let counter = if kind == "take" {
+                        "changefeed_leases_taken_total"
+                    } else {
+                        "changefeed_leases_stolen_total"
+                    };
+                    metrics::counter!(counter, "group" => self.group_label.clone()).increment(1);
+                    self.asked_at.remove(partition);
+                    self.start_worker(stored);
+                }
+                Err(err) => debug!(lease = %lease.key, error = %err, kind, "could not take lease"),
+            }
+        }
+        for req in &plan.request_handoff {
+            let Some(lease) = find(&self.leases, &req.partition) else {
+                continue;
+            };
+            // A request already pending from a live host stands; one naming a dead host (or
+            // the owner) is stale and may be overwritten.
+            let pending = lease
+                .next_owner
+                .as_ref()
+                .is_some_and(|n| n != &req.from && live.contains(n));
+            if lease.owner.as_ref() != Some(&req.from) || pending {
+                continue;
+            }
+            let mut next = lease.clone();
+            next.next_owner = Some(me.clone());
+            match self.p.store.replace(&next, lease.version).await {
+                Ok(_) => {
+                    info!(lease = %lease.key, from = %req.from, "asked for hand-off");
+                    metrics::counter!("changefeed_handoffs_requested_total", "group" => self.group_label.clone()).increment(1);
+                    self.asked_at.insert(req.partition.clone(), now);
+                }
+                Err(err) => {
+                    debug!(lease = %lease.key, error = %err, "hand-off request not written")
+                }
+            }
+        }
+        for partition in &plan.release {
+            if let Some(slot) = self.workers.get(partition) {
+                info!(%partition, "releasing lease by plan");
+                slot.cancel.cancel();
+            }
+        }
+    }
+
+    fn start_worker(&mut self, lease: Lease) {
+        let partition = lease.key.partition.clone();
+        if self.workers.contains_key(&partition) {
+            return;
+        }
+        let cancel = self.worker_cancel.child_token();
+        // The first hint is the lease itself, so a pending hand-off request is honoured at once.
+        let (hint_tx, hint_rx) = watch::channel(None);
+        if lease.next_owner.is_some() {
+            hint_tx.send_replace(Some(lease.clone()));
+        }
+        let mut hint_rx = hint_rx;
+        if lease.next_owner.is_none() {
+            hint_rx.mark_unchanged();
+        }
+        let seed = self.p.rng.gen::<u64>();
+        self.workers.insert(
+            partition,
+            WorkerSlot {
+                cancel: cancel.clone(),
+                hint: hint_tx,
+                known_version: lease.version,
+            },
+        );
+        let args = worker::WorkerArgs {
+            lease,
+            store: self.p.store.clone(),
+            source: self.p.source.clone(),
+            handler: self.p.handler.clone(),
+            host: self.p.host.clone(),
+            settings: self.p.settings.clone(),
+            clock: self.p.clock.clone(),
+            cancel,
+            fenced: self.fenced_tx.subscribe(),
+            hint: hint_rx,
+            exits: self.exits_tx.clone(),
+            rng: SmallRng::seed_from_u64(seed),
+            group_label: self.group_label.clone(),
+        };
+        self.worker_tasks.spawn(worker::run(args).in_current_span());
+    }
+}

@@ -1,0 +1,583 @@
+//! One worker per owned lease: read → deliver to the handler → checkpoint → repeat.
+//!
+//! The worker owns every write to its lease row while it runs ([`LeaseCell`]). Each write is a
+//! compare-and-swap on the version it last saw. A conflict is not a loss: the worker adopts the
+//! current row and, if it is still the owner, writes again; when the row carries a
+//! `next_owner`, that same write hands the lease over (design, "Balancing"). Only a row owned by
+//! someone else means the lease was lost.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::rngs::SmallRng;
+use rand::Rng;
+use tokio::sync::{mpsc, watch, Mutex};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn, Instrument};
+
+use super::config::{CheckpointMode, Settings};
+use super::handler::{CloseReason, Context, Handler};
+use crate::clock::Clock;
+use crate::error::{LeaseError, SourceError};
+use crate::lease::LeaseStore;
+use crate::model::{Batch, Continuation, HostName, Lease, LeaseState, PartitionId};
+use crate::source::{FeedSource, PartitionReader};
+
+/// What a lease write ended in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WriteOutcome {
+    /// Written; this host still owns the lease.
+    Kept,
+    /// Written, and the same write passed the lease to its `next_owner`.
+    HandedOff,
+}
+
+/// The worker's view of its lease row, and the only path by which it writes it.
+#[derive(Debug)]
+pub(crate) struct LeaseCell {
+    lease: Mutex<Lease>,
+    store: Arc<dyn LeaseStore>,
+    host: HostName,
+    /// Set once the lease has been handed off or lost: no more writes.
+    done: watch::Sender<bool>,
+}
+
+impl LeaseCell {
+    pub(crate) fn new(lease: Lease, store: Arc<dyn LeaseStore>, host: HostName) -> Self {
+        Self {
+            lease: Mutex::new(lease),
+            store,
+            host,
+            done: watch::channel(false).0,
+        }
+    }
+
+    fn is_done(&self) -> bool {
+        *self.done.borrow()
+    }
+
+    /// Applies `change` to the row and writes it by CAS, adopting the current row and retrying
+    /// while this host still owns it. A `next_owner` on the row turns the write into a
+    /// hand-off (unless `change` finishes the lease, which also clears ownership).
+    async fn write(&self, change: impl Fn(&mut Lease)) -> Result<WriteOutcome, LeaseError> {
+        let mut lease = self.lease.lock().await;
+        if self.is_done() {
+            return Err(LeaseError::Conflict {
+                key: lease.key.to_string(),
+                expected: lease.version,
+                current: Box::new(lease.clone()),
+            });
+        }
+        loop {
+            let mut next = lease.clone();
+            change(&mut next);
+            let handoff = next.state == LeaseState::Owned && next.next_owner.is_some();
+            if handoff {
+                next.owner = next.next_owner.take();
+            }
+            let started = tokio::time::Instant::now();
+            let result = self.store.replace(&next, lease.version).await;
+            metrics::histogram!("changefeed_checkpoint_seconds")
+                .record(started.elapsed().as_secs_f64());
+            match result {
+                Ok(stored) => {
+                    *lease = stored;
+                    if handoff {
+                        self.done.send_replace(true);
+                        return Ok(WriteOutcome::HandedOff);
+                    }
+                    if lease.state != LeaseState::Owned {
+                        self.done.send_replace(true);
+                    }
+                    return Ok(WriteOutcome::Kept);
+                }
+                Err(LeaseError::Conflict { current, .. })
+                    if current.is_owned_by(&self.host)
+                        && current.continuation_not_behind(&lease) =>
+                {
+                    debug!(lease = %lease.key, version = %current.version, "conflict; still the owner, retrying");
+                    *lease = *current;
+                }
+                Err(err @ LeaseError::Conflict { .. }) => {
+                    self.done.send_replace(true);
+                    return Err(err);
+                }
+                Err(err) => return Err(err),
+            }
+        }
+    }
+
+    /// Moves the checkpoint to `continuation`.
+    pub(crate) async fn checkpoint(
+        &self,
+        continuation: Continuation,
+    ) -> Result<WriteOutcome, LeaseError> {
+        self.write(|l| l.continuation = Some(continuation.clone()))
+            .await
+    }
+
+    /// Marks the lease finished at `continuation` (its partition ended).
+    async fn finish(&self, continuation: Option<Continuation>) -> Result<WriteOutcome, LeaseError> {
+        self.write(|l| {
+            if let Some(c) = &continuation {
+                l.continuation = Some(c.clone());
+            }
+            l.state = LeaseState::Finished;
+            l.owner = None;
+            l.next_owner = None;
+        })
+        .await
+    }
+
+    /// Gives the lease up at `continuation` (or its last checkpoint): to its `next_owner` if
+    /// one asked, otherwise to nobody.
+    async fn release(
+        &self,
+        continuation: Option<Continuation>,
+    ) -> Result<WriteOutcome, LeaseError> {
+        self.write(|l| {
+            if let Some(c) = &continuation {
+                l.continuation = Some(c.clone());
+            }
+            if l.next_owner.is_none() {
+                l.state = LeaseState::Available;
+                l.owner = None;
+            }
+        })
+        .await
+    }
+
+    /// Takes in a newer row the host loop listed. Returns false if it shows the lease is no
+    /// longer this host's.
+    async fn observe(&self, listed: &Lease) -> bool {
+        let mut lease = self.lease.lock().await;
+        if listed.version <= lease.version {
+            return true;
+        }
+        if listed.is_owned_by(&self.host) {
+            *lease = listed.clone();
+            true
+        } else {
+            false
+        }
+    }
+}
+
+impl Lease {
+    /// Whether this row's continuation is the same as `other`'s, or `other` has none. A worker
+    /// adopts a conflicting row only then: a continuation moved by anyone else (an operator's
+    /// reset) means this worker's position is no longer the lease's.
+    fn continuation_not_behind(&self, other: &Lease) -> bool {
+        other.continuation.is_none() || self.continuation == other.continuation
+    }
+}
+
+/// Everything a worker needs.
+pub(crate) struct WorkerArgs {
+    pub lease: Lease,
+    pub store: Arc<dyn LeaseStore>,
+    pub source: Arc<dyn FeedSource>,
+    pub handler: Arc<dyn Handler>,
+    pub host: HostName,
+    pub settings: Arc<Settings>,
+    pub clock: Arc<dyn Clock>,
+    pub cancel: CancellationToken,
+    pub fenced: watch::Receiver<bool>,
+    pub hint: watch::Receiver<Option<Lease>>,
+    pub exits: mpsc::UnboundedSender<WorkerExit>,
+    pub rng: SmallRng,
+    pub group_label: String,
+}
+
+/// Sent to the host loop when a worker stops.
+#[derive(Debug)]
+pub(crate) struct WorkerExit {
+    pub partition: PartitionId,
+    pub reason: CloseReason,
+}
+
+enum Step {
+    Continue,
+    Stop(CloseReason),
+}
+
+struct Worker {
+    args: WorkerArgs,
+    cell: Arc<LeaseCell>,
+    ctx: Context,
+    /// Delivered to the handler but not yet checkpointed.
+    pending: Option<Continuation>,
+    last_checkpoint_at: tokio::time::Instant,
+}
+
+/// Runs one worker to its end and reports why it stopped.
+pub(crate) async fn run(args: WorkerArgs) {
+    let partition = args.lease.key.partition.clone();
+    let span = tracing::info_span!("worker", partition = %partition);
+    let exits = args.exits.clone();
+    let reason = async move {
+        let cell = Arc::new(LeaseCell::new(
+            args.lease.clone(),
+            args.store.clone(),
+            args.host.clone(),
+        ));
+        let ctx = Context {
+            partition: args.lease.key.partition.clone(),
+            key: args.lease.key.clone(),
+            host: args.host.clone(),
+            cell: cell.clone(),
+        };
+        let now = args.clock.now();
+        let mut worker = Worker {
+            args,
+            cell,
+            ctx,
+            pending: None,
+            last_checkpoint_at: now,
+        };
+        let reason = worker.run().await;
+        worker.args.handler.close(&worker.ctx, reason).await;
+        info!(reason = ?reason, "worker stopped");
+        reason
+    }
+    .instrument(span)
+    .await;
+    // The host loop may already be gone during shutdown; nothing to tell then.
+    let _ = exits.send(WorkerExit { partition, reason });
+}
+
+impl Worker {
+    fn backoff(&mut self, attempt: u32) -> Duration {
+        let s = &self.args.settings;
+        let base = s
+            .min_backoff
+            .saturating_mul(2u32.saturating_pow(attempt.min(20)))
+            .min(s.max_backoff);
+        // Full jitter in [base/2, base].
+        let jitter = self.args.rng.gen_range(0.5..=1.0);
+        base.mul_f64(jitter)
+    }
+
+    /// Sleeps `d` unless cancelled or fenced first. Returns false if interrupted.
+    async fn pause(&mut self, d: Duration) -> bool {
+        let sleep = self.args.clock.sleep(d);
+        let mut fenced = self.args.fenced.clone();
+        tokio::select! {
+            _ = self.args.cancel.cancelled() => false,
+            _ = fenced.wait_for(|f| *f) => false,
+            _ = sleep => true,
+        }
+    }
+
+    fn fenced(&self) -> bool {
+        *self.args.fenced.borrow()
+    }
+
+    async fn run(&mut self) -> CloseReason {
+        let mut reader = match self.open_reader().await {
+            Ok(Some(r)) => r,
+            Ok(None) => return self.stop_reason(),
+            Err(reason) => return reason,
+        };
+        if let Err(reason) = self.open_handler().await {
+            return reason;
+        }
+        loop {
+            match self.step(reader.as_mut()).await {
+                Step::Continue => {}
+                Step::Stop(CloseReason::Shutdown) => {
+                    return self.shutdown().await;
+                }
+                Step::Stop(reason) => return reason,
+            }
+        }
+    }
+
+    fn stop_reason(&self) -> CloseReason {
+        if self.args.cancel.is_cancelled() {
+            CloseReason::Shutdown
+        } else {
+            CloseReason::LeaseLost
+        }
+    }
+
+    async fn open_reader(&mut self) -> Result<Option<Box<dyn PartitionReader>>, CloseReason> {
+        let position = self.args.lease.resume_position();
+        let mut attempt = 0;
+        loop {
+            match self
+                .args
+                .source
+                .open(&self.args.lease.key.partition, &position)
+                .await
+            {
+                Ok(r) => return Ok(Some(r)),
+                Err(err) if err.is_retryable() => {
+                    warn!(lease = %self.args.lease.key, error = %err, "opening the partition failed; retrying");
+                    let d = self.backoff(attempt);
+                    attempt += 1;
+                    if !self.pause(d).await {
+                        return Ok(None);
+                    }
+                }
+                Err(err) => {
+                    // An unknown continuation or partition: report it with the key, keep the
+                    // checkpoint as it is, and give the lease back.
+                    tracing::error!(lease = %self.args.lease.key, error = %err, "cannot read the partition; releasing the lease with its checkpoint unchanged");
+                    metrics::counter!("changefeed_source_errors_total", "group" => self.args.group_label.clone()).increment(1);
+                    return Err(self.release_or_lost(None, CloseReason::HandlerFailed).await);
+                }
+            }
+        }
+    }
+
+    async fn open_handler(&mut self) -> Result<(), CloseReason> {
+        let mut attempt = 0;
+        loop {
+            match self.args.handler.open(&self.ctx).await {
+                Ok(()) => return Ok(()),
+                Err(err) => {
+                    warn!(lease = %self.ctx.key, error = %err, "handler open failed");
+                    if attempt >= self.args.settings.handler_max_retries {
+                        return Err(self.release_or_lost(None, CloseReason::HandlerFailed).await);
+                    }
+                    let d = self.backoff(attempt);
+                    attempt += 1;
+                    if !self.pause(d).await {
+                        return Err(self.stop_reason());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reacts to a row the host loop listed: lost, or a hand-off to honour.
+    async fn apply_hint(&mut self) -> Option<CloseReason> {
+        let listed = self.args.hint.borrow_and_update().clone();
+        let listed = listed?;
+        if !self.cell.observe(&listed).await {
+            info!(lease = %listed.key, owner = ?listed.owner, "lease now belongs to another host");
+            metrics::counter!("changefeed_leases_lost_total", "group" => self.args.group_label.clone()).increment(1);
+            return Some(CloseReason::LeaseLost);
+        }
+        if listed.next_owner.is_some() {
+            // Hand-off requested: we are between batches, so write the position and pass it.
+            let pending = self.pending.take();
+            return Some(self.release_or_lost(pending, CloseReason::HandedOff).await);
+        }
+        None
+    }
+
+    async fn step(&mut self, reader: &mut dyn PartitionReader) -> Step {
+        if self.args.cancel.is_cancelled() {
+            return Step::Stop(CloseReason::Shutdown);
+        }
+        if self.fenced() {
+            warn!(lease = %self.ctx.key, "host fenced; stopping without further writes");
+            return Step::Stop(CloseReason::LeaseLost);
+        }
+        if self.args.hint.has_changed().unwrap_or(false) {
+            if let Some(reason) = self.apply_hint().await {
+                return Step::Stop(reason);
+            }
+        }
+        let batch = match self.read(reader).await {
+            Some(b) => b,
+            None => return Step::Stop(self.stop_reason()),
+        };
+        if !batch.records.is_empty() {
+            if let Some(reason) = self.deliver(&batch).await {
+                return Step::Stop(reason);
+            }
+            self.pending = batch.continuation.clone();
+            if let Some(reason) = self.maybe_checkpoint().await {
+                return Step::Stop(reason);
+            }
+        }
+        if batch.end_of_partition {
+            return Step::Stop(self.finish().await);
+        }
+        if batch.records.is_empty() {
+            // Idle: wait, but wake for shutdown, fencing or news about the lease.
+            let sleep = self.args.clock.sleep(self.args.settings.poll_delay);
+            let mut fenced = self.args.fenced.clone();
+            tokio::select! {
+                _ = self.args.cancel.cancelled() => {}
+                _ = fenced.wait_for(|f| *f) => {}
+                _ = self.args.hint.changed() => {
+                    // Re-mark it changed so the next step applies it.
+                    self.args.hint.mark_changed();
+                }
+                _ = sleep => {}
+            }
+        }
+        Step::Continue
+    }
+
+    async fn read(&mut self, reader: &mut dyn PartitionReader) -> Option<Batch> {
+        let mut attempt = 0;
+        loop {
+            match reader.next_batch(self.args.settings.max_batch_size).await {
+                Ok(b) => return Some(b),
+                Err(err) => {
+                    let retryable = err.is_retryable();
+                    warn!(lease = %self.ctx.key, error = %err, retryable, "reading the partition failed");
+                    metrics::counter!("changefeed_source_errors_total", "group" => self.args.group_label.clone()).increment(1);
+                    if !retryable && !matches!(err, SourceError::Source { .. }) {
+                        return None;
+                    }
+                    let d = self.backoff(attempt);
+                    attempt += 1;
+                    if !self.pause(d).await {
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Delivers a batch, retrying failures with backoff. Returns a reason to stop, if any.
+    async fn deliver(&mut self, batch: &Batch) -> Option<CloseReason> {
+        let mut attempt = 0;
+        loop {
+            match self.args.handler.handle(&self.ctx, batch).await {
+                Ok(()) => {
+                    let g = self.args.group_label.clone();
+                    metrics::counter!("changefeed_batches_total", "group" => g.clone())
+                        .increment(1);
+                    metrics::counter!("changefeed_records_total", "group" => g)
+                        .increment(batch.records.len() as u64);
+                    return None;
+                }
+                Err(err) => {
+                    metrics::counter!("changefeed_handler_errors_total", "group" => self.args.group_label.clone()).increment(1);
+                    warn!(lease = %self.ctx.key, error = %err, attempt, "handler failed; the batch will be retried");
+                    if attempt >= self.args.settings.handler_max_retries {
+                        // Give the lease back at its last checkpoint; nothing is skipped.
+                        let pending = self.pending.take();
+                        return Some(
+                            self.release_or_lost(pending, CloseReason::HandlerFailed)
+                                .await,
+                        );
+                    }
+                    let d = self.backoff(attempt);
+                    attempt += 1;
+                    if !self.pause(d).await {
+                        return Some(self.stop_reason());
+                    }
+                }
+            }
+        }
+    }
+
+    async fn maybe_checkpoint(&mut self) -> Option<CloseReason> {
+        let due = match self.args.settings.checkpoint_mode {
+            CheckpointMode::EveryBatch => true,
+            CheckpointMode::Interval(d) => {
+                self.args
+                    .clock
+                    .now()
+                    .saturating_duration_since(self.last_checkpoint_at)
+                    >= d
+            }
+            CheckpointMode::Manual => false,
+        };
+        if !due {
+            return None;
+        }
+        let c = self.pending.clone()?;
+        let mut attempt = 0;
+        loop {
+            match self.cell.checkpoint(c.clone()).await {
+                Ok(WriteOutcome::Kept) => {
+                    self.pending = None;
+                    self.last_checkpoint_at = self.args.clock.now();
+                    return None;
+                }
+                Ok(WriteOutcome::HandedOff) => {
+                    self.pending = None;
+                    metrics::counter!("changefeed_handoffs_given_total", "group" => self.args.group_label.clone()).increment(1);
+                    return Some(CloseReason::HandedOff);
+                }
+                Err(err) if err.is_retryable() && !self.fenced() => {
+                    warn!(lease = %self.ctx.key, error = %err, "checkpoint failed; retrying");
+                    let d = self.backoff(attempt);
+                    attempt += 1;
+                    if !self.pause(d).await {
+                        return Some(self.stop_reason());
+                    }
+                }
+                Err(err) => {
+                    info!(lease = %self.ctx.key, error = %err, "checkpoint refused; lease lost");
+                    metrics::counter!("changefeed_leases_lost_total", "group" => self.args.group_label.clone()).increment(1);
+                    return Some(CloseReason::LeaseLost);
+                }
+            }
+        }
+    }
+
+    async fn finish(&mut self) -> CloseReason {
+        let pending = self.pending.take();
+        let mut attempt = 0;
+        loop {
+            match self.cell.finish(pending.clone()).await {
+                Ok(_) => return CloseReason::PartitionEnded,
+                Err(err) if err.is_retryable() && !self.fenced() => {
+                    let d = self.backoff(attempt);
+                    attempt += 1;
+                    if !self.pause(d).await {
+                        return self.stop_reason();
+                    }
+                }
+                Err(err) => {
+                    info!(lease = %self.ctx.key, error = %err, "could not mark the lease finished; lease lost");
+                    return CloseReason::LeaseLost;
+                }
+            }
+        }
+    }
+
+    /// Writes `pending` (if any) and gives the lease up (to its next owner if one asked).
+    /// Returns `reason`, or `HandedOff` if the write handed it over, or `LeaseLost` if it was
+    /// no longer ours.
+    async fn release_or_lost(
+        &mut self,
+        pending: Option<Continuation>,
+        reason: CloseReason,
+    ) -> CloseReason {
+        let pending = match self.args.settings.checkpoint_mode {
+            CheckpointMode::Manual => None,
+            _ => pending,
+        };
+        for attempt in 0..3 {
+            match self.cell.release(pending.clone()).await {
+                Ok(WriteOutcome::HandedOff) => {
+                    metrics::counter!("changefeed_handoffs_given_total", "group" => self.args.group_label.clone()).increment(1);
+                    return CloseReason::HandedOff;
+                }
+                Ok(WriteOutcome::Kept) => return reason,
+                Err(err) if err.is_retryable() && !self.fenced() => {
+                    let d = self.backoff(attempt);
+                    self.args.clock.sleep(d).await;
+                }
+                Err(err) => {
+                    info!(lease = %self.ctx.key, error = %err, "release refused; lease already lost");
+                    return CloseReason::LeaseLost;
+                }
+            }
+        }
+        warn!(lease = %self.ctx.key, "release failed; the lease will expire with this host");
+        reason
+    }
+
+    async fn shutdown(&mut self) -> CloseReason {
+        if self.fenced() {
+            return CloseReason::LeaseLost;
+        }
+        let pending = self.pending.take();
+        match self.release_or_lost(pending, CloseReason::Shutdown).await {
+            CloseReason::HandedOff => CloseReason::Shutdown,
+            other => other,
+        }
+    }
+}

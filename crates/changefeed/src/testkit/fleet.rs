@@ -1,0 +1,681 @@
+//! Fleet scenarios: several processors on one store and one in-memory feed, on virtual time,
+//! checked against a delivery ledger. Every backend runs them with its own store.
+//!
+//! Each scenario expects a paused tokio runtime (`#[tokio::test(start_paused = true)]`), so
+//! expiries and intervals pass in virtual time.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::{Clock, VirtualClock};
+use crate::error::LeaseError;
+use crate::lease::{LeaseStore, Listing};
+use crate::model::{
+    Batch, GroupName, Heartbeat, HostName, Lease, LeaseKey, LeaseState, Membership, PartitionId,
+    Position, Timestamp, Version,
+};
+use crate::processor::{
+    CloseReason, Context, Handler, HandlerError, Processor, ProcessorError, ProcessorHandle,
+    Settings,
+};
+use crate::source::{FeedSource, MemoryFeed};
+
+/// Makes a fresh store handle; called once per host (a new connection for a real backend).
+pub type StoreFactory = Arc<dyn Fn() -> Arc<dyn LeaseStore> + Send + Sync>;
+
+/// One delivery of one record.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// Who delivered it.
+    pub host: String,
+    /// The partition.
+    pub partition: PartitionId,
+    /// The record's payload (a unique sequence number).
+    pub record: u64,
+    /// Virtual time since the fleet started.
+    pub at: Duration,
+}
+
+/// Records every delivery of every host.
+#[derive(Debug, Default)]
+pub struct Ledger {
+    deliveries: Mutex<Vec<Delivery>>,
+}
+
+impl Ledger {
+    /// Every delivery so far.
+    pub fn deliveries(&self) -> Vec<Delivery> {
+        self.deliveries.lock().expect("ledger lock").clone()
+    }
+}
+
+#[derive(Debug)]
+struct LedgerHandler {
+    host: String,
+    ledger: Arc<Ledger>,
+    origin: tokio::time::Instant,
+}
+
+#[async_trait]
+impl Handler for LedgerHandler {
+    async fn handle(&self, ctx: &Context, batch: &Batch) -> Result<(), HandlerError> {
+        let at = tokio::time::Instant::now() - self.origin;
+        let mut d = self.ledger.deliveries.lock().expect("ledger lock");
+        for r in &batch.records {
+            let record = std::str::from_utf8(&r.data)?.parse()?;
+            d.push(Delivery {
+                host: self.host.clone(),
+                partition: ctx.partition().clone(),
+                record,
+                at,
+            });
+        }
+        Ok(())
+    }
+
+    async fn close(&self, _ctx: &Context, _reason: CloseReason) {}
+}
+
+/// A store wrapper a test can cut off: calls then fail or hang.
+#[derive(Debug, Clone)]
+pub struct Faulty {
+    inner: Arc<dyn LeaseStore>,
+    mode: Arc<AtomicU8>,
+}
+
+/// How a [`Faulty`] store behaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultMode {
+    /// Calls go through.
+    Healthy = 0,
+    /// Calls fail with a retryable error.
+    Fail = 1,
+    /// Calls never complete.
+    Hang = 2,
+}
+
+impl Faulty {
+    /// Wraps `inner`, healthy.
+    pub fn new(inner: Arc<dyn LeaseStore>) -> Self {
+        Self {
+            inner,
+            mode: Arc::new(AtomicU8::new(0)),
+        }
+    }
+
+    /// Switches the behaviour of every handle to this store.
+    pub fn set(&self, mode: FaultMode) {
+        self.mode.store(mode as u8, Ordering::SeqCst);
+    }
+
+    async fn gate(&self, op: &'static str) -> Result<(), LeaseError> {
+        match self.mode.load(Ordering::SeqCst) {
+            0 => Ok(()),
+            1 => Err(LeaseError::store(
+                op,
+                None,
+                true,
+                "cut off from the store (test)",
+            )),
+            _ => std::future::pending().await,
+        }
+    }
+}
+
+#[async_trait]
+impl LeaseStore for Faulty {
+    async fn list(&self, group: &GroupName) -> Result<Listing, LeaseError> {
+        self.gate("list").await?;
+        self.inner.list(group).await
+    }
+    async fn get(&self, key: &LeaseKey) -> Result<Option<Lease>, LeaseError> {
+        self.gate("get").await?;
+        self.inner.get(key).await
+    }
+    async fn create(&self, lease: &Lease) -> Result<Option<Lease>, LeaseError> {
+        self.gate("create").await?;
+        self.inner.create(lease).await
+    }
+    async fn replace(&self, lease: &Lease, expected: Version) -> Result<Lease, LeaseError> {
+        self.gate("replace").await?;
+        self.inner.replace(lease, expected).await
+    }
+    async fn delete(&self, key: &LeaseKey, expected: Version) -> Result<(), LeaseError> {
+        self.gate("delete").await?;
+        self.inner.delete(key, expected).await
+    }
+    async fn heartbeat(
+        &self,
+        group: &GroupName,
+        host: &HostName,
+        incarnation: &str,
+        written_at: Timestamp,
+        expected: Option<Version>,
+    ) -> Result<Heartbeat, LeaseError> {
+        self.gate("heartbeat").await?;
+        self.inner
+            .heartbeat(group, host, incarnation, written_at, expected)
+            .await
+    }
+    async fn remove_heartbeat(
+        &self,
+        group: &GroupName,
+        host: &HostName,
+        expected: Version,
+    ) -> Result<(), LeaseError> {
+        self.gate("remove_heartbeat").await?;
+        self.inner.remove_heartbeat(group, host, expected).await
+    }
+    async fn membership(&self, group: &GroupName) -> Result<Membership, LeaseError> {
+        self.gate("membership").await?;
+        self.inner.membership(group).await
+    }
+}
+
+/// A fleet of processors on one store and one in-memory feed.
+pub struct Fleet {
+    stores: StoreFactory,
+    /// The feed every host reads.
+    pub feed: MemoryFeed,
+    /// Every delivery.
+    pub ledger: Arc<Ledger>,
+    /// The group.
+    pub group: GroupName,
+    /// Settings every host gets.
+    pub settings: Settings,
+    hosts: BTreeMap<String, (ProcessorHandle, Faulty)>,
+    origin: tokio::time::Instant,
+    written: u64,
+    next_seed: u64,
+}
+
+impl std::fmt::Debug for Fleet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fleet")
+            .field("hosts", &self.hosts.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The settings scenarios use: 10 s expiry, 2 s renew and acquire, 2 s margin.
+pub fn scenario_settings() -> Settings {
+    Settings {
+        lease_expiry: Duration::from_secs(10),
+        renew_interval: Duration::from_secs(2),
+        safety_margin: Duration::from_secs(2),
+        acquire_interval: Duration::from_secs(2),
+        poll_delay: Duration::from_millis(200),
+        handoff_timeout: Duration::from_secs(10),
+        max_batch_size: 50,
+        ..Settings::default()
+    }
+}
+
+impl Fleet {
+    /// A fleet over `partitions` partitions, with a lease created for each.
+    pub async fn new(stores: StoreFactory, partitions: u32) -> Self {
+        let feed = MemoryFeed::new(partitions);
+        let group = GroupName::new("fleet").expect("valid");
+        let store = stores();
+        for p in feed.partitions().await.expect("partitions") {
+            store
+                .create(&Lease::new(
+                    LeaseKey::new(group.clone(), p.id),
+                    Position::Beginning,
+                ))
+                .await
+                .expect("create lease");
+        }
+        Self {
+            stores,
+            feed,
+            ledger: Arc::new(Ledger::default()),
+            group,
+            settings: scenario_settings(),
+            hosts: BTreeMap::new(),
+            origin: tokio::time::Instant::now(),
+            written: 0,
+            next_seed: 1,
+        }
+    }
+
+    /// Builds (but does not start) a processor named `name`, its clock skewed by `skew_ms`.
+    pub fn processor(&mut self, name: &str, skew_ms: i64) -> (Processor, Faulty) {
+        let faulty = Faulty::new((self.stores)());
+        let clock: Arc<dyn Clock> =
+            Arc::new(VirtualClock::new(Timestamp(1_700_000_000_000)).with_skew(skew_ms));
+        self.next_seed += 1;
+        let p = Processor::builder()
+            .host(name)
+            .group(self.group.as_str())
+            .store(Arc::new(faulty.clone()))
+            .source(Arc::new(self.feed.clone()))
+            .handler(LedgerHandler {
+                host: name.to_string(),
+                ledger: self.ledger.clone(),
+                origin: self.origin,
+            })
+            .clock(clock)
+            .seed(self.next_seed)
+            .settings(self.settings.clone())
+            .build()
+            .expect("valid settings");
+        (p, faulty)
+    }
+
+    /// Starts a host.
+    pub fn start(&mut self, name: &str) {
+        self.start_skewed(name, 0);
+    }
+
+    /// Starts a host whose wall clock is off by `skew_ms`.
+    pub fn start_skewed(&mut self, name: &str, skew_ms: i64) {
+        let (p, faulty) = self.processor(name, skew_ms);
+        self.hosts.insert(name.to_string(), (p.start(), faulty));
+    }
+
+    /// Crashes a host: its tasks are dropped, nothing is released.
+    pub fn kill(&mut self, name: &str) {
+        if let Some((h, _)) = self.hosts.remove(name) {
+            h.kill();
+        }
+    }
+
+    /// Stops a host gracefully.
+    pub async fn stop(&mut self, name: &str) -> Result<(), ProcessorError> {
+        match self.hosts.remove(name) {
+            Some((h, _)) => h.stop().await,
+            None => Ok(()),
+        }
+    }
+
+    /// Cuts `name` off from the store (or heals it).
+    pub fn set_store_mode(&self, name: &str, mode: FaultMode) {
+        if let Some((_, f)) = self.hosts.get(name) {
+            f.set(mode);
+        }
+    }
+
+    /// Host names running.
+    pub fn running(&self) -> Vec<String> {
+        self.hosts.keys().cloned().collect()
+    }
+
+    /// Appends `n` records spread over keys; returns their numbers.
+    pub fn write(&mut self, n: u64) {
+        for _ in 0..n {
+            let seq = self.written;
+            self.written += 1;
+            self.feed
+                .append(&format!("key-{}", seq % 97), seq.to_string());
+        }
+    }
+
+    /// Advances virtual time by `d`, writing `per_sec` records each second.
+    pub async fn run_for(&mut self, d: Duration, per_sec: u64) {
+        let step = Duration::from_millis(250);
+        let mut left = d;
+        while !left.is_zero() {
+            let s = step.min(left);
+            self.write(per_sec * s.as_millis() as u64 / 1000);
+            tokio::time::sleep(s).await;
+            left -= s;
+        }
+    }
+
+    /// Runs until every record written has been delivered, or `limit` passes. Returns whether
+    /// everything was delivered.
+    pub async fn drain(&mut self, limit: Duration) -> bool {
+        let step = Duration::from_millis(250);
+        let mut waited = Duration::ZERO;
+        while waited < limit {
+            let delivered: BTreeSet<u64> =
+                self.ledger.deliveries().iter().map(|d| d.record).collect();
+            if delivered.len() as u64 == self.written {
+                return true;
+            }
+            tokio::time::sleep(step).await;
+            waited += step;
+        }
+        false
+    }
+
+    /// The leases as stored.
+    pub async fn leases(&self) -> Vec<Lease> {
+        (self.stores)()
+            .list(&self.group)
+            .await
+            .expect("list")
+            .leases
+    }
+
+    /// Owner per partition, as stored.
+    pub async fn owners(&self) -> BTreeMap<PartitionId, Option<String>> {
+        self.leases()
+            .await
+            .into_iter()
+            .map(|l| (l.key.partition, l.owner.map(|o| o.to_string())))
+            .collect()
+    }
+
+    /// Checks the ledger: every record delivered, in order per partition. Returns the number
+    /// of duplicate deliveries.
+    pub fn check_ledger(&self) -> usize {
+        let deliveries = self.ledger.deliveries();
+        let mut seen: BTreeSet<u64> = BTreeSet::new();
+        let mut duplicates = 0;
+        let mut last: HashMap<PartitionId, u64> = HashMap::new();
+        for d in &deliveries {
+            if !seen.insert(d.record) {
+                duplicates += 1;
+                continue;
+            }
+            if let Some(prev) = last.insert(d.partition.clone(), d.record) {
+                assert!(
+                    prev < d.record,
+                    "partition {}: record {} delivered after {} (out of order)",
+                    d.partition,
+                    d.record,
+                    prev
+                );
+            }
+        }
+        let missing: Vec<u64> = (0..self.written).filter(|r| !seen.contains(r)).collect();
+        assert!(
+            missing.is_empty(),
+            "{} records never delivered, first {:?}",
+            missing.len(),
+            &missing[..missing.len().min(10)]
+        );
+        duplicates
+    }
+}
+
+/// Asserts every running host owns within one of its equal share.
+pub fn assert_balanced(owners: &BTreeMap<PartitionId, Option<String>>, hosts: &[String]) {
+    let n = owners.len();
+    let mut counts: BTreeMap<&str, usize> = hosts.iter().map(|h| (h.as_str(), 0)).collect();
+    for owner in owners.values() {
+        let owner = owner.as_deref().unwrap_or("<nobody>");
+        *counts.entry(owner).or_default() += 1;
+    }
+    assert!(
+        !counts.contains_key("<nobody>"),
+        "every lease is owned: {counts:?}"
+    );
+    let (lo, hi) = (n / hosts.len(), n.div_ceil(hosts.len()));
+    for (h, c) in &counts {
+        assert!(
+            (lo..=hi).contains(c),
+            "host {h} owns {c} leases; its share is {lo}..={hi}: {counts:?}"
+        );
+    }
+}
+
+/// Watches owners every 250 ms for `d`, returning how many times each lease changed owner.
+pub async fn watch_moves(
+    fleet: &mut Fleet,
+    d: Duration,
+    per_sec: u64,
+) -> BTreeMap<PartitionId, usize> {
+    let mut moves: BTreeMap<PartitionId, usize> = BTreeMap::new();
+    let mut prev = fleet.owners().await;
+    let step = Duration::from_millis(250);
+    let mut waited = Duration::ZERO;
+    while waited < d {
+        fleet.run_for(step, per_sec).await;
+        waited += step;
+        let now = fleet.owners().await;
+        for (p, o) in &now {
+            if o.is_some() && prev.get(p).is_some_and(|po| po.is_some() && po != o) {
+                *moves.entry(p.clone()).or_default() += 1;
+            }
+        }
+        prev = now;
+    }
+    moves
+}
+
+/// Scenario: 1 host, then 2, then 11, over 200 leases. Within two acquire intervals of each
+/// arrival every host is within one of its share, each lease moved at most once, and the
+/// ledger shows no duplicate and no gap (design, "Balancing": hand-off is zero-gap,
+/// zero-duplicate).
+pub async fn scenario_rebalance_on_arrivals(stores: StoreFactory) {
+    let mut fleet = Fleet::new(stores, 200).await;
+    let window = fleet.settings.acquire_interval * 2;
+    fleet.start("host-00");
+    fleet.run_for(window, 100).await;
+    assert_balanced(&fleet.owners().await, &fleet.running());
+    for arrivals in [vec![1], (2..11).collect::<Vec<_>>()] {
+        for i in arrivals {
+            fleet.start(&format!("host-{i:02}"));
+        }
+        // A new host asks for hand-offs once it has been registered for one renew interval
+        // (so hosts starting together see each other); from then on, two acquire intervals.
+        let arrival = fleet.settings.renew_interval + window + Duration::from_millis(250);
+        let moves = watch_moves(&mut fleet, arrival, 100).await;
+        assert_balanced(&fleet.owners().await, &fleet.running());
+        if let Some((p, n)) = moves.iter().find(|(_, n)| **n > 1) {
+            panic!("lease {p} moved {n} times in one rebalance");
+        }
+        // Settled: nothing moves any more.
+        let settle = fleet.settings.acquire_interval * 3;
+        let later = watch_moves(&mut fleet, settle, 100).await;
+        assert!(
+            later.is_empty(),
+            "leases keep moving after balance: {later:?}"
+        );
+    }
+    assert!(
+        fleet.drain(Duration::from_secs(30)).await,
+        "everything delivered"
+    );
+    let dups = fleet.check_ledger();
+    assert_eq!(dups, 0, "hand-offs deliver no duplicates");
+    for h in fleet.running() {
+        fleet.stop(&h).await.expect("graceful stop");
+    }
+}
+
+/// Scenario: a host is killed (no release); every lease it owned is owned again within
+/// `lease_expiry + acquire_interval`, taken in one cycle, and nothing is lost.
+pub async fn scenario_killed_host_leases_taken_in_one_cycle(stores: StoreFactory, skews: [i64; 3]) {
+    let mut fleet = Fleet::new(stores, 60).await;
+    for (i, skew) in skews.iter().enumerate() {
+        fleet.start_skewed(&format!("h{i}"), *skew);
+    }
+    fleet.run_for(Duration::from_secs(10), 200).await;
+    assert_balanced(&fleet.owners().await, &fleet.running());
+    let victims: Vec<PartitionId> = fleet
+        .owners()
+        .await
+        .into_iter()
+        .filter(|(_, o)| o.as_deref() == Some("h0"))
+        .map(|(p, _)| p)
+        .collect();
+    assert!(!victims.is_empty());
+    fleet.kill("h0");
+    // The bound is inclusive: the cycle that takes them may run at the deadline instant itself.
+    let deadline =
+        fleet.settings.lease_expiry + fleet.settings.acquire_interval + Duration::from_millis(50);
+    // Just before the earliest possible expiry nobody has taken them (no premature take).
+    fleet
+        .run_for(
+            fleet.settings.lease_expiry - fleet.settings.acquire_interval,
+            200,
+        )
+        .await;
+    let owners = fleet.owners().await;
+    assert!(
+        victims.iter().all(|p| owners[p].as_deref() == Some("h0")),
+        "a dead host's leases are not taken before lease_expiry"
+    );
+    fleet
+        .run_for(
+            deadline - (fleet.settings.lease_expiry - fleet.settings.acquire_interval),
+            200,
+        )
+        .await;
+    let owners = fleet.owners().await;
+    for p in &victims {
+        let o = owners[p].as_deref();
+        assert!(
+            o.is_some() && o != Some("h0"),
+            "lease {p} of the killed host is owned again within lease_expiry + acquire_interval (owner {o:?})"
+        );
+    }
+    assert_balanced(&owners, &fleet.running());
+    assert!(fleet.drain(Duration::from_secs(30)).await);
+    fleet.check_ledger();
+    for h in fleet.running() {
+        fleet.stop(&h).await.expect("stop");
+    }
+}
+
+/// Scenario: a host cut off from the store stops delivering before another host takes its
+/// leases (rule 3), and no continuation ever moves backwards (rule 4).
+///
+/// Hosts checkpoint at most every 30 s, so a worker keeps delivering between store writes:
+/// only fencing stops it (with a checkpoint per batch, the failing checkpoint would).
+pub async fn scenario_cut_off_host_fences_before_takeover(stores: StoreFactory, mode: FaultMode) {
+    let mut fleet = Fleet::new(stores, 30).await;
+    fleet.settings.checkpoint_mode =
+        crate::processor::CheckpointMode::Interval(Duration::from_secs(30));
+    for i in 0..3 {
+        fleet.start(&format!("h{i}"));
+    }
+    fleet.run_for(Duration::from_secs(10), 200).await;
+    let cut_at = tokio::time::Instant::now() - fleet.origin;
+    fleet.set_store_mode("h0", mode);
+    let mut continuations: BTreeMap<PartitionId, u64> = BTreeMap::new();
+    for _ in 0..120 {
+        fleet.run_for(Duration::from_millis(250), 200).await;
+        for l in fleet.leases().await {
+            if let Some(c) = &l.continuation {
+                let off: u64 = c
+                    .as_str()
+                    .rsplit_once(':')
+                    .and_then(|(_, o)| o.parse().ok())
+                    .expect("memory feed continuation");
+                let prev = continuations.insert(l.key.partition.clone(), off);
+                assert!(
+                    prev.is_none_or(|p| p <= off),
+                    "continuation of {} moved backwards",
+                    l.key.partition
+                );
+            }
+        }
+    }
+    let deliveries = fleet.ledger.deliveries();
+    let h0_partitions: BTreeSet<PartitionId> = deliveries
+        .iter()
+        .filter(|d| d.host == "h0" && d.at >= cut_at.saturating_sub(Duration::from_secs(1)))
+        .map(|d| d.partition.clone())
+        .collect();
+    for p in &h0_partitions {
+        let last_h0 = deliveries
+            .iter()
+            .filter(|d| &d.partition == p && d.host == "h0")
+            .map(|d| d.at)
+            .max()
+            .expect("delivered");
+        let first_other = deliveries
+            .iter()
+            .filter(|d| &d.partition == p && d.host != "h0" && d.at > cut_at)
+            .map(|d| d.at)
+            .min();
+        let first_other = first_other.unwrap_or_else(|| panic!("partition {p} taken over"));
+        assert!(
+            last_h0 < first_other,
+            "partition {p}: cut-off host delivered at {last_h0:?}, after another host started at {first_other:?}"
+        );
+    }
+    assert!(
+        !h0_partitions.is_empty(),
+        "h0 was delivering before the cut"
+    );
+    let owners = fleet.owners().await;
+    assert!(owners.values().all(|o| o.as_deref() != Some("h0")));
+    fleet.set_store_mode("h0", FaultMode::Healthy);
+    assert!(fleet.drain(Duration::from_secs(30)).await);
+    fleet.check_ledger();
+    fleet.kill("h0");
+    for h in fleet.running() {
+        fleet.stop(&h).await.expect("stop");
+    }
+}
+
+/// Scenario: graceful stop releases every lease with its continuation; a restart resumes
+/// exactly after the last checkpoint (rule 6): no duplicate, no gap.
+pub async fn scenario_graceful_stop_and_resume(stores: StoreFactory) {
+    let mut fleet = Fleet::new(stores, 8).await;
+    fleet.start("a");
+    fleet.start("b");
+    fleet.run_for(Duration::from_secs(10), 100).await;
+    assert!(fleet.drain(Duration::from_secs(10)).await);
+    fleet.stop("a").await.expect("stop a");
+    fleet.stop("b").await.expect("stop b");
+    let leases = fleet.leases().await;
+    for l in &leases {
+        assert_eq!(l.state, LeaseState::Available, "lease {} released", l.key);
+        assert_eq!(l.owner, None);
+        let records = fleet.feed.len(&l.key.partition).expect("partition");
+        assert_eq!(
+            l.continuation.is_some(),
+            records > 0,
+            "lease {} keeps its continuation",
+            l.key
+        );
+    }
+    let m = (fleet.stores)()
+        .membership(&fleet.group)
+        .await
+        .expect("membership");
+    assert!(m.hosts.is_empty(), "heartbeats removed on graceful stop");
+    fleet.write(200);
+    fleet.start("a");
+    fleet.run_for(Duration::from_secs(6), 0).await;
+    assert!(fleet.drain(Duration::from_secs(20)).await);
+    assert_eq!(fleet.check_ledger(), 0, "resume delivers no duplicate");
+    fleet.stop("a").await.expect("stop");
+}
+
+/// Scenario: a second live process with a host name in use is refused; after a crash, a
+/// restart under the same name takes the name and its leases back.
+pub async fn scenario_duplicate_host_refused_restart_takes_back(stores: StoreFactory) {
+    let mut fleet = Fleet::new(stores, 6).await;
+    fleet.start("a");
+    fleet.run_for(Duration::from_secs(4), 10).await;
+    let (twin, _) = fleet.processor("a", 0);
+    let cancel = CancellationToken::new();
+    let result = tokio::time::timeout(Duration::from_secs(60), twin.run(cancel)).await;
+    match result {
+        Ok(Err(ProcessorError::DuplicateHost { host, .. })) => assert_eq!(host, "a"),
+        other => panic!("a second process named a must be refused, got {other:?}"),
+    }
+    // The first one was not disturbed.
+    fleet.run_for(Duration::from_secs(4), 10).await;
+    let owners = fleet.owners().await;
+    assert!(owners.values().all(|o| o.as_deref() == Some("a")));
+    fleet.kill("a");
+    fleet.start("a");
+    fleet
+        .run_for(
+            fleet.settings.lease_expiry + fleet.settings.acquire_interval * 2,
+            10,
+        )
+        .await;
+    assert!(fleet
+        .owners()
+        .await
+        .values()
+        .all(|o| o.as_deref() == Some("a")));
+    assert!(fleet.drain(Duration::from_secs(20)).await);
+    fleet.check_ledger();
+    fleet.stop("a").await.expect("stop");
+}

@@ -1,0 +1,47 @@
+//! Processor scenarios on the in-memory store, on virtual time.
+
+use std::sync::Arc;
+
+use changefeed::lease::{LeaseStore, MemoryLeaseStore};
+use changefeed::testkit::fleet::{self, FaultMode, StoreFactory};
+
+fn memory() -> StoreFactory {
+    let store = MemoryLeaseStore::new();
+    Arc::new(move || Arc::new(store.clone()) as Arc<dyn LeaseStore>)
+}
+
+#[tokio::test(start_paused = true)]
+async fn arrivals_rebalance_within_two_cycles_without_duplicates() {
+    fleet::scenario_rebalance_on_arrivals(memory()).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn killed_hosts_leases_are_taken_in_one_cycle() {
+    fleet::scenario_killed_host_leases_taken_in_one_cycle(memory(), [0, 0, 0]).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn wall_clock_skew_of_ten_minutes_changes_nothing() {
+    // Rule 2: no clock agreement needed.
+    fleet::scenario_killed_host_leases_taken_in_one_cycle(memory(), [600_000, -600_000, 0]).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn host_whose_store_calls_fail_fences_before_takeover() {
+    fleet::scenario_cut_off_host_fences_before_takeover(memory(), FaultMode::Fail).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn host_whose_store_calls_hang_fences_before_takeover() {
+    fleet::scenario_cut_off_host_fences_before_takeover(memory(), FaultMode::Hang).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn graceful_stop_releases_and_restart_resumes_exactly() {
+    fleet::scenario_graceful_stop_and_resume(memory()).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn second_process_with_same_name_is_refused() {
+    fleet::scenario_duplicate_host_refused_restart_takes_back(memory()).await;
+}

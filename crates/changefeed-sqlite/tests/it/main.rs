@@ -6,4 +6,5 @@
 #![allow(clippy::unwrap_used)]
 
 mod feed;
+mod processor;
 mod store;

@@ -54,6 +54,7 @@ use tracing::{debug, info, warn, Instrument};
 
 use crate::balance::{BalanceStrategy, EqualShare, LeaseView, Snapshot};
 use crate::clock::{Clock, SystemClock};
+use crate::error::LeaseError;
 use crate::lease::{CountingStore, LeaseStore};
 use crate::model::{GroupName, HostName, Lease, LeaseState, PartitionId};
 use crate::source::FeedSource;
@@ -697,28 +698,35 @@ impl Host {
             }
         }
         for req in &plan.request_handoff {
-            let Some(lease) = find(&self.leases, &req.partition) else {
+            let Some(mut lease) = find(&self.leases, &req.partition) else {
                 continue;
             };
-            // A request already pending from a live host stands; one naming a dead host (or
-            // the owner) is stale and may be overwritten.
-            let pending = lease
-                .next_owner
-                .as_ref()
-                .is_some_and(|n| n != &req.from && live.contains(n));
-            if lease.owner.as_ref() != Some(&req.from) || pending {
-                continue;
-            }
-            let mut next = lease.clone();
-            next.next_owner = Some(me.clone());
-            match self.p.store.replace(&next, lease.version).await {
-                Ok(_) => {
-                    info!(lease = %lease.key, from = %req.from, "asked for hand-off");
-                    metrics::counter!("changefeed_handoffs_requested_total", "group" => self.group_label.clone()).increment(1);
-                    self.asked_at.insert(req.partition.clone(), now);
+            // A conflict that only reflects a checkpoint of the owner is retried against the
+            // current row, as long as the request still makes sense.
+            for _attempt in 0..3 {
+                // A request already pending from a live host stands; one naming a dead host
+                // (or the owner) is stale and may be overwritten.
+                let pending = lease
+                    .next_owner
+                    .as_ref()
+                    .is_some_and(|n| n != &req.from && live.contains(n));
+                if !lease.is_owned_by(&req.from) || pending {
+                    break;
                 }
-                Err(err) => {
-                    debug!(lease = %lease.key, error = %err, "hand-off request not written")
+                let mut next = lease.clone();
+                next.next_owner = Some(me.clone());
+                match self.p.store.replace(&next, lease.version).await {
+                    Ok(_) => {
+                        info!(lease = %lease.key, from = %req.from, "asked for hand-off");
+                        metrics::counter!("changefeed_handoffs_requested_total", "group" => self.group_label.clone()).increment(1);
+                        self.asked_at.insert(req.partition.clone(), now);
+                        break;
+                    }
+                    Err(LeaseError::Conflict { current, .. }) => lease = *current,
+                    Err(err) => {
+                        debug!(lease = %lease.key, error = %err, "hand-off request not written");
+                        break;
+                    }
                 }
             }
         }

@@ -1,0 +1,54 @@
+//! The processor's fleet scenarios on a real SQLite file: several processors in one test, each
+//! with its own connection, on virtual time.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use changefeed::lease::LeaseStore;
+use changefeed::testkit::fleet::{self, FaultMode, StoreFactory};
+use changefeed_sqlite::SqliteLeaseStore;
+
+/// A factory handing out connections to one temporary database file, round-robin.
+async fn sqlite(dir: &tempfile::TempDir) -> StoreFactory {
+    let path = dir.path().join("leases.db");
+    let mut handles: Vec<Arc<dyn LeaseStore>> = Vec::new();
+    for _ in 0..16 {
+        handles.push(Arc::new(SqliteLeaseStore::open(&path).await.unwrap()));
+    }
+    let next = AtomicUsize::new(0);
+    Arc::new(move || handles[next.fetch_add(1, Ordering::Relaxed) % handles.len()].clone())
+}
+
+#[tokio::test(start_paused = true)]
+async fn sqlite_arrivals_rebalance_within_two_cycles_without_duplicates() {
+    let dir = tempfile::tempdir().unwrap();
+    fleet::scenario_rebalance_on_arrivals(sqlite(&dir).await).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn sqlite_killed_hosts_leases_are_taken_in_one_cycle() {
+    let dir = tempfile::tempdir().unwrap();
+    fleet::scenario_killed_host_leases_taken_in_one_cycle(
+        sqlite(&dir).await,
+        [600_000, -600_000, 0],
+    )
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn sqlite_cut_off_host_fences_before_takeover() {
+    let dir = tempfile::tempdir().unwrap();
+    fleet::scenario_cut_off_host_fences_before_takeover(sqlite(&dir).await, FaultMode::Hang).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn sqlite_graceful_stop_releases_and_restart_resumes_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    fleet::scenario_graceful_stop_and_resume(sqlite(&dir).await).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn sqlite_second_process_with_same_name_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    fleet::scenario_duplicate_host_refused_restart_takes_back(sqlite(&dir).await).await;
+}

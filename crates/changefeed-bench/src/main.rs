@@ -6,6 +6,8 @@ use clap::{Parser, Subcommand};
 
 mod balance;
 mod store;
+mod store_io;
+mod throughput;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -23,6 +25,10 @@ enum Command {
     Balance(balance::Args),
     /// Lease store operations: CAS replace/s and list of N leases, SQLite against memory.
     Store(store::Args),
+    /// Records/s through one host against raw source reads (in-memory feed, no-op handler).
+    Throughput(throughput::Args),
+    /// Store reads and writes per host in steady state (10 hosts, virtual time).
+    StoreIo(store_io::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -30,5 +36,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Balance(args) => balance::run(args),
         Command::Store(args) => store::run(args),
+        Command::Throughput(args) => throughput::run(args),
+        Command::StoreIo(args) => store_io::run(args),
     }
 }

@@ -33,7 +33,7 @@ pub struct Settings {
     /// How often a host reads membership and balances. Default 2 s.
     pub acquire_interval: Duration,
     /// A host lists every lease at least this often, even when the change counter did not
-    /// move. Default 60 s.
+    /// move: a safety net against a store that lost a counter bump. Default 5 min.
     pub full_list_interval: Duration,
     /// Most records per batch. Default 1000.
     pub max_batch_size: usize,
@@ -60,7 +60,7 @@ impl Default for Settings {
             renew_interval: Duration::from_secs(2),
             safety_margin: Duration::from_secs(2),
             acquire_interval: Duration::from_secs(2),
-            full_list_interval: Duration::from_secs(60),
+            full_list_interval: Duration::from_secs(300),
             max_batch_size: 1000,
             poll_delay: Duration::from_millis(500),
             handoff_timeout: Duration::from_secs(10),

@@ -173,6 +173,28 @@ pub(crate) async fn register(
     }
 }
 
+/// When this host must consider itself fenced: `lease_expiry − safety_margin` after its last
+/// successful heartbeat was sent. Workers read it themselves before every batch, so a host
+/// that wakes from a long stall (a GC pause, a suspended VM) is fenced at once, whichever of
+/// its tasks runs first.
+#[derive(Debug, Clone)]
+pub(crate) struct FenceDeadline(Arc<std::sync::Mutex<Instant>>);
+
+impl FenceDeadline {
+    pub(crate) fn new(at: Instant) -> Self {
+        Self(Arc::new(std::sync::Mutex::new(at)))
+    }
+
+    pub(crate) fn get(&self) -> Instant {
+        // The lock only guards a copy of an Instant; a poisoned lock still holds a valid one.
+        *self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn set(&self, at: Instant) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = at;
+    }
+}
+
 /// Heartbeat loop: renews the row every `renew_interval`, and raises the fence when the last
 /// successful renewal was sent `fence_after` ago. Lowers it again when a renewal succeeds.
 /// Returns an error if the row was taken over or removed.
@@ -186,8 +208,10 @@ pub(crate) async fn run(
     fenced: watch::Sender<bool>,
     cancel: CancellationToken,
     write_timeout: Duration,
+    deadline_shared: FenceDeadline,
 ) -> Result<Heartbeat, ProcessorError> {
     let mut last_ok_sent = clock.now();
+    deadline_shared.set(last_ok_sent + fence_after);
     loop {
         let deadline = last_ok_sent + fence_after;
         let wait = renew_interval;
@@ -221,6 +245,7 @@ pub(crate) async fn run(
             Some(Ok(hb)) => {
                 row = hb;
                 last_ok_sent = sent;
+                deadline_shared.set(sent + fence_after);
                 if *fenced.borrow() {
                     info!(host = %row.host, "heartbeat succeeded again; fence lowered");
                     fenced.send_replace(false);

@@ -395,6 +395,7 @@ struct Host {
     exits_tx: mpsc::UnboundedSender<worker::WorkerExit>,
     exits_rx: mpsc::UnboundedReceiver<worker::WorkerExit>,
     fenced_tx: watch::Sender<bool>,
+    fence_deadline: heartbeat::FenceDeadline,
     /// When this host first saw itself as `next_owner` of a lease, per partition.
     asked_at: BTreeMap<PartitionId, Instant>,
     /// When this host registered. Hand-off requests wait one renew interval after it, so that
@@ -410,6 +411,7 @@ impl Host {
     fn new(p: Processor, _row: crate::model::Heartbeat) -> Self {
         let (exits_tx, exits_rx) = mpsc::unbounded_channel();
         let p_now = p.clock.now();
+        let fence_at = p_now + p.settings.fence_after();
         Self {
             group_label: p.group.to_string(),
             p,
@@ -424,6 +426,7 @@ impl Host {
             exits_tx,
             exits_rx,
             fenced_tx: watch::channel(false).0,
+            fence_deadline: heartbeat::FenceDeadline::new(fence_at),
             asked_at: BTreeMap::new(),
             registered_at: p_now,
             replan: false,
@@ -448,6 +451,7 @@ impl Host {
                 self.fenced_tx.clone(),
                 hb_cancel.clone(),
                 s.renew_interval,
+                self.fence_deadline.clone(),
             )
             .in_current_span(),
         );
@@ -507,7 +511,7 @@ impl Host {
     }
 
     fn fenced(&self) -> bool {
-        *self.fenced_tx.borrow()
+        *self.fenced_tx.borrow() || self.p.clock.now() >= self.fence_deadline.get()
     }
 
     async fn cycle(&mut self) {
@@ -772,6 +776,7 @@ impl Host {
             clock: self.p.clock.clone(),
             cancel,
             fenced: self.fenced_tx.subscribe(),
+            fence_deadline: self.fence_deadline.clone(),
             hint: hint_rx,
             exits: self.exits_tx.clone(),
             rng: SmallRng::seed_from_u64(seed),

@@ -183,6 +183,7 @@ pub(crate) struct WorkerArgs {
     pub clock: Arc<dyn Clock>,
     pub cancel: CancellationToken,
     pub fenced: watch::Receiver<bool>,
+    pub fence_deadline: super::heartbeat::FenceDeadline,
     pub hint: watch::Receiver<Option<Lease>>,
     pub exits: mpsc::UnboundedSender<WorkerExit>,
     pub rng: SmallRng,
@@ -269,8 +270,10 @@ impl Worker {
         }
     }
 
+    /// Fenced by the heartbeat task's flag, or past the deadline on our own reading of the
+    /// clock (the heartbeat task may not have run yet after a stall).
     fn fenced(&self) -> bool {
-        *self.args.fenced.borrow()
+        *self.args.fenced.borrow() || self.args.clock.now() >= self.args.fence_deadline.get()
     }
 
     async fn run(&mut self) -> CloseReason {
@@ -386,6 +389,10 @@ impl Worker {
             None => return Step::Stop(self.stop_reason()),
         };
         if !batch.records.is_empty() {
+            if self.fenced() {
+                warn!(lease = %self.ctx.key, "host fenced; the batch read is not delivered");
+                return Step::Stop(CloseReason::LeaseLost);
+            }
             if let Some(reason) = self.deliver(&batch).await {
                 return Step::Stop(reason);
             }

@@ -27,6 +27,7 @@ pub mod balance;
 pub mod clock;
 pub mod error;
 pub mod lease;
+pub mod lineage;
 pub mod model;
 pub mod processor;
 pub mod source;

@@ -179,7 +179,10 @@ async fn failing_handler_never_advances_the_checkpoint_and_releases_after_retrie
         feed.append_to(&p0, "k", format!("r{i}")).unwrap();
     }
     tokio::time::sleep(Duration::from_secs(20)).await;
-    assert!(handler.attempts.load(Ordering::SeqCst) >= 1 + 4, "retried");
+    assert!(
+        handler.attempts.load(Ordering::SeqCst) > 4,
+        "the first attempt and 4 retries"
+    );
     assert!(
         handler
             .closes

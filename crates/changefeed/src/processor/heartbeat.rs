@@ -167,6 +167,7 @@ pub(crate) async fn register(
             }
         }
         tokio::select! {
+            biased;
             _ = cancel.cancelled() => return Ok(None),
             _ = clock.sleep(renew_interval.min(lease_expiry / 4).max(Duration::from_millis(1))) => {}
         }
@@ -217,6 +218,7 @@ pub(crate) async fn run(
         let wait = renew_interval;
         let fence_in = deadline.saturating_duration_since(clock.now());
         tokio::select! {
+            biased;
             _ = cancel.cancelled() => return Ok(row),
             _ = clock.sleep(fence_in), if !*fenced.borrow() => {
                 warn!(host = %row.host, "no successful heartbeat for lease_expiry − safety_margin; fencing: workers stop");
@@ -237,6 +239,7 @@ pub(crate) async fn run(
         // A hung store must not hold the loop: the fence deadline still fires.
         let fence_in = (last_ok_sent + fence_after).saturating_duration_since(clock.now());
         let result = tokio::select! {
+            biased;
             _ = cancel.cancelled() => return Ok(row),
             r = write => Some(r),
             _ = clock.sleep(write_timeout.min(fence_in.max(Duration::from_millis(1)))) => None,

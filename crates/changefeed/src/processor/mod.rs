@@ -33,11 +33,16 @@
 mod config;
 mod handler;
 mod heartbeat;
+mod hooks;
+mod sync;
 mod worker;
 
 pub use config::{CheckpointMode, ConfigError, Settings, MAX_BATCH_LIMIT};
 pub use handler::{handler_fn, CloseReason, Context, FnHandler, Handler, HandlerError};
 pub use heartbeat::{Liveness, ProcessorError};
+#[cfg(feature = "sim")]
+#[doc(hidden)]
+pub use hooks::Broken;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -71,6 +76,7 @@ pub struct ProcessorBuilder {
     clock: Option<Arc<dyn Clock>>,
     seed: Option<u64>,
     settings: Settings,
+    hooks: hooks::Hooks,
 }
 
 impl std::fmt::Debug for ProcessorBuilder {
@@ -149,6 +155,15 @@ impl ProcessorBuilder {
         self
     }
 
+    /// Runs a deliberately broken variant (simulator builds only), so the simulator can show
+    /// its checker catches it.
+    #[cfg(feature = "sim")]
+    #[doc(hidden)]
+    pub fn broken(mut self, broken: Broken) -> Self {
+        self.hooks.broken = broken;
+        self
+    }
+
     /// Replaces all timing settings at once.
     pub fn settings(mut self, settings: Settings) -> Self {
         self.settings = settings;
@@ -199,6 +214,22 @@ impl ProcessorBuilder {
         /// See [`Settings::handler_max_retries`].
         handler_max_retries: u32
     );
+    setting!(
+        /// See [`Settings::sync_interval`].
+        sync_interval: Duration
+    );
+    setting!(
+        /// See [`Settings::cleanup`].
+        cleanup: bool
+    );
+    setting!(
+        /// See [`Settings::cleanup_delay`].
+        cleanup_delay: Duration
+    );
+    setting!(
+        /// See [`Settings::missing_parents`].
+        missing_parents: crate::lineage::MissingParents
+    );
 
     /// Validates everything and builds the processor.
     ///
@@ -243,6 +274,7 @@ impl ProcessorBuilder {
             clock,
             rng: SmallRng::seed_from_u64(seed),
             settings: Arc::new(self.settings),
+            hooks: self.hooks,
         })
     }
 }
@@ -259,6 +291,7 @@ pub struct Processor {
     clock: Arc<dyn Clock>,
     rng: SmallRng,
     settings: Arc<Settings>,
+    hooks: hooks::Hooks,
 }
 
 impl std::fmt::Debug for Processor {
@@ -405,6 +438,8 @@ struct Host {
     /// Set when the last plan was cut short (deferred requests): plan again next cycle even if
     /// nothing changed.
     replan: bool,
+    /// The leader's partition sync and cleanup (runs only while this host leads).
+    syncer: sync::Syncer,
 }
 
 impl Host {
@@ -430,6 +465,7 @@ impl Host {
             asked_at: BTreeMap::new(),
             registered_at: p_now,
             replan: false,
+            syncer: sync::Syncer::default(),
         }
     }
 
@@ -461,6 +497,7 @@ impl Host {
             let wait = next_cycle.saturating_duration_since(self.p.clock.now());
             let sleep = self.p.clock.sleep(wait);
             tokio::select! {
+                biased;
                 _ = cancel.cancelled() => break,
                 done = hb_task.join_next() => {
                     outcome = match done {
@@ -560,7 +597,9 @@ impl Host {
                     return;
                 }
             }
-        } else {
+        }
+        let synced = self.sync(&live, now).await;
+        if !need_list && !synced {
             // Nothing changed hands: the cached list is accurate; only time-based decisions
             // (overdue hand-offs) can differ.
             if self.asked_at.is_empty() && !self.replan {
@@ -572,6 +611,52 @@ impl Host {
         self.adopt_own_leases().await;
         self.balance(&live, now).await;
         self.publish_gauges();
+    }
+
+    /// Runs the partition sync when this host leads (the first live host by name) and it is
+    /// due. Returns whether the lease table changed, after re-listing it.
+    async fn sync(&mut self, live: &[HostName], now: Instant) -> bool {
+        if live.iter().min() != Some(&self.p.host) {
+            self.syncer.reset();
+            return false;
+        }
+        if !self.syncer.due(now, &self.p.settings) {
+            return false;
+        }
+        let report = self
+            .syncer
+            .run(
+                self.p.store.as_ref(),
+                self.p.source.as_ref(),
+                &self.p.group,
+                &self.p.settings,
+                &self.leases,
+                now,
+            )
+            .await;
+        match report {
+            Ok(report) if report.changed() => {
+                debug!(?report, "partition sync changed the lease table");
+                match self.p.store.list(&self.p.group).await {
+                    Ok(listing) => {
+                        self.leases = listing.leases;
+                        // The counter moved with our writes: list again next cycle too.
+                        self.listed_counter = None;
+                        true
+                    }
+                    Err(err) => {
+                        warn!(error = %err, "listing leases after the sync failed");
+                        self.listed_counter = None;
+                        false
+                    }
+                }
+            }
+            Ok(_) => false,
+            Err(err) => {
+                warn!(error = %err, "partition sync failed; retrying at the next interval");
+                false
+            }
+        }
     }
 
     fn publish_gauges(&self) {
@@ -618,11 +703,12 @@ impl Host {
             .iter()
             .map(|l| {
                 l.state != LeaseState::Finished
-                    && l.parents.iter().all(|p| {
-                        by_id
-                            .get(p)
-                            .is_none_or(|parent| parent.state == LeaseState::Finished)
-                    })
+                    && (self.p.hooks.child_before_parent()
+                        || l.parents.iter().all(|p| {
+                            by_id
+                                .get(p)
+                                .is_none_or(|parent| parent.state == LeaseState::Finished)
+                        }))
             })
             .collect()
     }
@@ -781,6 +867,7 @@ impl Host {
             exits: self.exits_tx.clone(),
             rng: SmallRng::seed_from_u64(seed),
             group_label: self.group_label.clone(),
+            hooks: self.p.hooks,
         };
         self.worker_tasks.spawn(worker::run(args).in_current_span());
     }

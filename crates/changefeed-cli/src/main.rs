@@ -4,8 +4,13 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod config;
 mod demo;
+mod metrics;
+mod ops;
 mod plan;
+mod run;
+mod url;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -24,6 +29,18 @@ enum Command {
     Demo(demo::Args),
     /// Show what one host's balancer would do with a JSON snapshot of hosts and leases.
     Plan(plan::Args),
+    /// Run one host of a fleet, piping each batch to a handler command as JSON lines.
+    Run(Box<config::RunArgs>),
+    /// Show a group's lease table: owner, state, checkpoint, lag, owner heartbeat.
+    Status(ops::StatusArgs),
+    /// Show a group's hosts (heartbeat rows) and how many leases each owns.
+    Hosts(ops::HostsArgs),
+    /// Show how many records remain after each lease's checkpoint, and the total.
+    Lag(ops::LagArgs),
+    /// Move one lease's checkpoint (refused while owned unless --force).
+    Reset(ops::ResetArgs),
+    /// Release a dead host's leases now and remove its heartbeat row.
+    Release(ops::ReleaseArgs),
 }
 
 fn main() -> ExitCode {
@@ -31,6 +48,12 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Demo(args) => demo::run(args),
         Command::Plan(args) => plan::run(args),
+        Command::Run(args) => run::run(*args),
+        Command::Status(args) => ops::status(args),
+        Command::Hosts(args) => ops::hosts(args),
+        Command::Lag(args) => ops::lag(args),
+        Command::Reset(args) => ops::reset(args),
+        Command::Release(args) => ops::release(args),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,447 @@
+//! Configuration of `changefeed run`: flags, `CHANGEFEED_*` environment variables and an
+//! optional TOML file, merged and validated into the library's [`Settings`].
+//!
+//! Precedence is flags > environment > file > defaults. Clap reads the flag or, failing that,
+//! its environment variable; the file fills what both left unset; the library's defaults fill
+//! the rest. Every value is parsed here with an error naming the setting (by its file key, which
+//! is also the library's name for it), and the assembled [`Settings`] go through the library's
+//! own [`Settings::validate`], whose [`changefeed::processor::ConfigError`] already names the
+//! setting and the rule. Any such error is a [`UsageError`] (exit code 2).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use changefeed::model::Position;
+use changefeed::processor::{CheckpointMode, Settings};
+
+use crate::url::BackendUrl;
+
+/// Exit code for usage errors: a bad flag, environment variable or config file value.
+pub const USAGE_EXIT: u8 = 2;
+
+/// A usage error: bad flag, environment or file value. The message names the setting.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
+/// How logs are written to standard error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// Human-readable lines (the default).
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = UsageError;
+    fn from_str(s: &str) -> Result<Self, UsageError> {
+        match s {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            other => Err(UsageError(format!(
+                "log_format: \"{}\" must be text or json",
+                other.escape_debug()
+            ))),
+        }
+    }
+}
+
+/// Arguments of `changefeed run`. Every setting is also read from `CHANGEFEED_<NAME>` and from
+/// the `--config` file (key = the setting's snake_case name).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct RunArgs {
+    /// A TOML file of settings (keys as below in snake_case, e.g. `lease_expiry = "10s"`).
+    #[arg(long, value_name = "FILE", env = "CHANGEFEED_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// The lease store, e.g. sqlite://leases.db.
+    #[arg(long, value_name = "URL", env = "CHANGEFEED_STORE")]
+    pub store: Option<String>,
+    /// The feed source, e.g. sqlite://feed.db.
+    #[arg(long, value_name = "URL", env = "CHANGEFEED_SOURCE")]
+    pub source: Option<String>,
+    /// The handler command, run with `sh -c` once per batch; the batch arrives on its stdin as
+    /// JSON lines. Exit 0 = done (checkpoint); anything else = retried with backoff.
+    #[arg(long, value_name = "CMD", env = "CHANGEFEED_HANDLER")]
+    pub handler: Option<String>,
+    /// This host's name, unique in the group. Default: the machine's hostname and the pid.
+    #[arg(long, value_name = "NAME", env = "CHANGEFEED_HOST")]
+    pub host: Option<String>,
+    /// The group: the hosts sharing this feed. Default `default`.
+    #[arg(long, value_name = "NAME", env = "CHANGEFEED_GROUP")]
+    pub group: Option<String>,
+    /// Where new leases start: beginning, now, at:MILLIS. Default beginning.
+    #[arg(long, value_name = "POSITION", env = "CHANGEFEED_START_POSITION")]
+    pub start_position: Option<String>,
+    /// How long a silent host's heartbeat takes to expire. Default 10s.
+    #[arg(long, value_name = "DURATION", env = "CHANGEFEED_LEASE_EXPIRY")]
+    pub lease_expiry: Option<String>,
+    /// How often this host writes its heartbeat. Default 2s.
+    #[arg(long, value_name = "DURATION", env = "CHANGEFEED_RENEW_INTERVAL")]
+    pub renew_interval: Option<String>,
+    /// Fencing margin below lease_expiry. Default 2s.
+    #[arg(long, value_name = "DURATION", env = "CHANGEFEED_SAFETY_MARGIN")]
+    pub safety_margin: Option<String>,
+    /// How often this host balances. Default 2s.
+    #[arg(long, value_name = "DURATION", env = "CHANGEFEED_ACQUIRE_INTERVAL")]
+    pub acquire_interval: Option<String>,
+    /// How long to wait for a hand-off before taking the lease. Default 10s.
+    #[arg(long, value_name = "DURATION", env = "CHANGEFEED_HANDOFF_TIMEOUT")]
+    pub handoff_timeout: Option<String>,
+    /// Most records per batch. Default 1000.
+    #[arg(long, value_name = "N", env = "CHANGEFEED_MAX_BATCH_SIZE")]
+    pub max_batch_size: Option<String>,
+    /// Wait before reading an idle partition again. Default 500ms.
+    #[arg(long, value_name = "DURATION", env = "CHANGEFEED_POLL_DELAY")]
+    pub poll_delay: Option<String>,
+    /// Failures of one batch before the lease is released for another host. Default 5.
+    #[arg(long, value_name = "N", env = "CHANGEFEED_HANDLER_MAX_RETRIES")]
+    pub handler_max_retries: Option<String>,
+    /// When to checkpoint: every-batch or interval:DURATION. Default every-batch.
+    #[arg(long, value_name = "MODE", env = "CHANGEFEED_CHECKPOINT")]
+    pub checkpoint: Option<String>,
+    /// Serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9898.
+    #[arg(long, value_name = "ADDR", env = "CHANGEFEED_METRICS_ADDR")]
+    pub metrics_addr: Option<String>,
+    /// Log format on stderr: text or json (filter with RUST_LOG; default info).
+    #[arg(long, value_name = "FORMAT", env = "CHANGEFEED_LOG_FORMAT")]
+    pub log_format: Option<String>,
+}
+
+/// The file keys, in the order of [`RunArgs`].
+const KEYS: &[&str] = &[
+    "store",
+    "source",
+    "handler",
+    "host",
+    "group",
+    "start_position",
+    "lease_expiry",
+    "renew_interval",
+    "safety_margin",
+    "acquire_interval",
+    "handoff_timeout",
+    "max_batch_size",
+    "poll_delay",
+    "handler_max_retries",
+    "checkpoint",
+    "metrics_addr",
+    "log_format",
+];
+
+/// A fully resolved and validated `run` configuration.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    /// The lease store.
+    pub store: BackendUrl,
+    /// The feed source.
+    pub source: BackendUrl,
+    /// The handler command (or `internal:NAME`).
+    pub handler: String,
+    /// This host's name.
+    pub host: String,
+    /// The group.
+    pub group: String,
+    /// The library settings, validated.
+    pub settings: Settings,
+    /// Where to serve metrics, if anywhere.
+    pub metrics_addr: Option<SocketAddr>,
+    /// The log format.
+    pub log_format: LogFormat,
+}
+
+impl RunArgs {
+    fn field(&mut self, key: &str) -> Option<&mut Option<String>> {
+        Some(match key {
+            "store" => &mut self.store,
+            "source" => &mut self.source,
+            "handler" => &mut self.handler,
+            "host" => &mut self.host,
+            "group" => &mut self.group,
+            "start_position" => &mut self.start_position,
+            "lease_expiry" => &mut self.lease_expiry,
+            "renew_interval" => &mut self.renew_interval,
+            "safety_margin" => &mut self.safety_margin,
+            "acquire_interval" => &mut self.acquire_interval,
+            "handoff_timeout" => &mut self.handoff_timeout,
+            "max_batch_size" => &mut self.max_batch_size,
+            "poll_delay" => &mut self.poll_delay,
+            "handler_max_retries" => &mut self.handler_max_retries,
+            "checkpoint" => &mut self.checkpoint,
+            "metrics_addr" => &mut self.metrics_addr,
+            "log_format" => &mut self.log_format,
+            _ => return None,
+        })
+    }
+
+    /// Fills the settings flags and environment left unset from the TOML text `file`.
+    ///
+    /// # Errors
+    /// [`UsageError`] for invalid TOML, an unknown key, or a value that is not a string,
+    /// integer or boolean.
+    pub fn merge_file(&mut self, name: &str, file: &str) -> Result<(), UsageError> {
+        let table: BTreeMap<String, toml::Value> =
+            toml::from_str(file).map_err(|e| UsageError(format!("config file {name}: {e}")))?;
+        for (key, value) in table {
+            let text = match value {
+                toml::Value::String(s) => s,
+                toml::Value::Integer(i) => i.to_string(),
+                toml::Value::Boolean(b) => b.to_string(),
+                other => {
+                    return Err(UsageError(format!(
+                        "config file {name}: {key}: expected a string or a number, got {}",
+                        other.type_str()
+                    )))
+                }
+            };
+            let Some(slot) = self.field(&key) else {
+                return Err(UsageError(format!(
+                    "config file {name}: unknown setting \"{}\" (known: {})",
+                    key.escape_debug(),
+                    KEYS.join(", ")
+                )));
+            };
+            if slot.is_none() {
+                *slot = Some(text);
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the `--config` file (if any), then parses and validates every setting.
+    ///
+    /// # Errors
+    /// [`UsageError`] naming the first bad setting.
+    pub fn resolve(mut self) -> Result<RunConfig, UsageError> {
+        if let Some(path) = self.config.clone() {
+            let name = path.display().to_string();
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| UsageError(format!("config file {name}: {e}")))?;
+            self.merge_file(&name, &text)?;
+        }
+        let required = |v: Option<String>, key: &str, flag: &str| {
+            v.ok_or_else(|| {
+                UsageError(format!(
+                    "{key} is required: pass --{flag}, set CHANGEFEED_{}, or set {key} in --config",
+                    key.to_uppercase()
+                ))
+            })
+        };
+        let store = BackendUrl::parse("store", &required(self.store, "store", "store")?)?;
+        let source = BackendUrl::parse("source", &required(self.source, "source", "source")?)?;
+        let handler = required(self.handler, "handler", "handler")?;
+        if handler.trim().is_empty() {
+            return Err(UsageError("handler: must not be empty".into()));
+        }
+        let mut settings = Settings::default();
+        if let Some(v) = &self.start_position {
+            settings.start_position = parse_position(v)?;
+        }
+        for (key, value, slot) in [
+            (
+                "lease_expiry",
+                &self.lease_expiry,
+                &mut settings.lease_expiry,
+            ),
+            (
+                "renew_interval",
+                &self.renew_interval,
+                &mut settings.renew_interval,
+            ),
+            (
+                "safety_margin",
+                &self.safety_margin,
+                &mut settings.safety_margin,
+            ),
+            (
+                "acquire_interval",
+                &self.acquire_interval,
+                &mut settings.acquire_interval,
+            ),
+            (
+                "handoff_timeout",
+                &self.handoff_timeout,
+                &mut settings.handoff_timeout,
+            ),
+            ("poll_delay", &self.poll_delay, &mut settings.poll_delay),
+        ] {
+            if let Some(v) = value {
+                *slot = parse_duration(key, v)?;
+            }
+        }
+        if let Some(v) = &self.max_batch_size {
+            settings.max_batch_size = parse_number("max_batch_size", v)?;
+        }
+        if let Some(v) = &self.handler_max_retries {
+            settings.handler_max_retries = parse_number("handler_max_retries", v)?;
+        }
+        if let Some(v) = &self.checkpoint {
+            settings.checkpoint_mode = parse_checkpoint(v)?;
+        }
+        // A short lease expiry given alone would leave the default margin above it: scale the
+        // margin down with it, as the operator evidently wants fast failover.
+        if self.safety_margin.is_none() && settings.safety_margin >= settings.lease_expiry {
+            settings.safety_margin = settings.lease_expiry / 5;
+        }
+        settings.validate().map_err(|e| UsageError(e.to_string()))?;
+        let metrics_addr = self
+            .metrics_addr
+            .as_deref()
+            .map(|v| {
+                v.parse::<SocketAddr>().map_err(|e| {
+                    UsageError(format!(
+                        "metrics_addr: \"{}\" is not HOST:PORT, e.g. 127.0.0.1:9898 ({e})",
+                        v.escape_debug()
+                    ))
+                })
+            })
+            .transpose()?;
+        let log_format = self
+            .log_format
+            .as_deref()
+            .map(str::parse)
+            .transpose()?
+            .unwrap_or_default();
+        let host = match self.host {
+            Some(h) => h,
+            None => default_host(),
+        };
+        Ok(RunConfig {
+            store,
+            source,
+            handler,
+            host,
+            group: self.group.unwrap_or_else(|| "default".into()),
+            settings,
+            metrics_addr,
+            log_format,
+        })
+    }
+}
+
+/// The machine's hostname and this process's id: unique per process on a machine.
+fn default_host() -> String {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "host".into());
+    format!("{name}-{}", std::process::id())
+}
+
+/// Parses a duration such as `10s`, `500ms` or `1m 30s`, naming `setting` on error.
+///
+/// # Errors
+/// [`UsageError`] naming the setting.
+pub fn parse_duration(setting: &str, value: &str) -> Result<Duration, UsageError> {
+    humantime::parse_duration(value.trim()).map_err(|e| {
+        UsageError(format!(
+            "{setting}: \"{}\" is not a duration such as 10s or 500ms ({e})",
+            value.escape_debug()
+        ))
+    })
+}
+
+fn parse_number<T: std::str::FromStr>(setting: &str, value: &str) -> Result<T, UsageError>
+where
+    T::Err: std::fmt::Display,
+{
+    value.trim().parse().map_err(|e| {
+        UsageError(format!(
+            "{setting}: \"{}\" is not a whole number ({e})",
+            value.escape_debug()
+        ))
+    })
+}
+
+fn parse_position(value: &str) -> Result<Position, UsageError> {
+    let pos: Position = value
+        .parse()
+        .map_err(|e| UsageError(format!("start_position: {e}")))?;
+    match pos {
+        Position::Continuation(_) => Err(UsageError(
+            "start_position: must be beginning, now or at:MILLIS (a continuation belongs to one partition; use `changefeed reset`)".into(),
+        )),
+        p => Ok(p),
+    }
+}
+
+fn parse_checkpoint(value: &str) -> Result<CheckpointMode, UsageError> {
+    match value.trim() {
+        "every-batch" => Ok(CheckpointMode::EveryBatch),
+        "manual" => Err(UsageError(
+            "checkpoint: manual is not available to an external handler command; use every-batch or interval:DURATION".into(),
+        )),
+        v => match v.strip_prefix("interval:") {
+            Some(d) => Ok(CheckpointMode::Interval(parse_duration("checkpoint", d)?)),
+            None => Err(UsageError(format!(
+                "checkpoint: \"{}\" must be every-batch or interval:DURATION",
+                v.escape_debug()
+            ))),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args() -> RunArgs {
+        RunArgs {
+            store: Some("sqlite://s.db".into()),
+            source: Some("sqlite://s.db".into()),
+            handler: Some("cat".into()),
+            ..RunArgs::default()
+        }
+    }
+
+    #[test]
+    fn flags_win_over_the_file_and_the_file_over_defaults() {
+        // Precedence: flags (and env, which clap folds in) > file > defaults.
+        let mut a = args();
+        a.lease_expiry = Some("6s".into());
+        a.merge_file(
+            "f.toml",
+            "lease_expiry = \"30s\"\nrenew_interval = \"1s\"\nmax_batch_size = 7\n",
+        )
+        .expect("valid file");
+        let c = a.resolve().expect("valid");
+        assert_eq!(c.settings.lease_expiry, Duration::from_secs(6));
+        assert_eq!(c.settings.renew_interval, Duration::from_secs(1));
+        assert_eq!(c.settings.max_batch_size, 7);
+        assert_eq!(
+            c.settings.acquire_interval,
+            Settings::default().acquire_interval
+        );
+    }
+
+    #[test]
+    fn bad_values_name_the_setting() {
+        // DESIGN "Bad input": errors name the setting and the rule.
+        let mut a = args();
+        a.renew_interval = Some("soon".into());
+        let err = a.resolve().expect_err("bad duration");
+        assert!(err.0.starts_with("renew_interval:"), "{err}");
+        let mut a = args();
+        a.lease_expiry = Some("3s".into());
+        a.renew_interval = Some("5s".into());
+        let err = a.resolve().expect_err("renew above expiry");
+        assert!(err.0.starts_with("renew_interval:"), "{err}");
+        let mut a = args();
+        a.checkpoint = Some("manual".into());
+        assert!(a
+            .resolve()
+            .expect_err("manual")
+            .0
+            .starts_with("checkpoint:"));
+        let mut a = args();
+        let err = a
+            .merge_file("f.toml", "lease_expiri = \"1s\"")
+            .expect_err("typo");
+        assert!(err.0.contains("lease_expiri"), "{err}");
+    }
+}

@@ -1,0 +1,655 @@
+//! Operator commands against a lease store: `status`, `hosts`, `lag`, `reset` and `release`.
+//!
+//! Each opens the store (and, where needed, the source) from its URL ([`crate::url`]), reads
+//! or writes by compare-and-swap, and prints a table (or JSON with `--json`). A malformed lease
+//! row never hides the others: it is shown as an error line naming its key. Heartbeat ages are
+//! computed from the writer's own wall clock and are for display only: liveness is judged by a
+//! heartbeat's version moving, never by comparing clocks (design rule 2).
+//!
+//! Exit codes: 0 ok; 1 operational error (store failure, a refused or conflicting write);
+//! 2 usage error (bad URL, name or value).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail, Context as _};
+use changefeed::clock::{Clock, SystemClock};
+use changefeed::lease::{LeaseStore, Listing};
+use changefeed::model::{
+    Continuation, GroupName, Heartbeat, HostName, Lease, LeaseKey, LeaseState, PartitionId,
+    Position, Timestamp,
+};
+use changefeed::source::FeedSource;
+use changefeed::LeaseError;
+use serde::Serialize;
+use serde_json::json;
+
+use crate::config::{parse_duration, UsageError};
+use crate::url::BackendUrl;
+
+/// The store and group every operator command names.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Target {
+    /// The lease store, e.g. sqlite://leases.db.
+    #[arg(long, value_name = "URL", env = "CHANGEFEED_STORE")]
+    store: String,
+    /// The group.
+    #[arg(
+        long,
+        value_name = "NAME",
+        env = "CHANGEFEED_GROUP",
+        default_value = "default"
+    )]
+    group: String,
+}
+
+/// Arguments of `changefeed status`.
+#[derive(Debug, clap::Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    target: Target,
+    /// The feed source, to show each lease's lag (records after its checkpoint).
+    #[arg(long, value_name = "URL", env = "CHANGEFEED_SOURCE")]
+    source: Option<String>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Arguments of `changefeed hosts`.
+#[derive(Debug, clap::Args)]
+pub struct HostsArgs {
+    #[command(flatten)]
+    target: Target,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Arguments of `changefeed lag`.
+#[derive(Debug, clap::Args)]
+pub struct LagArgs {
+    #[command(flatten)]
+    target: Target,
+    /// The feed source, e.g. sqlite://feed.db.
+    #[arg(long, value_name = "URL", env = "CHANGEFEED_SOURCE")]
+    source: String,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Arguments of `changefeed reset`.
+#[derive(Debug, clap::Args)]
+pub struct ResetArgs {
+    #[command(flatten)]
+    target: Target,
+    /// The partition whose checkpoint moves.
+    #[arg(long, value_name = "ID")]
+    partition: String,
+    /// Where it moves: beginning, now, at:MILLIS, or a continuation (as `status` shows it).
+    #[arg(long, value_name = "POSITION")]
+    to: String,
+    /// Reset even while a host owns the lease: also clears the owner, so the worker stops
+    /// and a host takes the lease again from the new position.
+    #[arg(long)]
+    force: bool,
+    /// The feed source: when given, a continuation is checked by opening a reader at it.
+    #[arg(long, value_name = "URL", env = "CHANGEFEED_SOURCE")]
+    source: Option<String>,
+}
+
+/// Arguments of `changefeed release`.
+#[derive(Debug, clap::Args)]
+pub struct ReleaseArgs {
+    #[command(flatten)]
+    target: Target,
+    /// The (dead) host whose leases are released and whose heartbeat row is removed.
+    #[arg(long, value_name = "NAME")]
+    host: String,
+    /// How long to watch the host's heartbeat first; if it moves, the host is alive and the
+    /// command refuses (unless --force).
+    #[arg(long, value_name = "DURATION", default_value = "5s")]
+    wait: String,
+    /// Release even if the heartbeat moves (the live host will stop: its row is gone).
+    #[arg(long)]
+    force: bool,
+}
+
+/// Runs an async operator command on a small runtime, mapping a [`UsageError`] to exit 2 and
+/// any other error to exit 1.
+fn block_on<F>(f: F) -> anyhow::Result<ExitCode>
+where
+    F: std::future::Future<Output = anyhow::Result<ExitCode>>,
+{
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    match runtime.block_on(f) {
+        Ok(code) => Ok(code),
+        Err(err) => match err.downcast_ref::<UsageError>() {
+            Some(usage) => Ok(crate::run::usage(usage)),
+            None => {
+                eprintln!("error: {err:#}");
+                Ok(ExitCode::from(1))
+            }
+        },
+    }
+}
+
+fn usage(msg: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(UsageError(msg.into()))
+}
+
+impl Target {
+    async fn open(&self) -> anyhow::Result<(Arc<dyn LeaseStore>, GroupName)> {
+        let group =
+            GroupName::new(self.group.as_str()).map_err(|e| usage(format!("--group: {e}")))?;
+        let store = BackendUrl::parse("--store", &self.store)?
+            .open_store()
+            .await?;
+        Ok((store, group))
+    }
+}
+
+async fn open_source(url: &str) -> anyhow::Result<Arc<dyn FeedSource>> {
+    BackendUrl::parse("--source", url)?.open_source().await
+}
+
+/// Milliseconds from `then` to `now`, by the writer's and this machine's wall clocks.
+fn age_ms(now: Timestamp, then: Timestamp) -> i64 {
+    now.millis().saturating_sub(then.millis())
+}
+
+fn show_age(ms: i64) -> String {
+    if ms < 0 {
+        format!("in {:.1}s (clock ahead)", -ms as f64 / 1000.0)
+    } else {
+        format!("{:.1}s ago", ms as f64 / 1000.0)
+    }
+}
+
+/// Lag of one lease: records after its checkpoint, where the source can tell.
+async fn lease_lag(source: &dyn FeedSource, lease: &Lease) -> Result<Option<u64>, String> {
+    if lease.state == LeaseState::Finished {
+        return Ok(Some(0));
+    }
+    let after = match (&lease.continuation, &lease.start) {
+        (Some(c), _) => Some(c),
+        (None, Position::Beginning) => None,
+        // Without a checkpoint, `now` and `at:` start where the reader opens: unknown here.
+        (None, _) => return Ok(None),
+    };
+    source
+        .remaining(&lease.key.partition, after)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// Prints rows as a left-aligned table with a header.
+fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut text = String::new();
+        for (i, (cell, w)) in cells.zip(&widths).enumerate() {
+            if i > 0 {
+                text.push_str("  ");
+            }
+            let _ = write!(text, "{cell:<w$}");
+        }
+        out.push_str(text.trim_end());
+        out.push('\n');
+    };
+    line(&mut header.iter().copied());
+    for row in rows {
+        line(&mut row.iter().map(String::as_str));
+    }
+    out
+}
+
+fn opt(s: Option<impl ToString>) -> String {
+    s.map(|v| v.to_string()).unwrap_or_else(|| "-".into())
+}
+
+/// `changefeed status`: the lease table.
+pub fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
+    block_on(async move {
+        let (store, group) = args.target.open().await?;
+        let source = match &args.source {
+            Some(url) => Some(open_source(url).await?),
+            None => None,
+        };
+        let listing = store.list(&group).await.context("listing leases")?;
+        let membership = store
+            .membership(&group)
+            .await
+            .context("reading heartbeats")?;
+        let hosts: BTreeMap<&HostName, &Heartbeat> =
+            membership.hosts.iter().map(|h| (&h.host, h)).collect();
+        let now = SystemClock.wall();
+        let mut rows = Vec::new();
+        let mut json_leases = Vec::new();
+        for lease in &listing.leases {
+            let lag = match &source {
+                Some(s) => Some(lease_lag(s.as_ref(), lease).await),
+                None => None,
+            };
+            let heartbeat = lease.owner.as_ref().map(|o| hosts.get(o).copied());
+            let hb_text = match heartbeat {
+                None => "-".to_string(),
+                Some(None) => "no heartbeat (dead)".to_string(),
+                Some(Some(h)) => show_age(age_ms(now, h.written_at)),
+            };
+            let lag_text = match &lag {
+                None => "-".to_string(),
+                Some(Ok(Some(n))) => n.to_string(),
+                Some(Ok(None)) => "?".to_string(),
+                Some(Err(e)) => format!("error: {e}"),
+            };
+            let state = match &lease.next_owner {
+                Some(n) => format!("{} (hand-off to {n})", lease.state),
+                None => lease.state.to_string(),
+            };
+            rows.push(vec![
+                lease.key.partition.to_string(),
+                opt(lease.owner.as_ref()),
+                state,
+                match &lease.continuation {
+                    Some(c) => c.to_string(),
+                    None => format!("({})", lease.start),
+                },
+                lag_text,
+                hb_text,
+            ]);
+            json_leases.push(json!({
+                "partition": lease.key.partition.as_str(),
+                "owner": lease.owner.as_ref().map(HostName::as_str),
+                "next_owner": lease.next_owner.as_ref().map(HostName::as_str),
+                "state": lease.state.as_str(),
+                "continuation": lease.continuation.as_ref().map(Continuation::as_str),
+                "start": lease.start.to_string(),
+                "parents": lease.parents,
+                "version": lease.version.0,
+                "lag": match &lag { Some(Ok(n)) => json!(n), _ => json!(null) },
+                "lag_error": match &lag { Some(Err(e)) => json!(e), _ => json!(null) },
+                "owner_heartbeat_age_ms": match heartbeat {
+                    Some(Some(h)) => json!(age_ms(now, h.written_at)),
+                    _ => json!(null),
+                },
+                "owner_has_heartbeat": heartbeat.map(|h| h.is_some()),
+            }));
+        }
+        if args.json {
+            let errors: Vec<_> = listing
+                .malformed
+                .iter()
+                .map(|e| json!({"key": malformed_key(e), "error": e.to_string()}))
+                .collect();
+            let out = json!({"group": group.as_str(), "leases": json_leases, "errors": errors});
+            println!("{}", serde_json::to_string_pretty(&out)?);
+        } else {
+            print!(
+                "{}",
+                table(
+                    &[
+                        "PARTITION",
+                        "OWNER",
+                        "STATE",
+                        "CHECKPOINT",
+                        "LAG",
+                        "OWNER HEARTBEAT"
+                    ],
+                    &rows
+                )
+            );
+            for bad in &listing.malformed {
+                println!("error: {bad}");
+            }
+            if listing.leases.is_empty() && listing.malformed.is_empty() {
+                println!("(no leases in group {group})");
+            }
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+fn malformed_key(err: &LeaseError) -> Option<&str> {
+    match err {
+        LeaseError::Malformed { key, .. } => Some(key),
+        _ => None,
+    }
+}
+
+/// `changefeed hosts`: the heartbeat rows and how many leases each host owns.
+pub fn hosts(args: HostsArgs) -> anyhow::Result<ExitCode> {
+    block_on(async move {
+        let (store, group) = args.target.open().await?;
+        let membership = store
+            .membership(&group)
+            .await
+            .context("reading heartbeats")?;
+        let listing = store.list(&group).await.context("listing leases")?;
+        let mut counts: BTreeMap<&HostName, usize> = BTreeMap::new();
+        for lease in &listing.leases {
+            if let (LeaseState::Owned, Some(o)) = (lease.state, &lease.owner) {
+                *counts.entry(o).or_default() += 1;
+            }
+        }
+        let now = SystemClock.wall();
+        let mut rows = Vec::new();
+        let mut json_hosts = Vec::new();
+        for h in &membership.hosts {
+            let n = counts.remove(&h.host).unwrap_or(0);
+            let age = age_ms(now, h.written_at);
+            rows.push(vec![
+                h.host.to_string(),
+                n.to_string(),
+                show_age(age),
+                h.version.to_string(),
+                h.incarnation.clone(),
+            ]);
+            json_hosts.push(json!({
+                "host": h.host.as_str(), "leases": n, "heartbeat_age_ms": age,
+                "heartbeat_version": h.version.0, "incarnation": h.incarnation,
+            }));
+        }
+        // Owners without a heartbeat row: dead hosts whose leases nobody has taken yet.
+        for (host, n) in counts {
+            rows.push(vec![
+                host.to_string(),
+                n.to_string(),
+                "no heartbeat (dead)".into(),
+                "-".into(),
+                "-".into(),
+            ]);
+            json_hosts.push(json!({
+                "host": host.as_str(), "leases": n, "heartbeat_age_ms": null,
+                "heartbeat_version": null, "incarnation": null,
+            }));
+        }
+        if args.json {
+            let out = json!({
+                "group": group.as_str(),
+                "change_counter": membership.change_counter,
+                "hosts": json_hosts,
+            });
+            println!("{}", serde_json::to_string_pretty(&out)?);
+        } else {
+            print!(
+                "{}",
+                table(
+                    &[
+                        "HOST",
+                        "LEASES",
+                        "HEARTBEAT WRITTEN",
+                        "VERSION",
+                        "INCARNATION"
+                    ],
+                    &rows
+                )
+            );
+            if rows.is_empty() {
+                println!("(no hosts in group {group})");
+            }
+        }
+        for bad in &listing.malformed {
+            eprintln!("warning: {bad}");
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+#[derive(Serialize)]
+struct LagRow {
+    partition: String,
+    owner: Option<String>,
+    checkpoint: Option<String>,
+    lag: Option<u64>,
+    error: Option<String>,
+}
+
+/// `changefeed lag`: records after each lease's checkpoint, per partition and in total.
+pub fn lag(args: LagArgs) -> anyhow::Result<ExitCode> {
+    block_on(async move {
+        let (store, group) = args.target.open().await?;
+        let source = open_source(&args.source).await?;
+        let Listing { leases, malformed } = store.list(&group).await.context("listing leases")?;
+        let mut out = Vec::new();
+        let mut total = 0u64;
+        let mut unknown = 0usize;
+        for lease in &leases {
+            let lag = lease_lag(source.as_ref(), lease).await;
+            let (lag, error) = match lag {
+                Ok(n) => (n, None),
+                Err(e) => (None, Some(e)),
+            };
+            match lag {
+                Some(n) => total = total.saturating_add(n),
+                None => unknown += 1,
+            }
+            out.push(LagRow {
+                partition: lease.key.partition.to_string(),
+                owner: lease.owner.as_ref().map(ToString::to_string),
+                checkpoint: lease.continuation.as_ref().map(ToString::to_string),
+                lag,
+                error,
+            });
+        }
+        if args.json {
+            let errors: Vec<String> = malformed.iter().map(ToString::to_string).collect();
+            let j = json!({"group": group.as_str(), "partitions": out, "total": total,
+                           "unknown": unknown, "errors": errors});
+            println!("{}", serde_json::to_string_pretty(&j)?);
+        } else {
+            let rows: Vec<Vec<String>> = out
+                .iter()
+                .map(|r| {
+                    vec![
+                        r.partition.clone(),
+                        opt(r.owner.as_ref()),
+                        opt(r.checkpoint.as_ref()),
+                        match (&r.lag, &r.error) {
+                            (_, Some(e)) => format!("error: {e}"),
+                            (Some(n), None) => n.to_string(),
+                            (None, None) => "?".into(),
+                        },
+                    ]
+                })
+                .collect();
+            print!(
+                "{}",
+                table(&["PARTITION", "OWNER", "CHECKPOINT", "LAG"], &rows)
+            );
+            for bad in &malformed {
+                println!("error: {bad}");
+            }
+            let note = if unknown > 0 {
+                format!(" ({unknown} partitions unknown)")
+            } else {
+                String::new()
+            };
+            println!("total {total}{note}");
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// Where `reset --to` moves a lease.
+fn parse_target(text: &str) -> Result<(Option<Continuation>, Position), UsageError> {
+    match text {
+        "beginning" => Ok((None, Position::Beginning)),
+        "now" => Ok((None, Position::Now)),
+        t if t.starts_with("at:") => {
+            let p: Position = t.parse().map_err(|e| UsageError(format!("--to: {e}")))?;
+            Ok((None, p))
+        }
+        t => {
+            let token = t.strip_prefix("after:").unwrap_or(t);
+            if token.is_empty() || token.trim() != token {
+                return Err(UsageError(format!(
+                    "--to: \"{}\" must be beginning, now, at:MILLIS or a continuation",
+                    t.escape_debug()
+                )));
+            }
+            Ok((Some(Continuation::new(token)), Position::Beginning))
+        }
+    }
+}
+
+/// `changefeed reset`: moves one lease's checkpoint, by compare-and-swap.
+pub fn reset(args: ResetArgs) -> anyhow::Result<ExitCode> {
+    block_on(async move {
+        let (store, group) = args.target.open().await?;
+        let partition = PartitionId::new(args.partition.as_str())
+            .map_err(|e| usage(format!("--partition: {e}")))?;
+        let (continuation, start) = parse_target(&args.to)?;
+        let key = LeaseKey::new(group, partition.clone());
+        if let (Some(url), Some(c)) = (&args.source, &continuation) {
+            let source = open_source(url).await?;
+            source
+                .open(&partition, &Position::Continuation(c.clone()))
+                .await
+                .map_err(|e| usage(format!("--to: {e}")))?;
+        }
+        let lease = store
+            .get(&key)
+            .await
+            .with_context(|| format!("reading lease {key}"))?
+            .ok_or_else(|| anyhow!("lease {key}: not found"))?;
+        if lease.state == LeaseState::Owned && !args.force {
+            bail!(
+                "lease {key} is owned by {}; stop that host first, or pass --force to clear the owner too (its worker stops and the lease is taken again from the new position)",
+                opt(lease.owner.as_ref())
+            );
+        }
+        let mut next = lease.clone();
+        next.continuation = continuation;
+        next.start = start;
+        if next.state != LeaseState::Available {
+            // Forced, or a finished lease read again: nobody owns it until a host takes it.
+            next.state = LeaseState::Available;
+            next.owner = None;
+            next.next_owner = None;
+        }
+        let stored = store
+            .replace(&next, lease.version)
+            .await
+            .map_err(|e| match e {
+                LeaseError::Conflict { .. } => {
+                    anyhow!(
+                        "{e}: the lease changed while resetting it; check `status` and run again"
+                    )
+                }
+                other => anyhow::Error::new(other).context(format!("writing lease {key}")),
+            })?;
+        println!(
+            "lease {key}: checkpoint {} -> {} (start {}), state {}{} ({})",
+            opt(lease.continuation.as_ref()),
+            opt(stored.continuation.as_ref()),
+            stored.start,
+            stored.state,
+            match &lease.owner {
+                Some(o) if args.force => format!(", owner {o} cleared"),
+                _ => String::new(),
+            },
+            stored.version
+        );
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// `changefeed release`: frees a dead host's leases now and removes its heartbeat row.
+pub fn release(args: ReleaseArgs) -> anyhow::Result<ExitCode> {
+    block_on(async move {
+        let (store, group) = args.target.open().await?;
+        let host = HostName::new(args.host.as_str()).map_err(|e| usage(format!("--host: {e}")))?;
+        let wait = parse_duration("--wait", &args.wait)?;
+        let find = |hosts: Vec<Heartbeat>| hosts.into_iter().find(|h| h.host == host);
+        let mut row = find(store.membership(&group).await?.hosts);
+        if let Some(first) = &row {
+            if !wait.is_zero() {
+                tokio::time::sleep(wait).await;
+                let again = find(store.membership(&group).await?.hosts);
+                let moved = again.as_ref().is_none_or(|h| h.version != first.version);
+                if moved {
+                    let now = again
+                        .as_ref()
+                        .map_or("removed".to_string(), |h| h.version.to_string());
+                    if !args.force {
+                        bail!(
+                            "host {host} is alive: its heartbeat moved from {} to {now} within {}; stop it first, or pass --force",
+                            first.version,
+                            humantime::format_duration(wait)
+                        );
+                    }
+                    eprintln!(
+                        "warning: host {host} is alive (heartbeat {} -> {now}); releasing anyway (--force): it will stop when it sees its row gone",
+                        first.version
+                    );
+                }
+                row = again;
+            } else {
+                eprintln!("warning: --wait 0s: not checking whether host {host} is alive");
+            }
+        }
+        let listing = store.list(&group).await.context("listing leases")?;
+        let mut released = 0usize;
+        let mut failed = 0usize;
+        for lease in &listing.leases {
+            let owned = lease.owner.as_ref() == Some(&host);
+            let asked = lease.next_owner.as_ref() == Some(&host);
+            if !owned && !asked {
+                continue;
+            }
+            let mut next = lease.clone();
+            next.next_owner = None;
+            if owned {
+                next.state = LeaseState::Available;
+                next.owner = None;
+            }
+            match store.replace(&next, lease.version).await {
+                Ok(_) if owned => {
+                    released += 1;
+                    println!(
+                        "released {} (checkpoint {})",
+                        lease.key,
+                        opt(lease.continuation.as_ref())
+                    );
+                }
+                Ok(_) => println!("cleared hand-off request of {host} on {}", lease.key),
+                Err(err) => {
+                    failed += 1;
+                    eprintln!("error: {err}");
+                }
+            }
+        }
+        for bad in &listing.malformed {
+            eprintln!("warning: {bad}");
+        }
+        match &row {
+            Some(h) => match store.remove_heartbeat(&group, &host, h.version).await {
+                Ok(()) => println!("removed heartbeat row of {host}"),
+                Err(err) => {
+                    failed += 1;
+                    eprintln!("error: {err}");
+                }
+            },
+            None => println!("host {host} has no heartbeat row"),
+        }
+        println!("{released} leases released");
+        Ok(if failed == 0 {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        })
+    })
+}

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::lineage::MissingParents;
 use crate::model::Position;
 
 /// When the worker writes a checkpoint.
@@ -50,6 +51,18 @@ pub struct Settings {
     pub min_backoff: Duration,
     /// Longest backoff. Default 10 s.
     pub max_backoff: Duration,
+    /// How often the leader lists the source's partitions and creates missing leases (KCL's
+    /// shard sync). The leader also syncs once when it starts leading. Default 60 s.
+    pub sync_interval: Duration,
+    /// Whether the leader deletes finished leases once every child has started (design rule
+    /// 5). Default on.
+    pub cleanup: bool,
+    /// How long a finished lease must have been deletable, on the leader's clock, before it
+    /// is deleted. Default 5 min (KCL's completed-lease cleanup interval).
+    pub cleanup_delay: Duration,
+    /// How a parent the source no longer lists is read. Default
+    /// [`MissingParents::Finished`] (trimmed by retention).
+    pub missing_parents: MissingParents,
 }
 
 impl Default for Settings {
@@ -68,6 +81,10 @@ impl Default for Settings {
             handler_max_retries: 5,
             min_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(10),
+            sync_interval: Duration::from_secs(60),
+            cleanup: true,
+            cleanup_delay: Duration::from_secs(300),
+            missing_parents: MissingParents::Finished,
         }
     }
 }
@@ -109,6 +126,7 @@ impl Settings {
             ("handoff_timeout", self.handoff_timeout),
             ("min_backoff", self.min_backoff),
             ("max_backoff", self.max_backoff),
+            ("sync_interval", self.sync_interval),
         ];
         for (setting, value) in positive {
             if value.is_zero() {
@@ -131,6 +149,15 @@ impl Settings {
                 format!(
                     "{:?} must be below lease_expiry − safety_margin ({:?}), or the host fences itself between heartbeats",
                     self.renew_interval, fence_after
+                ),
+            );
+        }
+        if self.sync_interval < self.acquire_interval {
+            return bad(
+                "sync_interval",
+                format!(
+                    "{:?} must be at least acquire_interval ({:?}): the sync runs in the acquire cycle",
+                    self.sync_interval, self.acquire_interval
                 ),
             );
         }

@@ -34,6 +34,7 @@ mod config;
 mod handler;
 mod heartbeat;
 mod hooks;
+mod sync;
 mod worker;
 
 pub use config::{CheckpointMode, ConfigError, Settings, MAX_BATCH_LIMIT};
@@ -212,6 +213,22 @@ impl ProcessorBuilder {
     setting!(
         /// See [`Settings::handler_max_retries`].
         handler_max_retries: u32
+    );
+    setting!(
+        /// See [`Settings::sync_interval`].
+        sync_interval: Duration
+    );
+    setting!(
+        /// See [`Settings::cleanup`].
+        cleanup: bool
+    );
+    setting!(
+        /// See [`Settings::cleanup_delay`].
+        cleanup_delay: Duration
+    );
+    setting!(
+        /// See [`Settings::missing_parents`].
+        missing_parents: crate::lineage::MissingParents
     );
 
     /// Validates everything and builds the processor.
@@ -421,6 +438,8 @@ struct Host {
     /// Set when the last plan was cut short (deferred requests): plan again next cycle even if
     /// nothing changed.
     replan: bool,
+    /// The leader's partition sync and cleanup (runs only while this host leads).
+    syncer: sync::Syncer,
 }
 
 impl Host {
@@ -446,6 +465,7 @@ impl Host {
             asked_at: BTreeMap::new(),
             registered_at: p_now,
             replan: false,
+            syncer: sync::Syncer::default(),
         }
     }
 
@@ -577,7 +597,9 @@ impl Host {
                     return;
                 }
             }
-        } else {
+        }
+        let synced = self.sync(&live, now).await;
+        if !need_list && !synced {
             // Nothing changed hands: the cached list is accurate; only time-based decisions
             // (overdue hand-offs) can differ.
             if self.asked_at.is_empty() && !self.replan {
@@ -589,6 +611,52 @@ impl Host {
         self.adopt_own_leases().await;
         self.balance(&live, now).await;
         self.publish_gauges();
+    }
+
+    /// Runs the partition sync when this host leads (the first live host by name) and it is
+    /// due. Returns whether the lease table changed, after re-listing it.
+    async fn sync(&mut self, live: &[HostName], now: Instant) -> bool {
+        if live.iter().min() != Some(&self.p.host) {
+            self.syncer.reset();
+            return false;
+        }
+        if !self.syncer.due(now, &self.p.settings) {
+            return false;
+        }
+        let report = self
+            .syncer
+            .run(
+                self.p.store.as_ref(),
+                self.p.source.as_ref(),
+                &self.p.group,
+                &self.p.settings,
+                &self.leases,
+                now,
+            )
+            .await;
+        match report {
+            Ok(report) if report.changed() => {
+                debug!(?report, "partition sync changed the lease table");
+                match self.p.store.list(&self.p.group).await {
+                    Ok(listing) => {
+                        self.leases = listing.leases;
+                        // The counter moved with our writes: list again next cycle too.
+                        self.listed_counter = None;
+                        true
+                    }
+                    Err(err) => {
+                        warn!(error = %err, "listing leases after the sync failed");
+                        self.listed_counter = None;
+                        false
+                    }
+                }
+            }
+            Ok(_) => false,
+            Err(err) => {
+                warn!(error = %err, "partition sync failed; retrying at the next interval");
+                false
+            }
+        }
     }
 
     fn publish_gauges(&self) {

@@ -1,0 +1,309 @@
+//! The leader's periodic task: partition discovery, lease creation and cleanup (KCL's shard
+//! sync and lease cleanup).
+//!
+//! The host loop runs [`Syncer::run`] on the leader (the first live host by name) every
+//! [`Settings::sync_interval`]. It lists the source's partitions, asks the pure
+//! [`crate::lineage`] rules what to create and what may go, and applies that through the store:
+//! creation is create-if-absent, so two hosts that both believe they lead create every lease
+//! once; deletion is compare-and-swap on the version seen. The listing is skipped while the
+//! leases cover the whole key range and none is finished ([`lineage::covers_key_space`]).
+
+use std::collections::BTreeMap;
+
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use super::config::Settings;
+use crate::error::{LeaseError, SourceError};
+use crate::lease::LeaseStore;
+use crate::lineage::{self, Input};
+use crate::model::{GroupName, Lease, LeaseKey, PartitionId};
+use crate::source::FeedSource;
+
+/// What one sync did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct SyncReport {
+    /// The partition listing was skipped (the leases cover the key space, none finished).
+    pub skipped: bool,
+    /// Leases this call created (a racing leader may have created others).
+    pub created: Vec<PartitionId>,
+    /// Finished leases this call deleted.
+    pub deleted: Vec<PartitionId>,
+    /// Partitions refused as corrupt.
+    pub refused: usize,
+}
+
+impl SyncReport {
+    /// Whether the lease table changed.
+    pub fn changed(&self) -> bool {
+        !self.created.is_empty() || !self.deleted.is_empty()
+    }
+}
+
+/// Why a sync stopped early.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SyncError {
+    #[error("listing partitions failed: {0}")]
+    Source(#[from] SourceError),
+    #[error(transparent)]
+    Store(#[from] LeaseError),
+}
+
+/// The sync task's memory between runs, on this host's clock.
+#[derive(Debug, Default)]
+pub(crate) struct Syncer {
+    last_run: Option<Instant>,
+    /// Since when each finished lease has been deletable.
+    deletable_since: BTreeMap<PartitionId, Instant>,
+}
+
+impl Syncer {
+    /// Whether a sync is due at `now`.
+    pub fn due(&self, now: Instant, settings: &Settings) -> bool {
+        self.last_run
+            .is_none_or(|t| now.saturating_duration_since(t) >= settings.sync_interval)
+    }
+
+    /// Forgets the schedule (this host stopped leading): the next time it leads, it syncs at
+    /// once and times cleanup delays afresh.
+    pub fn reset(&mut self) {
+        self.last_run = None;
+        self.deletable_since.clear();
+    }
+
+    /// One sync against `leases` (the group's current lease list).
+    ///
+    /// # Errors
+    /// [`SyncError`] if the source cannot be listed or a store call fails; what was written
+    /// before stays written (every write is idempotent or conditional).
+    pub async fn run(
+        &mut self,
+        store: &dyn LeaseStore,
+        source: &dyn FeedSource,
+        group: &GroupName,
+        settings: &Settings,
+        leases: &[Lease],
+        now: Instant,
+    ) -> Result<SyncReport, SyncError> {
+        self.last_run = Some(now);
+        let mut report = SyncReport::default();
+        if lineage::covers_key_space(leases) {
+            // Nothing can be due: no lease finished, so no partition closed under a reader.
+            self.deletable_since.clear();
+            report.skipped = true;
+            return Ok(report);
+        }
+        let partitions = source.partitions().await?;
+        let plan = lineage::plan(
+            &Input::new(&partitions, leases, &settings.start_position)
+                .with_missing_parents(settings.missing_parents),
+        );
+        for err in &plan.errors {
+            warn!(partition = %err.partition(), error = %err, "corrupt partition data; no lease for it");
+        }
+        report.refused = plan.errors.len();
+        metrics::gauge!("changefeed_corrupt_partitions", "group" => group.to_string())
+            .set(plan.errors.len() as f64);
+        for new in plan.create {
+            let mut lease = Lease::new(
+                LeaseKey::new(group.clone(), new.partition.clone()),
+                new.start,
+            )
+            .with_parents(new.parents);
+            if let Some(range) = new.key_range {
+                lease.properties.insert(
+                    lineage::RANGE_PROPERTY.to_string(),
+                    lineage::range_property(range),
+                );
+            }
+            if store.create(&lease).await?.is_some() {
+                info!(lease = %lease.key, start = %lease.start, parents = ?lease.parents, "created lease");
+                metrics::counter!("changefeed_leases_created_total", "group" => group.to_string())
+                    .increment(1);
+                report.created.push(new.partition);
+            } else {
+                debug!(lease = %lease.key, "lease already created by another host");
+            }
+        }
+        if !settings.cleanup {
+            return Ok(report);
+        }
+        let deletable = lineage::deletable(&partitions, leases);
+        self.deletable_since.retain(|p, _| deletable.contains(p));
+        for partition in deletable {
+            let since = *self.deletable_since.entry(partition.clone()).or_insert(now);
+            if now.saturating_duration_since(since) < settings.cleanup_delay {
+                continue;
+            }
+            let Some(lease) = leases.iter().find(|l| l.key.partition == partition) else {
+                continue;
+            };
+            match store.delete(&lease.key, lease.version).await {
+                Ok(()) => {
+                    info!(lease = %lease.key, "deleted finished lease; every child has started");
+                    metrics::counter!("changefeed_leases_deleted_total", "group" => group.to_string())
+                        .increment(1);
+                    self.deletable_since.remove(&partition);
+                    report.deleted.push(partition);
+                }
+                Err(LeaseError::Conflict { .. } | LeaseError::NotFound { .. }) => {
+                    debug!(lease = %lease.key, "finished lease changed or went; next sync decides");
+                }
+                Err(err) => return Err(err.into()),
+            }
+        }
+        Ok(report)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::lease::MemoryLeaseStore;
+    use crate::model::{LeaseState, Position};
+    use crate::source::MemoryFeed;
+
+    fn group() -> GroupName {
+        GroupName::new("g").expect("valid")
+    }
+
+    async fn listed(store: &MemoryLeaseStore) -> Vec<Lease> {
+        store.list(&group()).await.expect("list").leases
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn two_concurrent_syncs_create_each_lease_exactly_once() {
+        // DESIGN "Partition lineage": two leaders are harmless, creation is create-if-absent.
+        let store = MemoryLeaseStore::new();
+        let feed = MemoryFeed::new(8);
+        let settings = Settings::default();
+        let (mut a, mut b) = (Syncer::default(), Syncer::default());
+        let now = Instant::now();
+        let g = group();
+        let (ra, rb) = tokio::join!(
+            a.run(&store, &feed, &g, &settings, &[], now),
+            b.run(&store, &feed, &g, &settings, &[], now),
+        );
+        let (ra, rb) = (ra.expect("sync a"), rb.expect("sync b"));
+        let mut created: Vec<PartitionId> = ra.created.into_iter().chain(rb.created).collect();
+        created.sort();
+        let leases = listed(&store).await;
+        assert_eq!(leases.len(), 8);
+        let ids: Vec<PartitionId> = leases.iter().map(|l| l.key.partition.clone()).collect();
+        assert_eq!(created, ids, "each lease created by exactly one of the two");
+        assert!(leases.iter().all(|l| lineage::lease_range(l).is_some()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn listing_is_skipped_while_leases_cover_the_key_space() {
+        // KCL's "avoid a shard sync": full coverage and nothing finished means nothing is due.
+        let store = MemoryLeaseStore::new();
+        let feed = MemoryFeed::new(4);
+        let settings = Settings::default();
+        let mut s = Syncer::default();
+        let first = s
+            .run(&store, &feed, &group(), &settings, &[], Instant::now())
+            .await
+            .expect("sync");
+        assert_eq!(first.created.len(), 4);
+        let leases = listed(&store).await;
+        let again = s
+            .run(&store, &feed, &group(), &settings, &leases, Instant::now())
+            .await
+            .expect("sync");
+        assert!(again.skipped);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn finished_parent_is_deleted_after_the_delay_once_its_children_started() {
+        // Rule 5: deletion waits for every child to start, then for cleanup_delay.
+        let store = MemoryLeaseStore::new();
+        let feed = MemoryFeed::new(1);
+        let settings = Settings {
+            cleanup_delay: Duration::from_secs(30),
+            ..Settings::default()
+        };
+        let mut s = Syncer::default();
+        s.run(&store, &feed, &group(), &settings, &[], Instant::now())
+            .await
+            .expect("sync");
+        let p0 = PartitionId::new("0").expect("valid");
+        let (l, r) = feed.split(&p0).expect("split");
+        let mut parent = listed(&store).await.remove(0);
+        parent.state = LeaseState::Finished;
+        store.replace(&parent, parent.version).await.expect("finish");
+        let report = s
+            .run(&store, &feed, &group(), &settings, &listed(&store).await, Instant::now())
+            .await
+            .expect("sync");
+        assert_eq!(report.created, vec![l.clone(), r.clone()]);
+        let leases = listed(&store).await;
+        assert!(leases
+            .iter()
+            .filter(|x| x.key.partition != p0)
+            .all(|x| x.parents == vec![p0.clone()] && x.start == Position::Beginning));
+        // Children exist but have not started: the parent stays.
+        tokio::time::advance(Duration::from_secs(60)).await;
+        let report = s
+            .run(&store, &feed, &group(), &settings, &leases, Instant::now())
+            .await
+            .expect("sync");
+        assert!(report.deleted.is_empty());
+        for child in [&l, &r] {
+            let mut c = leases
+                .iter()
+                .find(|x| &x.key.partition == child)
+                .cloned()
+                .expect("child lease");
+            c.continuation = Some(crate::model::Continuation::new(format!("{child}:0")));
+            store.replace(&c, c.version).await.expect("checkpoint");
+        }
+        let report = s
+            .run(&store, &feed, &group(), &settings, &listed(&store).await, Instant::now())
+            .await
+            .expect("sync");
+        assert!(report.deleted.is_empty(), "the delay starts now");
+        tokio::time::advance(Duration::from_secs(31)).await;
+        let report = s
+            .run(&store, &feed, &group(), &settings, &listed(&store).await, Instant::now())
+            .await
+            .expect("sync");
+        assert_eq!(report.deleted, vec![p0.clone()]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn cleanup_off_keeps_finished_leases() {
+        // Cleanup is configurable: off means finished leases stay.
+        let store = MemoryLeaseStore::new();
+        let feed = MemoryFeed::new(1);
+        let settings = Settings {
+            cleanup: false,
+            cleanup_delay: Duration::ZERO,
+            ..Settings::default()
+        };
+        let mut s = Syncer::default();
+        s.run(&store, &feed, &group(), &settings, &[], Instant::now())
+            .await
+            .expect("sync");
+        let p0 = PartitionId::new("0").expect("valid");
+        feed.split(&p0).expect("split");
+        let mut parent = listed(&store).await.remove(0);
+        parent.state = LeaseState::Finished;
+        store.replace(&parent, parent.version).await.expect("finish");
+        for _ in 0..2 {
+            let leases = listed(&store).await;
+            let mut started: Vec<Lease> = leases.clone();
+            for c in started.iter_mut().filter(|x| x.key.partition != p0) {
+                c.continuation = Some(crate::model::Continuation::new("x:0"));
+            }
+            let report = s
+                .run(&store, &feed, &group(), &settings, &started, Instant::now())
+                .await
+                .expect("sync");
+            assert!(report.deleted.is_empty());
+        }
+        assert_eq!(listed(&store).await.len(), 3);
+    }
+}

@@ -1,3 +1,7 @@
 //! Integration tests of the `changefeed` binary: one test binary, one module per command.
 
+mod demo;
+mod ops;
 mod plan;
+mod run;
+mod support;

@@ -1,0 +1,131 @@
+//! Shared helpers: a temporary SQLite store and feed, the binary, and polling with a deadline.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use changefeed::lease::LeaseStore;
+use changefeed::model::{GroupName, Lease, LeaseKey, PartitionId};
+use changefeed_sqlite::{SqliteFeed, SqliteLeaseStore};
+
+/// A temporary directory holding one SQLite file used as both store and feed.
+pub struct Fixture {
+    pub dir: tempfile::TempDir,
+    pub db: PathBuf,
+}
+
+impl Fixture {
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let db = dir.path().join("feed.db");
+        Self { dir, db }
+    }
+
+    pub fn url(&self) -> String {
+        format!("sqlite://{}", self.db.display())
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Opens the store on a fresh current-thread runtime and runs `f` with it.
+    pub fn with_store<T>(&self, f: impl AsyncFnOnce(&SqliteLeaseStore) -> T) -> T {
+        rt().block_on(async {
+            let store = SqliteLeaseStore::open(&self.db).await.expect("open store");
+            f(&store).await
+        })
+    }
+
+    pub fn with_feed<T>(&self, f: impl AsyncFnOnce(&SqliteFeed) -> T) -> T {
+        rt().block_on(async {
+            let feed = SqliteFeed::open(&self.db).await.expect("open feed");
+            f(&feed).await
+        })
+    }
+
+    /// The lease of `partition` in `group`, as stored.
+    pub fn lease(&self, group: &str, partition: &str) -> Option<Lease> {
+        self.with_store(async |s| s.get(&key(group, partition)).await.expect("get lease"))
+    }
+}
+
+pub fn key(group: &str, partition: &str) -> LeaseKey {
+    LeaseKey::new(
+        GroupName::new(group).expect("group"),
+        PartitionId::new(partition).expect("partition"),
+    )
+}
+
+pub fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// The built binary.
+pub fn bin() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_changefeed"));
+    // Nothing from the developer's environment may change the settings under test.
+    for (k, _) in std::env::vars() {
+        if k.starts_with("CHANGEFEED_") {
+            c.env_remove(k);
+        }
+    }
+    c
+}
+
+pub fn text(out: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Polls `f` every 50 ms until it returns `Some`, failing after `limit` with `what`.
+pub fn wait_for<T>(limit: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Sends SIGTERM to a child process.
+pub fn terminate(child: &std::process::Child) {
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+}
+
+/// Waits (bounded) for a child to exit.
+pub fn wait_exit(child: &mut std::process::Child, limit: Duration) -> std::process::ExitStatus {
+    wait_for(limit, "the process to exit", || {
+        child.try_wait().expect("try_wait")
+    })
+}
+
+/// Fast timing flags for `run` in tests.
+pub const FAST: &[&str] = &[
+    "--lease-expiry",
+    "3s",
+    "--safety-margin",
+    "1s",
+    "--renew-interval",
+    "500ms",
+    "--acquire-interval",
+    "200ms",
+    "--poll-delay",
+    "50ms",
+];
+
+/// Reads a file, or an empty string if it does not exist yet.
+pub fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}

@@ -393,7 +393,7 @@ impl Screen {
                 .unwrap_or_else(|| "-".into());
             lines.push(format!(
                 "{:<10} {:<10} {:>10} {:>6}",
-                l.key.partition,
+                l.key.partition.as_str(),
                 owner_text(l),
                 checkpoint,
                 lag.map_or("?".into(), |n| n.to_string())

@@ -233,9 +233,19 @@ mod tests {
         let (l, r) = feed.split(&p0).expect("split");
         let mut parent = listed(&store).await.remove(0);
         parent.state = LeaseState::Finished;
-        store.replace(&parent, parent.version).await.expect("finish");
+        store
+            .replace(&parent, parent.version)
+            .await
+            .expect("finish");
         let report = s
-            .run(&store, &feed, &group(), &settings, &listed(&store).await, Instant::now())
+            .run(
+                &store,
+                &feed,
+                &group(),
+                &settings,
+                &listed(&store).await,
+                Instant::now(),
+            )
             .await
             .expect("sync");
         assert_eq!(report.created, vec![l.clone(), r.clone()]);
@@ -261,13 +271,27 @@ mod tests {
             store.replace(&c, c.version).await.expect("checkpoint");
         }
         let report = s
-            .run(&store, &feed, &group(), &settings, &listed(&store).await, Instant::now())
+            .run(
+                &store,
+                &feed,
+                &group(),
+                &settings,
+                &listed(&store).await,
+                Instant::now(),
+            )
             .await
             .expect("sync");
         assert!(report.deleted.is_empty(), "the delay starts now");
         tokio::time::advance(Duration::from_secs(31)).await;
         let report = s
-            .run(&store, &feed, &group(), &settings, &listed(&store).await, Instant::now())
+            .run(
+                &store,
+                &feed,
+                &group(),
+                &settings,
+                &listed(&store).await,
+                Instant::now(),
+            )
             .await
             .expect("sync");
         assert_eq!(report.deleted, vec![p0.clone()]);
@@ -291,7 +315,10 @@ mod tests {
         feed.split(&p0).expect("split");
         let mut parent = listed(&store).await.remove(0);
         parent.state = LeaseState::Finished;
-        store.replace(&parent, parent.version).await.expect("finish");
+        store
+            .replace(&parent, parent.version)
+            .await
+            .expect("finish");
         for _ in 0..2 {
             let leases = listed(&store).await;
             let mut started: Vec<Lease> = leases.clone();

@@ -25,6 +25,10 @@ use crate::processor::{
 };
 use crate::source::{FeedSource, MemoryFeed};
 
+/// How many distinct keys [`Fleet::write`] spreads records over: record `n` has key
+/// `key-{n % KEYS}`.
+pub const KEYS: u64 = 97;
+
 /// Makes a fresh store handle; called once per host (a new connection for a real backend).
 pub type StoreFactory = Arc<dyn Fn() -> Arc<dyn LeaseStore> + Send + Sync>;
 
@@ -244,6 +248,105 @@ impl Fleet {
         }
     }
 
+    /// A fleet over `partitions` partitions with no lease created up front: the leader's
+    /// partition sync creates them, and follows splits and merges. Syncs every acquire
+    /// interval and deletes finished leases 4 s after their children start.
+    pub async fn with_sync(stores: StoreFactory, partitions: u32) -> Self {
+        let feed = MemoryFeed::new(partitions);
+        let mut settings = scenario_settings();
+        settings.sync_interval = settings.acquire_interval;
+        settings.cleanup_delay = Duration::from_secs(4);
+        Self {
+            stores,
+            feed,
+            ledger: Arc::new(Ledger::default()),
+            group: GroupName::new("fleet").expect("valid"),
+            settings,
+            hosts: BTreeMap::new(),
+            origin: tokio::time::Instant::now(),
+            written: 0,
+            next_seed: 1,
+        }
+    }
+
+    /// Splits the open partition `partition` of the feed. Returns the two children.
+    ///
+    /// # Errors
+    /// As [`MemoryFeed::split`].
+    pub fn split(
+        &self,
+        partition: &PartitionId,
+    ) -> Result<(PartitionId, PartitionId), crate::error::SourceError> {
+        self.feed.split(partition)
+    }
+
+    /// Merges the open, adjacent partitions `a` and `b`. Returns the child.
+    ///
+    /// # Errors
+    /// As [`MemoryFeed::merge`].
+    pub fn merge(
+        &self,
+        a: &PartitionId,
+        b: &PartitionId,
+    ) -> Result<PartitionId, crate::error::SourceError> {
+        self.feed.merge(a, b)
+    }
+
+    /// The open partitions, ordered by key range.
+    pub async fn open_partitions(&self) -> Vec<crate::model::Partition> {
+        let mut open: Vec<_> = self
+            .feed
+            .partitions()
+            .await
+            .expect("memory feed lists")
+            .into_iter()
+            .filter(|p| !p.closed)
+            .collect();
+        open.sort_by_key(|p| p.key_range.map(|r| r.start));
+        open
+    }
+
+    /// Checks lineage order (design rule 5): for every key, records are first delivered in
+    /// the order they were written, across every parent → child boundary; and no record of a
+    /// child is delivered before the last delivery of any record of its parents.
+    pub async fn check_lineage_order(&self) {
+        let deliveries = self.ledger.deliveries();
+        let mut seen: BTreeSet<u64> = BTreeSet::new();
+        let mut last_of_key: HashMap<u64, u64> = HashMap::new();
+        let mut first_at: HashMap<&PartitionId, usize> = HashMap::new();
+        let mut last_at: HashMap<&PartitionId, usize> = HashMap::new();
+        for (i, d) in deliveries.iter().enumerate() {
+            first_at.entry(&d.partition).or_insert(i);
+            last_at.insert(&d.partition, i);
+            if !seen.insert(d.record) {
+                continue;
+            }
+            let key = d.record % KEYS;
+            if let Some(prev) = last_of_key.insert(key, d.record) {
+                assert!(
+                    prev < d.record,
+                    "key-{key}: record {} (partition {}) first delivered after record {prev}",
+                    d.record,
+                    d.partition
+                );
+            }
+        }
+        for p in self.feed.partitions().await.expect("memory feed lists") {
+            let Some(first) = first_at.get(&p.id) else {
+                continue;
+            };
+            for parent in &p.parents {
+                if let Some(last) = last_at.get(parent) {
+                    assert!(
+                        last < first,
+                        "child {} delivered (delivery #{first}) before the last delivery of parent {parent} (#{last})",
+                        p.id
+                    );
+                }
+            }
+        }
+    }
+
     /// Builds (but does not start) a processor named `name`, its clock skewed by `skew_ms`.
     pub fn processor(&mut self, name: &str, skew_ms: i64) -> (Processor, Faulty) {
         let faulty = Faulty::new((self.stores)());
@@ -312,7 +415,7 @@ impl Fleet {
             let seq = self.written;
             self.written += 1;
             self.feed
-                .append(&format!("key-{}", seq % 97), seq.to_string());
+                .append(&format!("key-{}", seq % KEYS), seq.to_string());
         }
     }
 

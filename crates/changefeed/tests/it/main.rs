@@ -4,4 +4,5 @@
 
 mod conformance;
 mod handler;
+mod lineage;
 mod processor;

@@ -1,0 +1,612 @@
+//! [`PostgresLeaseStore`]: the lease store seam on PostgreSQL.
+//!
+//! It owns the tables `{prefix}_leases`, `{prefix}_heartbeats` and `{prefix}_groups` (the
+//! per-group change counter). Every call is **one SQL statement**, so one round trip and one
+//! implicit transaction: compare-and-swap is `UPDATE … WHERE version = $expected`, create is
+//! `INSERT … ON CONFLICT DO NOTHING`, and the change counter is bumped by a data-modifying CTE
+//! of the same statement exactly when the old row (locked with `SELECT … FOR UPDATE`) differs
+//! from the new one in state, owner or next owner. When a CAS matches no row, the same
+//! statement reads the current row (`FOR SHARE`, so it is the latest committed one) for the
+//! `Conflict`.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use changefeed::lease::{LeaseStore, Listing};
+use changefeed::model::{
+    Continuation, GroupName, Heartbeat, HostName, Lease, LeaseKey, LeaseState, Membership,
+    PartitionId, Position, Timestamp, Version,
+};
+use changefeed::LeaseError;
+use tokio_postgres::Row;
+
+use crate::db::{table, Db, PgOptions};
+use crate::error::PostgresError;
+
+/// The lease store's migrations, in order, for tables with `prefix`. Never edit a released
+/// entry; append a new one.
+fn migrations(prefix: &str) -> Vec<String> {
+    let leases = table(prefix, "leases");
+    let heartbeats = table(prefix, "heartbeats");
+    let groups = table(prefix, "groups");
+    vec![format!(
+        r#"
+        CREATE TABLE {leases} (
+            grp          text COLLATE "C" NOT NULL,
+            partition    text COLLATE "C" NOT NULL,
+            state        text NOT NULL,
+            owner        text,
+            next_owner   text,
+            continuation text,
+            start        text NOT NULL,
+            parents      text NOT NULL,
+            properties   text NOT NULL,
+            version      bigint NOT NULL,
+            PRIMARY KEY (grp, partition)
+        );
+        CREATE TABLE {heartbeats} (
+            grp         text COLLATE "C" NOT NULL,
+            host        text COLLATE "C" NOT NULL,
+            incarnation text NOT NULL,
+            version     bigint NOT NULL,
+            written_at  bigint NOT NULL,
+            PRIMARY KEY (grp, host)
+        );
+        CREATE TABLE {groups} (
+            grp            text COLLATE "C" PRIMARY KEY,
+            change_counter bigint NOT NULL
+        );
+        "#
+    )]
+}
+
+/// The schema version of the lease store tables this build creates and understands.
+pub const LEASE_SCHEMA_VERSION: i32 = 1;
+
+const COLS: &str =
+    "partition, state, owner, next_owner, continuation, start, parents, properties, version";
+
+/// The statements, with the table names filled in once.
+#[derive(Debug)]
+struct Sql {
+    list: String,
+    get: String,
+    create: String,
+    replace: String,
+    delete: String,
+    hb_create: String,
+    hb_renew: String,
+    hb_remove: String,
+    membership: String,
+}
+
+impl Sql {
+    fn new(prefix: &str) -> Self {
+        let leases = table(prefix, "leases");
+        let heartbeats = table(prefix, "heartbeats");
+        let groups = table(prefix, "groups");
+        let bump = |from: &str, cond: &str| {
+            format!(
+                "INSERT INTO {groups} (grp, change_counter) SELECT $1, 1 FROM {from} {cond}
+                 ON CONFLICT (grp) DO UPDATE SET change_counter = {groups}.change_counter + 1"
+            )
+        };
+        let hb_cols = "host, incarnation, version, written_at";
+        Sql {
+            list: format!("SELECT {COLS} FROM {leases} WHERE grp = $1 ORDER BY partition"),
+            get: format!("SELECT {COLS} FROM {leases} WHERE grp = $1 AND partition = $2"),
+            create: format!(
+                "WITH ins AS (
+                    INSERT INTO {leases} (grp, partition, state, owner, next_owner, continuation,
+                                          start, parents, properties, version)
+                    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 1)
+                    ON CONFLICT DO NOTHING
+                    RETURNING {COLS}
+                 ), bump AS ({})
+                 SELECT {COLS} FROM ins",
+                bump("ins", "")
+            ),
+            replace: format!(
+                "WITH old AS (
+                    SELECT state, owner, next_owner FROM {leases}
+                    WHERE grp = $1 AND partition = $2 AND version = $10
+                    FOR UPDATE
+                 ), upd AS (
+                    UPDATE {leases} l SET state = $3, owner = $4, next_owner = $5,
+                        continuation = $6, start = $7, parents = $8, properties = $9,
+                        version = l.version + 1
+                    FROM old WHERE l.grp = $1 AND l.partition = $2
+                    RETURNING l.partition, l.state, l.owner, l.next_owner, l.continuation,
+                        l.start, l.parents, l.properties, l.version,
+                        (old.state IS DISTINCT FROM $3 OR old.owner IS DISTINCT FROM $4
+                         OR old.next_owner IS DISTINCT FROM $5) AS moved
+                 ), bump AS ({}),
+                 cur AS (
+                    SELECT {COLS} FROM {leases}
+                    WHERE grp = $1 AND partition = $2 AND NOT EXISTS (SELECT 1 FROM upd)
+                    FOR SHARE
+                 )
+                 SELECT true AS written, {COLS} FROM upd
+                 UNION ALL SELECT false, {COLS} FROM cur",
+                bump("upd", "WHERE upd.moved")
+            ),
+            delete: format!(
+                "WITH del AS (
+                    DELETE FROM {leases} WHERE grp = $1 AND partition = $2 AND version = $3
+                    RETURNING 1
+                 ), bump AS ({}),
+                 cur AS (
+                    SELECT {COLS} FROM {leases}
+                    WHERE grp = $1 AND partition = $2 AND NOT EXISTS (SELECT 1 FROM del)
+                    FOR SHARE
+                 )
+                 SELECT EXISTS (SELECT 1 FROM del) AS deleted, cur.*
+                 FROM (SELECT 1) AS one LEFT JOIN cur ON true",
+                bump("del", "")
+            ),
+            hb_create: format!(
+                "WITH ins AS (
+                    INSERT INTO {heartbeats} (grp, host, incarnation, version, written_at)
+                    VALUES ($1, $2, $3, 1, $4)
+                    ON CONFLICT DO NOTHING
+                    RETURNING {hb_cols}
+                 ), cur AS (
+                    SELECT {hb_cols} FROM {heartbeats}
+                    WHERE grp = $1 AND host = $2 AND NOT EXISTS (SELECT 1 FROM ins)
+                    FOR SHARE
+                 )
+                 SELECT true AS written, {hb_cols} FROM ins
+                 UNION ALL SELECT false, {hb_cols} FROM cur"
+            ),
+            hb_renew: format!(
+                "WITH upd AS (
+                    UPDATE {heartbeats} SET incarnation = $3, written_at = $4,
+                        version = version + 1
+                    WHERE grp = $1 AND host = $2 AND version = $5
+                    RETURNING {hb_cols}
+                 ), cur AS (
+                    SELECT {hb_cols} FROM {heartbeats}
+                    WHERE grp = $1 AND host = $2 AND NOT EXISTS (SELECT 1 FROM upd)
+                    FOR SHARE
+                 )
+                 SELECT true AS written, {hb_cols} FROM upd
+                 UNION ALL SELECT false, {hb_cols} FROM cur"
+            ),
+            hb_remove: format!(
+                "WITH del AS (
+                    DELETE FROM {heartbeats} WHERE grp = $1 AND host = $2 AND version = $3
+                    RETURNING 1
+                 ), cur AS (
+                    SELECT {hb_cols} FROM {heartbeats}
+                    WHERE grp = $1 AND host = $2 AND NOT EXISTS (SELECT 1 FROM del)
+                    FOR SHARE
+                 )
+                 SELECT {hb_cols} FROM cur"
+            ),
+            membership: format!(
+                "SELECT host, incarnation, version, written_at, NULL::bigint AS counter
+                 FROM {heartbeats} WHERE grp = $1
+                 UNION ALL
+                 SELECT NULL, NULL, NULL, NULL, change_counter FROM {groups} WHERE grp = $1"
+            ),
+        }
+    }
+}
+
+/// A [`LeaseStore`] in PostgreSQL.
+///
+/// [`Clone`] shares the connection pool; [`PostgresLeaseStore::connect`] called again opens
+/// another pool. Every call is one statement on a pooled connection, bounded by the
+/// server-side `statement_timeout` and a client-side timeout (see [`PgOptions`]); both
+/// surface as retryable [`LeaseError::Store`] errors.
+#[derive(Debug, Clone)]
+pub struct PostgresLeaseStore {
+    db: Db,
+    sql: std::sync::Arc<Sql>,
+}
+
+impl PostgresLeaseStore {
+    /// Connects with default [`PgOptions`] for `url` and brings the schema up to date.
+    ///
+    /// # Errors
+    /// As for [`PostgresLeaseStore::connect_with`].
+    pub async fn connect(url: &str) -> Result<Self, LeaseError> {
+        Self::connect_with(PgOptions::new(url)).await
+    }
+
+    /// Connects with `options` and brings the lease tables up to date (creating them on first
+    /// use; concurrent starters are serialised by an advisory lock).
+    ///
+    /// # Errors
+    /// [`LeaseError::Store`] (operation `connect`) for a bad setting
+    /// ([`PostgresError::Config`]), an unreachable server (retryable), or tables written by a
+    /// newer build ([`PostgresError::SchemaTooNew`]).
+    pub async fn connect_with(options: PgOptions) -> Result<Self, LeaseError> {
+        let fail = |e: PostgresError| e.into_lease("connect", None);
+        let db = Db::new(&options).map_err(fail)?;
+        db.migrate("lease_store", &migrations(db.prefix()))
+            .await
+            .map_err(fail)?;
+        let sql = std::sync::Arc::new(Sql::new(db.prefix()));
+        Ok(Self { db, sql })
+    }
+
+    /// The table prefix.
+    pub fn prefix(&self) -> &str {
+        self.db.prefix()
+    }
+
+    async fn query(
+        &self,
+        operation: &'static str,
+        key: String,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<Row>, LeaseError> {
+        self.db
+            .run(operation, |client| async move {
+                let stmt = client.prepare_cached(sql).await?;
+                Ok(client.query(&stmt, params).await?)
+            })
+            .await
+            .map_err(|e| e.into_lease(operation, Some(key)))
+    }
+}
+
+/// A lease's columns, encoded for writing.
+struct Encoded {
+    group: String,
+    partition: String,
+    state: &'static str,
+    owner: Option<String>,
+    next_owner: Option<String>,
+    continuation: Option<String>,
+    start: String,
+    parents: String,
+    properties: String,
+}
+
+impl Encoded {
+    fn new(lease: &Lease) -> Result<Self, LeaseError> {
+        lease.validate()?;
+        let key = || Some(lease.key.to_string());
+        let json = |what: &'static str, r: Result<String, serde_json::Error>| {
+            r.map_err(|source| PostgresError::Encode { what, source }.into_lease("encode", key()))
+        };
+        Ok(Self {
+            group: lease.key.group.to_string(),
+            partition: lease.key.partition.to_string(),
+            state: lease.state.as_str(),
+            owner: lease.owner.as_ref().map(|h| h.to_string()),
+            next_owner: lease.next_owner.as_ref().map(|h| h.to_string()),
+            continuation: lease.continuation.as_ref().map(|c| c.to_string()),
+            start: lease.start.to_string(),
+            parents: json("parents", serde_json::to_string(&lease.parents))?,
+            properties: json("properties", serde_json::to_string(&lease.properties))?,
+        })
+    }
+}
+
+fn to_sql_version(v: Version, key: &LeaseKey) -> Result<i64, LeaseError> {
+    i64::try_from(v.0).map_err(|_| {
+        LeaseError::store(
+            "write",
+            Some(key.to_string()),
+            false,
+            format!("version {v} does not fit PostgreSQL's bigint"),
+        )
+    })
+}
+
+fn col<'r, T: tokio_postgres::types::FromSql<'r>>(
+    row: &'r Row,
+    i: usize,
+    name: &str,
+) -> Result<T, String> {
+    row.try_get(i).map_err(|e| format!("{name}: {e}"))
+}
+
+/// Reads a lease row (columns from `offset` on, in [`COLS`] order), or a
+/// [`LeaseError::Malformed`] naming its key and what is wrong.
+fn parse_lease(group: &GroupName, row: &Row, offset: usize) -> Result<Lease, LeaseError> {
+    let raw_partition: Option<String> = row.try_get(offset).ok().flatten();
+    let shown = raw_partition.clone().unwrap_or_else(|| "<null>".into());
+    let malformed = |reason: String| LeaseError::Malformed {
+        key: format!("{group}/{shown}"),
+        reason,
+    };
+    let partition = PartitionId::new(raw_partition.clone().unwrap_or_default())
+        .map_err(|e| malformed(e.to_string()))?;
+    let parse = || -> Result<Lease, String> {
+        let state: String = col(row, offset + 1, "state")?;
+        let state: LeaseState = state.parse().map_err(|e| format!("state: {e}"))?;
+        let host = |i: usize, name: &str| -> Result<Option<HostName>, String> {
+            col::<Option<String>>(row, i, name)?
+                .map(|h| HostName::new(h).map_err(|e| format!("{name}: {e}")))
+                .transpose()
+        };
+        let owner = host(offset + 2, "owner")?;
+        let next_owner = host(offset + 3, "next_owner")?;
+        let continuation =
+            col::<Option<String>>(row, offset + 4, "continuation")?.map(Continuation::new);
+        let start: String = col(row, offset + 5, "start")?;
+        let start: Position = start.parse().map_err(|e| format!("start: {e}"))?;
+        let parents: String = col(row, offset + 6, "parents")?;
+        let parents: Vec<PartitionId> =
+            serde_json::from_str(&parents).map_err(|e| format!("parents: {e}"))?;
+        let properties: String = col(row, offset + 7, "properties")?;
+        let properties: BTreeMap<String, String> =
+            serde_json::from_str(&properties).map_err(|e| format!("properties: {e}"))?;
+        let version: i64 = col(row, offset + 8, "version")?;
+        if version < 1 {
+            return Err(format!("version must be positive, found {version}"));
+        }
+        let lease = Lease {
+            key: LeaseKey::new(group.clone(), partition.clone()),
+            state,
+            owner,
+            next_owner,
+            continuation,
+            start,
+            parents,
+            properties,
+            version: Version(version as u64),
+        };
+        lease.validate().map_err(|e| e.to_string())?;
+        Ok(lease)
+    };
+    parse().map_err(malformed)
+}
+
+fn parse_heartbeat(group: &GroupName, row: &Row, offset: usize) -> Result<Heartbeat, String> {
+    let host: String = col(row, offset, "host")?;
+    let host = HostName::new(host).map_err(|e| e.to_string())?;
+    let version: i64 = col(row, offset + 2, "version")?;
+    if version < 1 {
+        return Err(format!("heartbeat {host}: version must be positive"));
+    }
+    Ok(Heartbeat {
+        group: group.clone(),
+        host,
+        incarnation: col(row, offset + 1, "incarnation")?,
+        version: Version(version as u64),
+        written_at: Timestamp(col(row, offset + 3, "written_at")?),
+    })
+}
+
+fn malformed_heartbeat(group: &GroupName, host: &HostName, reason: String) -> LeaseError {
+    PostgresError::MalformedRow {
+        table: "heartbeats",
+        key: format!("{group}/{host}"),
+        reason,
+    }
+    .into_lease("heartbeat", Some(format!("{group}/{host}")))
+}
+
+#[async_trait]
+impl LeaseStore for PostgresLeaseStore {
+    async fn list(&self, group: &GroupName) -> Result<Listing, LeaseError> {
+        let g = group.to_string();
+        let rows = self.query("list", g.clone(), &self.sql.list, &[&g]).await?;
+        let mut listing = Listing::default();
+        listing.leases.reserve(rows.len());
+        for row in &rows {
+            match parse_lease(group, row, 0) {
+                Ok(l) => listing.leases.push(l),
+                Err(e) => listing.malformed.push(e),
+            }
+        }
+        Ok(listing)
+    }
+
+    async fn get(&self, key: &LeaseKey) -> Result<Option<Lease>, LeaseError> {
+        let (g, p) = (key.group.to_string(), key.partition.to_string());
+        let rows = self
+            .query("get", key.to_string(), &self.sql.get, &[&g, &p])
+            .await?;
+        rows.first()
+            .map(|r| parse_lease(&key.group, r, 0))
+            .transpose()
+    }
+
+    async fn create(&self, lease: &Lease) -> Result<Option<Lease>, LeaseError> {
+        let e = Encoded::new(lease)?;
+        let rows = self
+            .query(
+                "create",
+                lease.key.to_string(),
+                &self.sql.create,
+                &[
+                    &e.group,
+                    &e.partition,
+                    &e.state,
+                    &e.owner,
+                    &e.next_owner,
+                    &e.continuation,
+                    &e.start,
+                    &e.parents,
+                    &e.properties,
+                ],
+            )
+            .await?;
+        rows.first()
+            .map(|r| parse_lease(&lease.key.group, r, 0))
+            .transpose()
+    }
+
+    async fn replace(&self, lease: &Lease, expected: Version) -> Result<Lease, LeaseError> {
+        let e = Encoded::new(lease)?;
+        let v = to_sql_version(expected, &lease.key)?;
+        let rows = self
+            .query(
+                "replace",
+                lease.key.to_string(),
+                &self.sql.replace,
+                &[
+                    &e.group,
+                    &e.partition,
+                    &e.state,
+                    &e.owner,
+                    &e.next_owner,
+                    &e.continuation,
+                    &e.start,
+                    &e.parents,
+                    &e.properties,
+                    &v,
+                ],
+            )
+            .await?;
+        let Some(row) = rows.first() else {
+            return Err(LeaseError::NotFound {
+                key: lease.key.to_string(),
+            });
+        };
+        let written: bool = row.try_get(0).map_err(|err| {
+            PostgresError::from(err).into_lease("replace", Some(lease.key.to_string()))
+        })?;
+        let current = parse_lease(&lease.key.group, row, 1)?;
+        if written {
+            Ok(current)
+        } else {
+            Err(LeaseError::Conflict {
+                key: lease.key.to_string(),
+                expected,
+                current: Box::new(current),
+            })
+        }
+    }
+
+    async fn delete(&self, key: &LeaseKey, expected: Version) -> Result<(), LeaseError> {
+        let (g, p) = (key.group.to_string(), key.partition.to_string());
+        let v = to_sql_version(expected, key)?;
+        let rows = self
+            .query("delete", key.to_string(), &self.sql.delete, &[&g, &p, &v])
+            .await?;
+        let Some(row) = rows.first() else {
+            return Err(LeaseError::NotFound {
+                key: key.to_string(),
+            });
+        };
+        let to_err = |err: tokio_postgres::Error| {
+            PostgresError::from(err).into_lease("delete", Some(key.to_string()))
+        };
+        let deleted: bool = row.try_get(0).map_err(to_err)?;
+        if deleted {
+            return Ok(());
+        }
+        let present: Option<String> = row.try_get(1).map_err(to_err)?;
+        if present.is_none() {
+            return Err(LeaseError::NotFound {
+                key: key.to_string(),
+            });
+        }
+        let current = parse_lease(&key.group, row, 1)?;
+        Err(LeaseError::Conflict {
+            key: key.to_string(),
+            expected,
+            current: Box::new(current),
+        })
+    }
+
+    async fn heartbeat(
+        &self,
+        group: &GroupName,
+        host: &HostName,
+        incarnation: &str,
+        written_at: Timestamp,
+        expected: Option<Version>,
+    ) -> Result<Heartbeat, LeaseError> {
+        let (g, h) = (group.to_string(), host.to_string());
+        let at = written_at.millis();
+        let inc = incarnation.to_string();
+        let key = format!("{group}/{host}");
+        let rows = match expected {
+            None => {
+                self.query("heartbeat", key, &self.sql.hb_create, &[&g, &h, &inc, &at])
+                    .await?
+            }
+            Some(v) => {
+                let v = i64::try_from(v.0).unwrap_or(i64::MAX);
+                self.query(
+                    "heartbeat",
+                    key,
+                    &self.sql.hb_renew,
+                    &[&g, &h, &inc, &at, &v],
+                )
+                .await?
+            }
+        };
+        let conflict = |current: Option<Heartbeat>| LeaseError::HeartbeatConflict {
+            group: group.to_string(),
+            host: host.to_string(),
+            current: current.map(Box::new),
+        };
+        let Some(row) = rows.first() else {
+            return Err(conflict(None));
+        };
+        let written: bool = row.try_get(0).map_err(|e| {
+            PostgresError::from(e).into_lease("heartbeat", Some(format!("{group}/{host}")))
+        })?;
+        let current =
+            parse_heartbeat(group, row, 1).map_err(|r| malformed_heartbeat(group, host, r))?;
+        if written {
+            Ok(current)
+        } else {
+            Err(conflict(Some(current)))
+        }
+    }
+
+    async fn remove_heartbeat(
+        &self,
+        group: &GroupName,
+        host: &HostName,
+        expected: Version,
+    ) -> Result<(), LeaseError> {
+        let (g, h) = (group.to_string(), host.to_string());
+        let v = i64::try_from(expected.0).unwrap_or(i64::MAX);
+        let rows = self
+            .query(
+                "remove_heartbeat",
+                format!("{group}/{host}"),
+                &self.sql.hb_remove,
+                &[&g, &h, &v],
+            )
+            .await?;
+        match rows.first() {
+            None => Ok(()),
+            Some(row) => {
+                let current = parse_heartbeat(group, row, 0)
+                    .map_err(|r| malformed_heartbeat(group, host, r))?;
+                Err(LeaseError::HeartbeatConflict {
+                    group: group.to_string(),
+                    host: host.to_string(),
+                    current: Some(Box::new(current)),
+                })
+            }
+        }
+    }
+
+    async fn membership(&self, group: &GroupName) -> Result<Membership, LeaseError> {
+        let g = group.to_string();
+        let rows = self
+            .query("membership", g.clone(), &self.sql.membership, &[&g])
+            .await?;
+        let mut m = Membership::default();
+        for row in &rows {
+            let counter: Option<i64> = row.try_get(4).unwrap_or(None);
+            if let Some(c) = counter {
+                m.change_counter = u64::try_from(c).unwrap_or(0);
+                continue;
+            }
+            match parse_heartbeat(group, row, 0) {
+                Ok(hb) => m.hosts.push(hb),
+                // One hand-edited heartbeat row must not blind every host to the others.
+                Err(reason) => {
+                    tracing::warn!(group = %group, %reason, "skipping malformed heartbeat row")
+                }
+            }
+        }
+        m.hosts.sort_by(|a, b| a.host.cmp(&b.host));
+        Ok(m)
+    }
+}

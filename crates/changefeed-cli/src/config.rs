@@ -97,6 +97,13 @@ pub struct RunArgs {
     /// Wait before reading an idle partition again. Default 500ms.
     #[arg(long, value_name = "DURATION", env = "CHANGEFEED_POLL_DELAY")]
     pub poll_delay: Option<String>,
+    /// How often the leader lists partitions and creates missing leases. Default 60s.
+    #[arg(long, value_name = "DURATION", env = "CHANGEFEED_SYNC_INTERVAL")]
+    pub sync_interval: Option<String>,
+    /// How long a finished lease waits, once all its children started, before deletion.
+    /// Default 5m.
+    #[arg(long, value_name = "DURATION", env = "CHANGEFEED_CLEANUP_DELAY")]
+    pub cleanup_delay: Option<String>,
     /// Failures of one batch before the lease is released for another host. Default 5.
     #[arg(long, value_name = "N", env = "CHANGEFEED_HANDLER_MAX_RETRIES")]
     pub handler_max_retries: Option<String>,
@@ -126,6 +133,8 @@ const KEYS: &[&str] = &[
     "handoff_timeout",
     "max_batch_size",
     "poll_delay",
+    "sync_interval",
+    "cleanup_delay",
     "handler_max_retries",
     "checkpoint",
     "metrics_addr",
@@ -169,6 +178,8 @@ impl RunArgs {
             "handoff_timeout" => &mut self.handoff_timeout,
             "max_batch_size" => &mut self.max_batch_size,
             "poll_delay" => &mut self.poll_delay,
+            "sync_interval" => &mut self.sync_interval,
+            "cleanup_delay" => &mut self.cleanup_delay,
             "handler_max_retries" => &mut self.handler_max_retries,
             "checkpoint" => &mut self.checkpoint,
             "metrics_addr" => &mut self.metrics_addr,
@@ -267,6 +278,16 @@ impl RunArgs {
                 &mut settings.handoff_timeout,
             ),
             ("poll_delay", &self.poll_delay, &mut settings.poll_delay),
+            (
+                "sync_interval",
+                &self.sync_interval,
+                &mut settings.sync_interval,
+            ),
+            (
+                "cleanup_delay",
+                &self.cleanup_delay,
+                &mut settings.cleanup_delay,
+            ),
         ] {
             if let Some(v) = value {
                 *slot = parse_duration(key, v)?;

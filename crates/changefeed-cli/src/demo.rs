@@ -6,7 +6,7 @@
 //! global sequence number, and starts `--hosts` hosts as separate OS processes of this same
 //! binary (`changefeed run --handler internal:ledger`), whose built-in handler appends
 //! `(host, partition, key, seq)` to the ledger. It draws the ownership table live, SIGKILLs one
-//! host partway, adds a new one later (and with `--split`, splits a partition), then stops
+//! host partway, adds a new one later, splits a partition (unless `--no-split`), then stops
 //! writing, waits until everything is delivered, stops every host with SIGTERM, and checks the
 //! ledger: every written record delivered, each key's records first delivered in order.
 //! The last line is `RESULT written=… delivered=… duplicates=… lost=… reordered=…`; the exit
@@ -61,9 +61,10 @@ pub struct Args {
     /// Records written per second.
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=5_000))]
     rate: u32,
-    /// Also split one partition partway (children are read after their parent finishes).
+    /// Do not split a partition partway (by default one is split at 65 % of the run; its
+    /// children are read only after it is finished).
     #[arg(long)]
-    split: bool,
+    no_split: bool,
 }
 
 fn parse_secs(text: &str) -> Result<Duration, String> {
@@ -273,7 +274,14 @@ fn spawn_host(db: &Path, name: &str, log_dir: &Path) -> anyhow::Result<HostProc>
         .args(["--lease-expiry", "3s", "--safety-margin", "1s"])
         .args(["--renew-interval", "1s", "--acquire-interval", "1s"])
         .args(["--handoff-timeout", "3s", "--poll-delay", "100ms"])
-        .args(["--max-batch-size", "50"])
+        .args([
+            "--max-batch-size",
+            "50",
+            "--sync-interval",
+            "1s",
+            "--cleanup-delay",
+            "2s",
+        ])
         .env_remove("CHANGEFEED_CONFIG")
         .env_remove("CHANGEFEED_METRICS_ADDR")
         .stdin(Stdio::null())
@@ -571,7 +579,7 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
     let kill_at = d.mul_f64(0.3);
     let add_at = d.mul_f64(0.5);
     let split_at = d.mul_f64(0.65);
-    let (mut killed, mut added, mut split) = (false, false, !args.split);
+    let (mut killed, mut added, mut split) = (false, false, args.no_split);
     let start = Instant::now();
     let live = |hosts: &[HostProc]| {
         hosts

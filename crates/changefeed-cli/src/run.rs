@@ -15,27 +15,22 @@
 //! of it is done: the library retries it with backoff and never skips it.
 //!
 //! This module owns the process shell around the library's [`Processor`]: configuration,
-//! telemetry, the signals (SIGINT/SIGTERM stop gracefully: a second one exits at once), and
-//! lease discovery (creating a lease for every partition the source lists, with its parents, so
-//! children wait for their parents), which the library leaves to its caller today. Exit codes:
-//! 0 after a graceful stop, 1 on an operational error, 2 on a usage error.
+//! telemetry and the signals (SIGINT/SIGTERM stop gracefully: a second one exits at once).
+//! Lease creation, lineage and cleanup are the library's (its leader's partition sync). Exit
+//! codes: 0 after a graceful stop, 1 on an operational error, 2 on a usage error.
 
-use std::collections::BTreeSet;
 use std::process::{ExitCode, Stdio};
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context as _;
 use async_trait::async_trait;
 use base64::Engine as _;
-use changefeed::lease::LeaseStore;
-use changefeed::model::{Batch, GroupName, Lease, LeaseKey, PartitionId, Position};
+use changefeed::model::{Batch, PartitionId};
 use changefeed::processor::{Context, Handler, HandlerError, Processor};
-use changefeed::source::FeedSource;
 use serde::Serialize;
 use tokio::io::AsyncWriteExt as _;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use crate::config::{RunArgs, RunConfig, UsageError, USAGE_EXIT};
 use crate::url::BackendUrl;
@@ -97,21 +92,10 @@ async fn run_host(config: RunConfig) -> anyhow::Result<ExitCode> {
         Ok(p) => p,
         Err(err) => return Ok(usage(&UsageError(err.to_string()))),
     };
-    let group = GroupName::new(config.group.as_str()).context("group")?;
     let cancel = CancellationToken::new();
     tokio::spawn(stop_on_signal(cancel.clone()));
-    let discovery = tokio::spawn(discover(
-        store,
-        source,
-        group,
-        config.settings.start_position.clone(),
-        config.settings.acquire_interval,
-        cancel.clone(),
-    ));
     info!(host = %config.host, group = %config.group, "starting");
     let outcome = processor.run(cancel.clone()).await;
-    cancel.cancel();
-    let _ = discovery.await;
     match outcome {
         Ok(()) => {
             info!("stopped gracefully");
@@ -146,68 +130,6 @@ async fn stop_on_signal(cancel: CancellationToken) {
     }
     warn!("second signal: exiting without releasing leases");
     std::process::exit(1);
-}
-
-/// Creates a lease (create-if-absent) for every partition the source lists that has none,
-/// with its parents, whenever the set of partitions changes. Children (partitions with
-/// parents) start at the beginning; the processor reads them only once every parent's lease is
-/// finished. Every host runs this; creating is idempotent, so racing hosts are harmless.
-async fn discover(
-    store: Arc<dyn LeaseStore>,
-    source: Arc<dyn FeedSource>,
-    group: GroupName,
-    start: Position,
-    interval: Duration,
-    cancel: CancellationToken,
-) {
-    let mut known: BTreeSet<PartitionId> = BTreeSet::new();
-    loop {
-        match create_missing(store.as_ref(), source.as_ref(), &group, &start, &known).await {
-            Ok(Some(ids)) => known = ids,
-            Ok(None) => {}
-            Err(err) => warn!(error = %format!("{err:#}"), "lease discovery failed; retrying"),
-        }
-        tokio::select! {
-            _ = cancel.cancelled() => return,
-            _ = tokio::time::sleep(interval) => {}
-        }
-    }
-}
-
-/// One discovery pass; returns the partition ids seen, or `None` if they did not change.
-async fn create_missing(
-    store: &dyn LeaseStore,
-    source: &dyn FeedSource,
-    group: &GroupName,
-    start: &Position,
-    known: &BTreeSet<PartitionId>,
-) -> anyhow::Result<Option<BTreeSet<PartitionId>>> {
-    let partitions = source.partitions().await.context("listing partitions")?;
-    let ids: BTreeSet<PartitionId> = partitions.iter().map(|p| p.id.clone()).collect();
-    if &ids == known {
-        return Ok(None);
-    }
-    let listing = store.list(group).await.context("listing leases")?;
-    // A malformed row is not in `leases`; `create` is create-if-absent, so it is never
-    // overwritten.
-    let have: BTreeSet<&PartitionId> = listing.leases.iter().map(|l| &l.key.partition).collect();
-    for p in &partitions {
-        if have.contains(&p.id) {
-            continue;
-        }
-        let from = if p.parents.is_empty() {
-            start.clone()
-        } else {
-            Position::Beginning
-        };
-        let lease = Lease::new(LeaseKey::new(group.clone(), p.id.clone()), from)
-            .with_parents(p.parents.clone());
-        if store.create(&lease).await?.is_some() {
-            info!(partition = %p.id, parents = ?p.parents, "created lease");
-        }
-    }
-    debug!(partitions = ids.len(), "lease discovery done");
-    Ok(Some(ids))
 }
 
 /// One record as a JSON line on the handler's stdin.

@@ -4,7 +4,8 @@ use crate::support::{bin, text};
 
 #[test]
 fn short_demo_loses_and_reorders_nothing() {
-    // DESIGN rule 4 end to end: SIGKILL a host, add one, stop gracefully; the ledger is complete.
+    // DESIGN rules 4-6 end to end: SIGKILL a host, add one, split a partition, stop gracefully;
+    // the ledger is complete and in order per key.
     let dir = tempfile::tempdir().expect("temporary directory");
     let out = bin()
         .args([
@@ -29,6 +30,7 @@ fn short_demo_loses_and_reorders_nothing() {
     assert!(last.contains(" lost=0 reordered=0"), "{stdout}");
     assert!(stdout.contains("killed host-"), "{stdout}");
     assert!(stdout.contains("added host-3"), "{stdout}");
+    assert!(stdout.contains("split partition"), "{stdout}");
     let written: u64 = last
         .split_whitespace()
         .find_map(|f| f.strip_prefix("written="))

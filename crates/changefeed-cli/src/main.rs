@@ -6,6 +6,8 @@ use clap::{Parser, Subcommand};
 
 mod config;
 mod demo;
+mod feed;
+mod lineage;
 mod metrics;
 mod ops;
 mod plan;
@@ -41,6 +43,10 @@ enum Command {
     Reset(ops::ResetArgs),
     /// Release a dead host's leases now and remove its heartbeat row.
     Release(ops::ReleaseArgs),
+    /// Show which leases the partition sync would create, from JSON partitions and leases.
+    Lineage(lineage::Args),
+    /// Split or merge partitions of a SQLite feed by hand, or list them.
+    Feed(feed::Args),
 }
 
 fn main() -> ExitCode {
@@ -54,6 +60,8 @@ fn main() -> ExitCode {
         Command::Lag(args) => ops::lag(args),
         Command::Reset(args) => ops::reset(args),
         Command::Release(args) => ops::release(args),
+        Command::Lineage(args) => lineage::run(args),
+        Command::Feed(args) => feed::run(args),
     };
     match result {
         Ok(code) => code,

@@ -61,6 +61,9 @@ pub struct Args {
     /// Records written per second.
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=5_000))]
     rate: u32,
+    /// Serve each host's Prometheus metrics at 127.0.0.1:PORT+N-1 for host-N.
+    #[arg(long, value_name = "PORT")]
+    metrics_port: Option<u16>,
     /// Do not split a partition partway (by default one is split at 65 % of the run; its
     /// children are read only after it is finished).
     #[arg(long)]
@@ -256,13 +259,23 @@ struct HostProc {
     state: HostState,
 }
 
-fn spawn_host(db: &Path, name: &str, log_dir: &Path) -> anyhow::Result<HostProc> {
+fn spawn_host(
+    db: &Path,
+    name: &str,
+    log_dir: &Path,
+    metrics: Option<u16>,
+) -> anyhow::Result<HostProc> {
     let exe = std::env::current_exe().context("finding this program's path")?;
     let url = format!("sqlite://{}", db.display());
     let log = std::fs::File::create(log_dir.join(format!("{name}.log")))
         .with_context(|| format!("creating the log of {name}"))?;
-    let child = tokio::process::Command::new(exe)
-        .args(["run", "--store", &url, "--source", &url])
+    let mut cmd = tokio::process::Command::new(exe);
+    cmd.arg("run");
+    if let Some(port) = metrics {
+        cmd.arg("--metrics-addr").arg(format!("127.0.0.1:{port}"));
+    }
+    let child = cmd
+        .args(["--store", &url, "--source", &url])
         .args([
             "--handler",
             "internal:ledger",
@@ -518,10 +531,14 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
         "database {} (host logs beside it); rerun with --seed {seed}",
         db.display()
     );
+    if let Some(port) = args.metrics_port {
+        println!("host-N serves Prometheus metrics at http://127.0.0.1:{port}+N-1/metrics");
+    }
 
     let mut hosts = Vec::new();
     for i in 1..=args.hosts {
-        hosts.push(spawn_host(&db, &format!("host-{i}"), &log_dir)?);
+        let port = args.metrics_port.map(|p| p.saturating_add(i - 1));
+        hosts.push(spawn_host(&db, &format!("host-{i}"), &log_dir, port)?);
     }
 
     // The writer: one record per tick, a global sequence number as payload.
@@ -612,7 +629,10 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
         if !added && t >= add_at {
             added = true;
             let name = format!("host-{}", hosts.len() + 1);
-            hosts.push(spawn_host(&db, &name, &log_dir)?);
+            let port = args
+                .metrics_port
+                .map(|p| p.saturating_add(u16::try_from(hosts.len()).unwrap_or(u16::MAX)));
+            hosts.push(spawn_host(&db, &name, &log_dir, port)?);
             screen.event(format!("added {name}"));
         }
         if !split && t >= split_at {

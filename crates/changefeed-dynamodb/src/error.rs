@@ -1,0 +1,74 @@
+//! The one place that decides which DynamoDB failures are worth retrying.
+
+use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
+use changefeed::LeaseError;
+
+/// Error codes DynamoDB uses for throttling and transient server trouble.
+const RETRYABLE_CODES: &[&str] = &[
+    "ProvisionedThroughputExceededException",
+    "ThrottlingException",
+    "RequestLimitExceeded",
+    "InternalServerError",
+    "ServiceUnavailable",
+    "TransactionInProgressException",
+    "TransactionConflictException",
+];
+
+/// Whether an SDK error is transient: the request never got a definite answer (dispatch
+/// failure, timeout, unreadable response) or the service said it was throttled or busy.
+pub(crate) fn is_retryable<E: ProvideErrorMetadata, R>(err: &SdkError<E, R>) -> bool {
+    match err {
+        SdkError::DispatchFailure(_) | SdkError::TimeoutError(_) | SdkError::ResponseError(_) => {
+            true
+        }
+        SdkError::ServiceError(e) => e
+            .err()
+            .code()
+            .is_some_and(|code| RETRYABLE_CODES.contains(&code)),
+        _ => false,
+    }
+}
+
+/// Wraps an SDK error as a [`LeaseError::Store`] for `operation` on `key`.
+pub(crate) fn store_error<E, R>(
+    operation: &'static str,
+    key: Option<String>,
+    err: SdkError<E, R>,
+) -> LeaseError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    R: std::fmt::Debug + Send + Sync + 'static,
+{
+    let retryable = is_retryable(&err);
+    let context = aws_sdk_dynamodb::error::DisplayErrorContext(&err).to_string();
+    LeaseError::store(
+        operation,
+        key,
+        retryable,
+        DynamoError {
+            context,
+            source: Box::new(err),
+        },
+    )
+}
+
+/// A DynamoDB SDK error, displayed with its whole chain of causes (the SDK's own `Display`
+/// says only "service error"), and kept as the `source`.
+#[derive(Debug, thiserror::Error)]
+#[error("{context}")]
+pub struct DynamoError {
+    context: String,
+    #[source]
+    source: changefeed::error::BoxError,
+}
+
+impl DynamoError {
+    /// An error that is not from the SDK (a table that never became active …).
+    pub(crate) fn other(context: impl Into<String>) -> Self {
+        let context = context.into();
+        Self {
+            source: context.clone().into(),
+            context,
+        }
+    }
+}

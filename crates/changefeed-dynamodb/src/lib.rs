@@ -1,0 +1,47 @@
+//! DynamoDB lease store for changefeed: leases, heartbeats and the change counter in one table.
+//!
+//! [`DynamoLeaseStore`] implements the core's [`LeaseStore`](changefeed::lease::LeaseStore) on
+//! one DynamoDB table (created if absent, on-demand billing). This crate owns the table layout
+//! and the mapping of items to the core's model; the lease protocol, balancing and lineage
+//! stay in the core. [`import_kcl`] reads a KCL 2.x lease table and creates the same leases at
+//! the same checkpoints.
+//!
+//! # Cost
+//!
+//! Liveness is one heartbeat item per host, not one renewal per lease, and each acquire cycle
+//! reads the O(hosts) heartbeat partition; the lease partition is queried only when the
+//! change counter moved. See `docs/benchmarks.md`, section `dynamodb-cost`, for the measured
+//! cost against KCL's pattern on the same table. [`DynamoLeaseStore::capacity`] reports the
+//! capacity units DynamoDB charged a handle.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use changefeed::lease::LeaseStore;
+//! use changefeed::model::{GroupName, Lease, LeaseKey, PartitionId, Position};
+//! use changefeed_dynamodb::{AwsOptions, DynamoLeaseStore};
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // DynamoDB Local on loopback; `AwsOptions::default()` uses the standard AWS chain.
+//! let options = AwsOptions::local("http://127.0.0.1:8000");
+//! let store = DynamoLeaseStore::connect(&options, "changefeed-leases").await?;
+//! let key = LeaseKey::new(GroupName::new("orders")?, PartitionId::new("shardId-000000000000")?);
+//! assert!(store.create(&Lease::new(key.clone(), Position::Beginning)).await?.is_some());
+//! assert!(store.create(&Lease::new(key.clone(), Position::Beginning)).await?.is_none());
+//! assert_eq!(store.list(&key.group).await?.leases.len(), 1);
+//! # Ok(()) }
+//! ```
+#![warn(missing_docs)]
+
+mod aws;
+mod error;
+mod kcl;
+mod store;
+
+pub use aws::AwsOptions;
+pub use error::DynamoError;
+pub use kcl::{import_kcl, ImportReport};
+pub use store::{heartbeat_pk, lease_pk, Capacity, DynamoLeaseStore, COUNTER_SK, PK, SK};
+
+/// The AWS SDK's DynamoDB client, re-exported so callers need not depend on it.
+pub use aws_sdk_dynamodb as sdk;

@@ -1,0 +1,39 @@
+//! The DynamoDB lease store against DynamoDB Local (started by `.ci/run`).
+
+mod kcl;
+mod store;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use changefeed_dynamodb::{AwsOptions, DynamoLeaseStore};
+
+/// The DynamoDB Local endpoint, or a panic saying how to start it.
+pub fn endpoint() -> String {
+    std::env::var("CHANGEFEED_TEST_DYNAMODB_URL").unwrap_or_else(|_| {
+        panic!(
+            "CHANGEFEED_TEST_DYNAMODB_URL is not set: start DynamoDB Local with `bash .ci/run` \
+             (or `.ci/services.sh`) and export CHANGEFEED_TEST_DYNAMODB_URL=http://127.0.0.1:8000"
+        )
+    })
+}
+
+/// A table name no other test (or earlier run) uses.
+pub fn fresh_table(prefix: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    format!(
+        "{prefix}-{}-{nanos}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A store on a fresh table of DynamoDB Local.
+pub async fn fresh_store(prefix: &str) -> DynamoLeaseStore {
+    DynamoLeaseStore::connect(&AwsOptions::local(endpoint()), fresh_table(prefix))
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach DynamoDB Local at {}: {e}", endpoint()))
+}

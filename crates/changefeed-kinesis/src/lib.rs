@@ -1,0 +1,2 @@
+//! Amazon Kinesis Data Streams feed source for changefeed.
+#![warn(missing_docs)]

@@ -5,6 +5,7 @@
 use clap::{Parser, Subcommand};
 
 mod balance;
+mod outbox;
 mod store;
 mod store_io;
 mod throughput;
@@ -23,6 +24,8 @@ struct Cli {
 enum Command {
     /// One host's EqualShare plan on a large lease table, against an O(leases) baseline.
     Balance(balance::Args),
+    /// PostgreSQL outbox: read records/s per partition and append/s, against the in-memory feed.
+    Outbox(outbox::Args),
     /// Lease store operations: CAS replace/s and list of N leases, SQLite against memory.
     Store(store::Args),
     /// Records/s through one host against raw source reads (in-memory feed, no-op handler).
@@ -35,6 +38,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Balance(args) => balance::run(args),
+        Command::Outbox(args) => outbox::run(args),
         Command::Store(args) => store::run(args),
         Command::Throughput(args) => throughput::run(args),
         Command::StoreIo(args) => store_io::run(args),

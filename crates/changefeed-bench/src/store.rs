@@ -2,7 +2,8 @@
 //!
 //! Measures compare-and-swap `replace` per second (one writer, sequential, each write a
 //! checkpoint that moves the continuation) and the time to `list` a group of N leases (median
-//! of 5), on a SQLite file and on `MemoryLeaseStore`. Wall time is read with
+//! of 5), on a SQLite file (or a PostgreSQL server, `--url postgres://…`) and on
+//! `MemoryLeaseStore`. Wall time is read with
 //! `std::time::Instant`: measuring real elapsed time is the point of a benchmark.
 
 use std::path::PathBuf;
@@ -14,6 +15,7 @@ use changefeed::lease::{LeaseStore, MemoryLeaseStore};
 use changefeed::model::{
     Continuation, GroupName, HostName, Lease, LeaseKey, LeaseState, PartitionId, Position,
 };
+use changefeed_postgres::{PgOptions, PostgresLeaseStore};
 use changefeed_sqlite::SqliteLeaseStore;
 
 /// Arguments of `changefeed-bench store`.
@@ -25,8 +27,9 @@ pub struct Args {
     /// CAS `replace` calls to time, per store.
     #[arg(long, default_value_t = 20_000)]
     ops: u64,
-    /// The store under test: `sqlite://PATH` (default: a file in a temporary directory).
-    /// The benchmark writes only the groups `bench-replace` and `bench-list`.
+    /// The store under test: `sqlite://PATH` (default: a file in a temporary directory) or
+    /// `postgres://USER@HOST:PORT/DB` (tables prefixed `bench`). The benchmark writes only
+    /// the groups `bench-replace` and `bench-list`.
     #[arg(long)]
     url: Option<String>,
 }
@@ -52,26 +55,40 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 async fn run_async(args: Args) -> anyhow::Result<()> {
     // Kept alive until the end so the temporary file outlives the store.
     let mut _tempdir = None;
-    let (label, path) = match args.url.as_deref() {
+    let (backend, label, store): (&str, String, Arc<dyn LeaseStore>) = match args.url.as_deref() {
         None => {
             let dir = tempfile::tempdir().context("creating a temporary directory")?;
             let path = dir.path().join("bench.db");
             _tempdir = Some(dir);
-            ("sqlite (temp file)".to_string(), path)
+            let store = SqliteLeaseStore::open(&path)
+                .await
+                .with_context(|| format!("opening {}", path.display()))?;
+            ("sqlite", "sqlite (temp file)".to_string(), Arc::new(store))
+        }
+        Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+            let store = PostgresLeaseStore::connect_with(PgOptions::new(url).prefix("bench"))
+                .await
+                .context("connecting to PostgreSQL")?;
+            ("postgres", "postgres".to_string(), Arc::new(store))
         }
         Some(url) => match url.strip_prefix("sqlite://") {
-            Some(path) if !path.is_empty() => (format!("sqlite ({path})"), PathBuf::from(path)),
-            _ => bail!("unsupported --url {url:?}: expected sqlite://PATH"),
+            Some(path) if !path.is_empty() => {
+                let path = PathBuf::from(path);
+                let store = SqliteLeaseStore::open(&path)
+                    .await
+                    .with_context(|| format!("opening {}", path.display()))?;
+                (
+                    "sqlite",
+                    format!("sqlite ({})", path.display()),
+                    Arc::new(store),
+                )
+            }
+            _ => bail!("unsupported --url {url:?}: expected sqlite://PATH or postgres://…"),
         },
     };
-    let sqlite: Arc<dyn LeaseStore> = Arc::new(
-        SqliteLeaseStore::open(&path)
-            .await
-            .with_context(|| format!("opening {}", path.display()))?,
-    );
     let memory: Arc<dyn LeaseStore> = Arc::new(MemoryLeaseStore::new());
 
-    let sq = measure(sqlite.as_ref(), &args).await.context("sqlite")?;
+    let sq = measure(store.as_ref(), &args).await.context(backend)?;
     let mem = measure(memory.as_ref(), &args).await.context("memory")?;
 
     println!(
@@ -83,7 +100,7 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
         println!("{name:<40} {:>14.0} {:>12.2}", f.replace_per_s, f.list_ms);
     }
     println!(
-        "RESULT sqlite_replace_per_s={:.0} memory_replace_per_s={:.0} sqlite_list_ms={:.3} \
+        "RESULT {backend}_replace_per_s={:.0} memory_replace_per_s={:.0} {backend}_list_ms={:.3} \
          memory_list_ms={:.3} replace_ratio={:.1}",
         sq.replace_per_s,
         mem.replace_per_s,

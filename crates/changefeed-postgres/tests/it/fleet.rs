@@ -39,4 +39,3 @@ async fn real_time_graceful_stop_releases_and_restart_resumes_exactly() {
     fleet::scenario_graceful_stop_and_resume(postgres(&prefixes).await).await;
     prefixes.cleanup().await;
 }
-

@@ -172,19 +172,10 @@ fn show_age(ms: i64) -> String {
     }
 }
 
-/// Lag of one lease: records after its checkpoint, where the source can tell.
+/// Lag of one lease: records after its checkpoint, where the source can tell (the library's
+/// estimator, [`changefeed::lag::lease_lag`]).
 async fn lease_lag(source: &dyn FeedSource, lease: &Lease) -> Result<Option<u64>, String> {
-    if lease.state == LeaseState::Finished {
-        return Ok(Some(0));
-    }
-    let after = match (&lease.continuation, &lease.start) {
-        (Some(c), _) => Some(c),
-        (None, Position::Beginning) => None,
-        // Without a checkpoint, `now` and `at:` start where the reader opens: unknown here.
-        (None, _) => return Ok(None),
-    };
-    source
-        .remaining(&lease.key.partition, after)
+    changefeed::lag::lease_lag(source, lease)
         .await
         .map_err(|e| e.to_string())
 }

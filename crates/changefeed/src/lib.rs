@@ -26,6 +26,7 @@
 pub mod balance;
 pub mod clock;
 pub mod error;
+pub mod lag;
 pub mod lease;
 pub mod lineage;
 pub mod model;

@@ -440,6 +440,8 @@ struct Host {
     replan: bool,
     /// The leader's partition sync and cleanup (runs only while this host leads).
     syncer: sync::Syncer,
+    /// Lag per owned partition, for the `changefeed_lag_records` gauge.
+    lag: Arc<worker::LagBook>,
 }
 
 impl Host {
@@ -466,6 +468,7 @@ impl Host {
             registered_at: p_now,
             replan: false,
             syncer: sync::Syncer::default(),
+            lag: Arc::default(),
         }
     }
 
@@ -703,11 +706,12 @@ impl Host {
             .iter()
             .map(|l| {
                 l.state != LeaseState::Finished
-                    && (self.p.hooks.child_before_parent() || l.parents.iter().all(|p| {
-                        by_id
-                            .get(p)
-                            .is_none_or(|parent| parent.state == LeaseState::Finished)
-                    }))
+                    && (self.p.hooks.child_before_parent()
+                        || l.parents.iter().all(|p| {
+                            by_id
+                                .get(p)
+                                .is_none_or(|parent| parent.state == LeaseState::Finished)
+                        }))
             })
             .collect()
     }
@@ -867,6 +871,7 @@ impl Host {
             rng: SmallRng::seed_from_u64(seed),
             group_label: self.group_label.clone(),
             hooks: self.p.hooks,
+            lag: self.lag.clone(),
         };
         self.worker_tasks.spawn(worker::run(args).in_current_span());
     }

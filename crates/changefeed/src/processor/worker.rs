@@ -180,6 +180,29 @@ impl Lease {
     }
 }
 
+/// How often a worker refreshes its partition's lag estimate, at most.
+const LAG_REFRESH: Duration = Duration::from_secs(10);
+
+/// The lag of every partition this host reads, summed into the `changefeed_lag_records`
+/// gauge (label `group`).
+#[derive(Debug, Default)]
+pub(crate) struct LagBook {
+    by_partition: std::sync::Mutex<std::collections::BTreeMap<PartitionId, u64>>,
+}
+
+impl LagBook {
+    fn update(&self, group: &str, partition: &PartitionId, records: Option<u64>) {
+        // The lock guards a small map whose every update is a single insert or remove.
+        let mut map = self.by_partition.lock().unwrap_or_else(|p| p.into_inner());
+        match records {
+            Some(n) => map.insert(partition.clone(), n),
+            None => map.remove(partition),
+        };
+        let total: u64 = map.values().sum();
+        metrics::gauge!("changefeed_lag_records", "group" => group.to_string()).set(total as f64);
+    }
+}
+
 /// Everything a worker needs.
 pub(crate) struct WorkerArgs {
     pub lease: Lease,
@@ -197,6 +220,7 @@ pub(crate) struct WorkerArgs {
     pub rng: SmallRng,
     pub group_label: String,
     pub hooks: super::hooks::Hooks,
+    pub lag: Arc<LagBook>,
 }
 
 /// Sent to the host loop when a worker stops.
@@ -218,6 +242,7 @@ struct Worker {
     /// Delivered to the handler but not yet checkpointed.
     pending: Option<Continuation>,
     last_checkpoint_at: tokio::time::Instant,
+    last_lag_at: Option<tokio::time::Instant>,
 }
 
 /// Runs one worker to its end and reports why it stopped.
@@ -242,8 +267,13 @@ pub(crate) async fn run(args: WorkerArgs) {
             ctx,
             pending: None,
             last_checkpoint_at: now,
+            last_lag_at: None,
         };
         let reason = worker.run().await;
+        worker
+            .args
+            .lag
+            .update(&worker.args.group_label, &worker.ctx.partition, None);
         worker.args.handler.close(&worker.ctx, reason).await;
         info!(reason = ?reason, "worker stopped");
         reason
@@ -511,6 +541,7 @@ impl Worker {
                 Ok(WriteOutcome::Kept) => {
                     self.pending = None;
                     self.last_checkpoint_at = self.args.clock.now();
+                    self.refresh_lag(&c).await;
                     return None;
                 }
                 Ok(WriteOutcome::HandedOff) => {
@@ -532,6 +563,31 @@ impl Worker {
                     return Some(CloseReason::LeaseLost);
                 }
             }
+        }
+    }
+
+    /// Asks the source how far `checkpoint` is behind the end, at most every `LAG_REFRESH`.
+    async fn refresh_lag(&mut self, checkpoint: &Continuation) {
+        let now = self.args.clock.now();
+        if self
+            .last_lag_at
+            .is_some_and(|t| now.saturating_duration_since(t) < LAG_REFRESH)
+        {
+            return;
+        }
+        self.last_lag_at = Some(now);
+        match self
+            .args
+            .source
+            .remaining(&self.ctx.partition, Some(checkpoint))
+            .await
+        {
+            Ok(records) => {
+                self.args
+                    .lag
+                    .update(&self.args.group_label, &self.ctx.partition, records)
+            }
+            Err(err) => debug!(lease = %self.ctx.key, error = %err, "lag estimate failed"),
         }
     }
 

@@ -31,6 +31,9 @@ struct Seen {
     version: Version,
     incarnation: String,
     changed_at: Instant,
+    /// Whether this observer has seen the heartbeat change at least once. Until then the
+    /// host might be long dead: a row left by a crash looks the same as a fresh one.
+    confirmed: bool,
 }
 
 impl Liveness {
@@ -40,10 +43,17 @@ impl Liveness {
         for hb in &membership.hosts {
             let seen = match self.seen.remove(&hb.host) {
                 Some(s) if s.version == hb.version && s.incarnation == hb.incarnation => s,
-                _ => Seen {
+                Some(_) => Seen {
                     version: hb.version,
                     incarnation: hb.incarnation.clone(),
                     changed_at: now,
+                    confirmed: true,
+                },
+                None => Seen {
+                    version: hb.version,
+                    incarnation: hb.incarnation.clone(),
+                    changed_at: now,
+                    confirmed: false,
                 },
             };
             next.insert(hb.host.clone(), seen);
@@ -58,6 +68,11 @@ impl Liveness {
             .filter(|(_, s)| now.saturating_duration_since(s.changed_at) < expiry)
             .map(|(h, _)| h.clone())
             .collect()
+    }
+
+    /// Whether this observer has seen `host`'s heartbeat change since it first saw it.
+    pub fn confirmed(&self, host: &HostName) -> bool {
+        self.seen.get(host).is_some_and(|s| s.confirmed)
     }
 
     /// When `host`'s heartbeat was last seen to change, if it is known.

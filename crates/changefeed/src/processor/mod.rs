@@ -729,6 +729,19 @@ impl Host {
         for p in asked {
             self.asked_at.entry(p).or_insert(now);
         }
+        // A host this observer has not yet seen renew, and that owns nothing, may be a row
+        // left by a crash: counting it would give it a share and make leases move twice. A
+        // live one renews within a renew interval and is counted from then on.
+        let live: Vec<HostName> = live
+            .iter()
+            .filter(|h| {
+                **h == me
+                    || self.liveness.confirmed(h)
+                    || self.leases.iter().any(|l| l.owner.as_ref() == Some(*h))
+            })
+            .cloned()
+            .collect();
+        let live = live.as_slice();
         let eligible = self.eligible();
         let views: Vec<LeaseView<'_>> = self
             .leases

@@ -782,3 +782,35 @@ pub async fn scenario_duplicate_host_refused_restart_takes_back(stores: StoreFac
     fleet.check_ledger();
     fleet.stop("a").await.expect("stop");
 }
+
+/// Scenario: a host joins after another crashed (its heartbeat row is still there, owning
+/// nothing): exactly the newcomer's share moves, each lease once. The crashed host's row must
+/// not count as a live host owed a share.
+pub async fn scenario_newcomer_after_crash_moves_only_its_share(stores: StoreFactory) {
+    let mut fleet = Fleet::new(stores, 60).await;
+    for i in 0..3 {
+        fleet.start(&format!("h{i}"));
+    }
+    fleet.run_for(Duration::from_secs(10), 100).await;
+    fleet.kill("h0");
+    let takeover = fleet.settings.lease_expiry + fleet.settings.acquire_interval * 2;
+    fleet.run_for(takeover, 100).await;
+    let before = fleet.owners().await;
+    assert_balanced(&before, &fleet.running());
+    fleet.start("h3");
+    let settle = fleet.settings.renew_interval + fleet.settings.acquire_interval * 4;
+    let moves = watch_moves(&mut fleet, settle, 100).await;
+    let after = fleet.owners().await;
+    assert_balanced(&after, &fleet.running());
+    let moved: usize = moves.values().sum();
+    let to_newcomer = after.values().filter(|o| o.as_deref() == Some("h3")).count();
+    assert_eq!(
+        moved, to_newcomer,
+        "only the newcomer's share moves ({to_newcomer}), got {moved} moves: {moves:?}"
+    );
+    assert!(fleet.drain(Duration::from_secs(30)).await);
+    fleet.check_ledger();
+    for h in fleet.running() {
+        fleet.stop(&h).await.expect("stop");
+    }
+}

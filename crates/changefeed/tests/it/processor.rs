@@ -45,3 +45,8 @@ async fn graceful_stop_releases_and_restart_resumes_exactly() {
 async fn second_process_with_same_name_is_refused() {
     fleet::scenario_duplicate_host_refused_restart_takes_back(memory()).await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn newcomer_after_a_crash_moves_only_its_share() {
+    fleet::scenario_newcomer_after_crash_moves_only_its_share(memory()).await;
+}

@@ -57,10 +57,10 @@ pub struct RunArgs {
     /// A TOML file of settings (keys as below in snake_case, e.g. `lease_expiry = "10s"`).
     #[arg(long, value_name = "FILE", env = "CHANGEFEED_CONFIG")]
     pub config: Option<PathBuf>,
-    /// The lease store, e.g. sqlite://leases.db.
+    /// The lease store, e.g. sqlite://leases.db or postgres://USER@HOST/DB?prefix=P.
     #[arg(long, value_name = "URL", env = "CHANGEFEED_STORE")]
     pub store: Option<String>,
-    /// The feed source, e.g. sqlite://feed.db.
+    /// The feed source, e.g. sqlite://feed.db or postgres-outbox://USER@HOST/DB?prefix=P.
     #[arg(long, value_name = "URL", env = "CHANGEFEED_SOURCE")]
     pub source: Option<String>,
     /// The handler command, run with `sh -c` once per batch; the batch arrives on its stdin as
@@ -241,8 +241,8 @@ impl RunArgs {
                 ))
             })
         };
-        let store = BackendUrl::parse("store", &required(self.store, "store", "store")?)?;
-        let source = BackendUrl::parse("source", &required(self.source, "source", "source")?)?;
+        let store = BackendUrl::store("store", &required(self.store, "store", "store")?)?;
+        let source = BackendUrl::source("source", &required(self.source, "source", "source")?)?;
         let handler = required(self.handler, "handler", "handler")?;
         if handler.trim().is_empty() {
             return Err(UsageError("handler: must not be empty".into()));

@@ -10,6 +10,7 @@ mod feed;
 mod lineage;
 mod metrics;
 mod ops;
+mod outbox;
 mod plan;
 mod run;
 mod url;
@@ -47,6 +48,8 @@ enum Command {
     Lineage(lineage::Args),
     /// Split or merge partitions of a SQLite feed by hand, or list them.
     Feed(feed::Args),
+    /// Create a PostgreSQL outbox with N partitions, append test records, list or reshape it.
+    Outbox(outbox::Args),
 }
 
 fn main() -> ExitCode {
@@ -62,6 +65,7 @@ fn main() -> ExitCode {
         Command::Release(args) => ops::release(args),
         Command::Lineage(args) => lineage::run(args),
         Command::Feed(args) => feed::run(args),
+        Command::Outbox(args) => outbox::run(args),
     };
     match result {
         Ok(code) => code,

@@ -32,7 +32,7 @@ use crate::url::BackendUrl;
 /// The store and group every operator command names.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Target {
-    /// The lease store, e.g. sqlite://leases.db.
+    /// The lease store, e.g. sqlite://leases.db or postgres://USER@HOST/DB?prefix=P.
     #[arg(long, value_name = "URL", env = "CHANGEFEED_STORE")]
     store: String,
     /// The group.
@@ -73,7 +73,7 @@ pub struct HostsArgs {
 pub struct LagArgs {
     #[command(flatten)]
     target: Target,
-    /// The feed source, e.g. sqlite://feed.db.
+    /// The feed source, e.g. sqlite://feed.db or postgres-outbox://USER@HOST/DB?prefix=P.
     #[arg(long, value_name = "URL", env = "CHANGEFEED_SOURCE")]
     source: String,
     /// Print JSON instead of a table.
@@ -148,7 +148,7 @@ impl Target {
     async fn open(&self) -> anyhow::Result<(Arc<dyn LeaseStore>, GroupName)> {
         let group =
             GroupName::new(self.group.as_str()).map_err(|e| usage(format!("--group: {e}")))?;
-        let store = BackendUrl::parse("--store", &self.store)?
+        let store = BackendUrl::store("--store", &self.store)?
             .open_store()
             .await?;
         Ok((store, group))
@@ -156,7 +156,7 @@ impl Target {
 }
 
 async fn open_source(url: &str) -> anyhow::Result<Arc<dyn FeedSource>> {
-    BackendUrl::parse("--source", url)?.open_source().await
+    BackendUrl::source("--source", url)?.open_source().await
 }
 
 /// Milliseconds from `then` to `now`, by the writer's and this machine's wall clocks.

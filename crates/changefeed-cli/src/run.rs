@@ -65,10 +65,16 @@ async fn run_host(config: RunConfig) -> anyhow::Result<ExitCode> {
     let store = config.store.open_store().await?;
     let source = config.source.open_source().await?;
     let handler: Arc<dyn Handler> = match config.handler.strip_prefix(INTERNAL_PREFIX) {
-        Some("ledger") => {
-            let BackendUrl::Sqlite(path) = &config.source;
-            Arc::new(crate::demo::LedgerHandler::open(path, &config.host).await?)
-        }
+        Some("ledger") => match &config.source {
+            BackendUrl::Sqlite(path) => {
+                Arc::new(crate::demo::LedgerHandler::open(path, &config.host).await?)
+            }
+            _ => {
+                return Ok(usage(&UsageError(format!(
+                    "handler: {INTERNAL_PREFIX}ledger is the SQLite demo's handler and needs a sqlite:// source"
+                ))))
+            }
+        },
         Some(other) => {
             return Ok(usage(&UsageError(format!(
                 "handler: unknown built-in handler \"{INTERNAL_PREFIX}{}\" (known: {INTERNAL_PREFIX}ledger)",

@@ -1,9 +1,20 @@
 //! Store and source URLs: the one place that turns `--store URL` / `--source URL` into a backend.
 //!
 //! Each command takes URLs and gets back trait objects (`Arc<dyn LeaseStore>`,
-//! `Arc<dyn FeedSource>`), so adding a backend (PostgreSQL, DynamoDB …) means adding a scheme
-//! here and nothing elsewhere. Today only `sqlite://PATH` is built in: `sqlite:///abs/file.db`
-//! or `sqlite://relative/file.db` (the path is everything after `sqlite://`).
+//! `Arc<dyn FeedSource>`), so adding a backend means adding a scheme here and nothing
+//! elsewhere. Built in:
+//!
+//! - `sqlite://PATH` (store and source): `sqlite:///abs/file.db` or `sqlite://relative/file.db`
+//!   (the path is everything after `sqlite://`).
+//! - `postgres://…` or `postgresql://…` (store): a [`PostgresLeaseStore`], e.g.
+//!   `postgres://user:pw@db:5432/app?prefix=orders&sslmode=require`.
+//! - `postgres-outbox://…` (source): a [`PostgresOutbox`] over the tables `{prefix}_outbox…`,
+//!   e.g. `postgres-outbox://user:pw@db:5432/app?prefix=orders`.
+//!
+//! The PostgreSQL URLs are libpq URLs plus two parameters of ours, removed before connecting:
+//! `prefix` (the table prefix, default `changefeed`) and `pool_size` (most connections, default
+//! 8). Every other parameter (`sslmode`, `connect_timeout`, `application_name` …) goes to the
+//! driver. A URL's password never appears in `Debug` output or error messages.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -11,31 +22,135 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use changefeed::lease::LeaseStore;
 use changefeed::source::FeedSource;
+use changefeed_postgres::{OutboxTable, PgOptions, PostgresLeaseStore, PostgresOutbox};
 use changefeed_sqlite::{SqliteFeed, SqliteLeaseStore};
 
 use crate::config::UsageError;
 
 /// Schemes this build understands, for error messages.
-const SUPPORTED: &str = "sqlite://PATH";
+const SUPPORTED: &str =
+    "sqlite://PATH, postgres://USER@HOST/DB[?prefix=P] (store), postgres-outbox://USER@HOST/DB[?prefix=P] (source)";
+
+/// A PostgreSQL connection URL with our own parameters taken out.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PgUrl {
+    /// The URL handed to the driver: `postgres://…` without `prefix` and `pool_size`.
+    conn: String,
+    /// The table prefix.
+    prefix: String,
+    /// The pool size, if given.
+    pool_size: Option<usize>,
+}
+
+impl std::fmt::Debug for PgUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgUrl")
+            .field("conn", &redact(&self.conn))
+            .field("prefix", &self.prefix)
+            .field("pool_size", &self.pool_size)
+            .finish()
+    }
+}
+
+/// `text` with the password of its `user:password@` part replaced by `***`.
+pub fn redact(text: &str) -> String {
+    let Some((scheme, rest)) = text.split_once("://") else {
+        return text.to_string();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
+            None => text.to_string(),
+        },
+        None => text.to_string(),
+    }
+}
+
+impl PgUrl {
+    /// Parses the part after `scheme://`, taking out `prefix` and `pool_size`.
+    fn parse(setting: &str, scheme: &str, rest: &str) -> Result<Self, UsageError> {
+        let bad = |rule: String| UsageError(format!("{setting}: {rule}"));
+        let (base, query) = match rest.split_once('?') {
+            Some((b, q)) => (b, Some(q)),
+            None => (rest, None),
+        };
+        let mut prefix = changefeed_postgres::DEFAULT_PREFIX.to_string();
+        let mut pool_size = None;
+        let mut kept = Vec::new();
+        for pair in query.into_iter().flat_map(|q| q.split('&')) {
+            if pair.is_empty() {
+                continue;
+            }
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            match key {
+                "prefix" => {
+                    changefeed_postgres::validate_prefix(value)
+                        .map_err(|e| bad(format!("{scheme}:// parameter {e}")))?;
+                    prefix = value.to_string();
+                }
+                "pool_size" => {
+                    let n: usize = value.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
+                        bad(format!(
+                            "{scheme}:// parameter pool_size: \"{}\" must be a whole number above 0",
+                            value.escape_debug()
+                        ))
+                    })?;
+                    pool_size = Some(n);
+                }
+                _ => kept.push(pair),
+            }
+        }
+        let mut conn = format!("postgres://{base}");
+        if !kept.is_empty() {
+            conn.push('?');
+            conn.push_str(&kept.join("&"));
+        }
+        // Let the driver judge the rest now, so a bad URL is a usage error naming the flag.
+        if let Err(e) = conn.parse::<tokio_postgres::Config>() {
+            return Err(bad(format!("{}: {e}", redact(&conn))));
+        }
+        Ok(Self {
+            conn,
+            prefix,
+            pool_size,
+        })
+    }
+
+    /// The driver's options: the connection URL, the prefix and the pool size.
+    pub fn options(&self) -> PgOptions {
+        let options = PgOptions::new(self.conn.clone()).prefix(self.prefix.clone());
+        match self.pool_size {
+            Some(n) => options.pool_size(n),
+            None => options,
+        }
+    }
+}
 
 /// A parsed store or source URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BackendUrl {
-    /// A SQLite database file.
+    /// A SQLite database file (store and source).
     Sqlite(PathBuf),
+    /// A PostgreSQL lease store (`postgres://`, `postgresql://`).
+    Postgres(PgUrl),
+    /// A PostgreSQL outbox feed source (`postgres-outbox://`).
+    PostgresOutbox(PgUrl),
 }
 
 impl BackendUrl {
     /// Parses `text`; `setting` names the flag for the error message (`--store`).
     ///
     /// # Errors
-    /// A [`UsageError`] naming the setting when the scheme is unknown or the path is empty.
+    /// A [`UsageError`] naming the setting when the scheme is unknown, the path is empty, or
+    /// a PostgreSQL URL or its `prefix`/`pool_size` is invalid.
     pub fn parse(setting: &str, text: &str) -> Result<Self, UsageError> {
         let bad = |rule: String| UsageError(format!("{setting}: {rule}"));
         let Some((scheme, rest)) = text.split_once("://") else {
             return Err(bad(format!(
                 "\"{}\" is not a URL; expected {SUPPORTED}",
-                text.escape_debug()
+                redact(text).escape_debug()
             )));
         };
         match scheme {
@@ -47,9 +162,12 @@ impl BackendUrl {
                 }
                 Ok(BackendUrl::Sqlite(PathBuf::from(rest)))
             }
-            "postgres" | "postgresql" => Err(bad(format!(
-                "{scheme}:// is not supported by this build yet; supported: {SUPPORTED}"
-            ))),
+            "postgres" | "postgresql" => {
+                Ok(BackendUrl::Postgres(PgUrl::parse(setting, scheme, rest)?))
+            }
+            "postgres-outbox" => Ok(BackendUrl::PostgresOutbox(PgUrl::parse(
+                setting, scheme, rest,
+            )?)),
             other => Err(bad(format!(
                 "unknown scheme \"{}\"; supported: {SUPPORTED}",
                 other.escape_debug()
@@ -57,10 +175,38 @@ impl BackendUrl {
         }
     }
 
+    /// Parses a lease store URL: as [`BackendUrl::parse`], refusing a source-only scheme.
+    ///
+    /// # Errors
+    /// A [`UsageError`] naming the setting.
+    pub fn store(setting: &str, text: &str) -> Result<Self, UsageError> {
+        let url = Self::parse(setting, text)?;
+        if let BackendUrl::PostgresOutbox(_) = url {
+            return Err(UsageError(format!(
+                "{setting}: postgres-outbox:// is a feed source; the PostgreSQL lease store is postgres://USER@HOST/DB[?prefix=P]"
+            )));
+        }
+        Ok(url)
+    }
+
+    /// Parses a feed source URL: as [`BackendUrl::parse`], refusing a store-only scheme.
+    ///
+    /// # Errors
+    /// A [`UsageError`] naming the setting.
+    pub fn source(setting: &str, text: &str) -> Result<Self, UsageError> {
+        let url = Self::parse(setting, text)?;
+        if let BackendUrl::Postgres(_) = url {
+            return Err(UsageError(format!(
+                "{setting}: postgres:// is a lease store; the PostgreSQL feed source is the outbox, postgres-outbox://USER@HOST/DB[?prefix=P]"
+            )));
+        }
+        Ok(url)
+    }
+
     /// Opens the lease store this URL names.
     ///
     /// # Errors
-    /// The backend's error when it cannot be opened.
+    /// The backend's error when it cannot be opened; a [`UsageError`] for a source-only URL.
     pub async fn open_store(&self) -> anyhow::Result<Arc<dyn LeaseStore>> {
         match self {
             BackendUrl::Sqlite(path) => {
@@ -69,13 +215,22 @@ impl BackendUrl {
                     .with_context(|| format!("opening lease store {}", path.display()))?;
                 Ok(Arc::new(store))
             }
+            BackendUrl::Postgres(pg) => {
+                let store = PostgresLeaseStore::connect_with(pg.options())
+                    .await
+                    .with_context(|| format!("opening lease store {}", redact(&pg.conn)))?;
+                Ok(Arc::new(store))
+            }
+            BackendUrl::PostgresOutbox(_) => Err(anyhow::Error::new(UsageError(
+                "postgres-outbox:// is a feed source, not a lease store".into(),
+            ))),
         }
     }
 
     /// Opens the feed source this URL names.
     ///
     /// # Errors
-    /// The backend's error when it cannot be opened.
+    /// The backend's error when it cannot be opened; a [`UsageError`] for a store-only URL.
     pub async fn open_source(&self) -> anyhow::Result<Arc<dyn FeedSource>> {
         match self {
             BackendUrl::Sqlite(path) => {
@@ -84,8 +239,24 @@ impl BackendUrl {
                     .with_context(|| format!("opening feed {}", path.display()))?;
                 Ok(Arc::new(feed))
             }
+            BackendUrl::PostgresOutbox(pg) => Ok(Arc::new(open_outbox(pg).await?)),
+            BackendUrl::Postgres(_) => Err(anyhow::Error::new(UsageError(
+                "postgres:// is a lease store; the PostgreSQL feed source is postgres-outbox://"
+                    .into(),
+            ))),
         }
     }
+}
+
+/// Connects to the outbox `pg` names (creating its tables if missing, not its partitions).
+///
+/// # Errors
+/// The backend's error when it cannot be opened.
+pub async fn open_outbox(pg: &PgUrl) -> anyhow::Result<PostgresOutbox> {
+    let table = OutboxTable::new(&pg.prefix).map_err(|e| UsageError(format!("prefix: {e}")))?;
+    PostgresOutbox::connect(pg.options(), table)
+        .await
+        .with_context(|| format!("opening outbox {} (prefix {})", redact(&pg.conn), pg.prefix))
 }
 
 #[cfg(test)]
@@ -111,5 +282,50 @@ mod tests {
         let err = BackendUrl::parse("--source", "feed.db").expect_err("not a URL");
         assert!(err.0.contains("--source"), "{err}");
         assert!(BackendUrl::parse("--store", "sqlite://").is_err());
+    }
+
+    #[test]
+    fn postgres_urls_take_out_prefix_and_pool_size_and_keep_the_rest() {
+        // Our parameters configure the backend; libpq's go to the driver unchanged.
+        let BackendUrl::Postgres(pg) = BackendUrl::store(
+            "--store",
+            "postgresql://u:secret@db:5433/app?prefix=orders&sslmode=require&pool_size=3",
+        )
+        .expect("valid") else {
+            panic!("a lease store URL");
+        };
+        assert_eq!(pg.conn, "postgres://u:secret@db:5433/app?sslmode=require");
+        assert_eq!(pg.prefix, "orders");
+        assert_eq!(pg.pool_size, Some(3));
+        let BackendUrl::PostgresOutbox(pg) =
+            BackendUrl::source("--source", "postgres-outbox://u@db/app").expect("valid")
+        else {
+            panic!("an outbox URL");
+        };
+        assert_eq!(pg.conn, "postgres://u@db/app");
+        assert_eq!(pg.prefix, changefeed_postgres::DEFAULT_PREFIX);
+    }
+
+    #[test]
+    fn bad_postgres_urls_name_the_flag_and_hide_the_password() {
+        // DESIGN "Bad input": the error names the setting; secrets never reach the output.
+        let err = BackendUrl::store("--store", "postgres://u:secret@db/app?prefix=Bad-Name")
+            .expect_err("bad prefix");
+        assert!(
+            err.0.starts_with("--store:") && err.0.contains("prefix"),
+            "{err}"
+        );
+        assert!(!err.0.contains("secret"), "{err}");
+        let err = BackendUrl::store("--store", "postgres://u:secret@db/app?bogus_option=1")
+            .expect_err("unknown driver option");
+        assert!(!err.0.contains("secret"), "{err}");
+        let err = BackendUrl::store("--store", "postgres-outbox://db/app").expect_err("a source");
+        assert!(err.0.contains("postgres://"), "{err}");
+        let err = BackendUrl::source("--source", "postgres://db/app").expect_err("a store");
+        assert!(err.0.contains("postgres-outbox://"), "{err}");
+        let err = BackendUrl::store("--store", "postgres://db/app?pool_size=0").expect_err("zero");
+        assert!(err.0.contains("pool_size"), "{err}");
+        let url = BackendUrl::store("--store", "postgres://u:secret@db/app").expect("valid");
+        assert!(!format!("{url:?}").contains("secret"));
     }
 }

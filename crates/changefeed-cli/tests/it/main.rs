@@ -4,5 +4,6 @@ mod demo;
 mod lineage;
 mod ops;
 mod plan;
+mod postgres;
 mod run;
 mod support;

@@ -31,6 +31,8 @@ pub mod lease;
 pub mod lineage;
 pub mod model;
 pub mod processor;
+#[cfg(feature = "sim")]
+pub mod sim;
 pub mod source;
 #[cfg(feature = "testkit")]
 pub mod testkit;

@@ -9,7 +9,10 @@
 //! error here: the next cycle plans again from a fresh snapshot.
 //!
 //! [`EqualShare`] is the default strategy (`DESIGN.md`, "Balancing"); [`quotas`] exposes its
-//! share computation for the CLI, tests and the simulator.
+//! share computation for the CLI, tests and the simulator. [`KclLike`] and [`CosmosLike`]
+//! implement the published lease-taking rules of the Kinesis Client Library and the Cosmos DB
+//! change feed processor (bulk takes of expired leases, one steal per cycle), as baselines for
+//! the simulator and for users who want that behaviour.
 //!
 //! ```
 //! use changefeed::balance::{BalanceStrategy, EqualShare, LeaseView, Snapshot};
@@ -34,11 +37,15 @@ use serde::Serialize;
 
 use crate::model::{HostName, Lease, PartitionId};
 
+mod cosmos;
 mod equal_share;
+mod kcl;
 #[cfg(test)]
 mod tests;
 
+pub use cosmos::CosmosLike;
 pub use equal_share::EqualShare;
+pub use kcl::KclLike;
 
 /// The lease property a custom strategy may read as a per-lease weight (see
 /// [`LeaseView::weight`]).

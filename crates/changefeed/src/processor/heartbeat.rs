@@ -193,21 +193,45 @@ pub(crate) async fn register(
 /// successful heartbeat was sent. Workers read it themselves before every batch, so a host
 /// that wakes from a long stall (a GC pause, a suspended VM) is fenced at once, whichever of
 /// its tasks runs first.
+///
+/// It also counts *lapses*: renewals sent after the deadline had already passed. Other hosts
+/// may have taken this host's leases during a lapse, so a worker started before one must stop
+/// even though the deadline has moved forward again (after a stall, the heartbeat task may
+/// renew before a worker gets to look at the clock).
 #[derive(Debug, Clone)]
-pub(crate) struct FenceDeadline(Arc<std::sync::Mutex<Instant>>);
+pub(crate) struct FenceDeadline(Arc<std::sync::Mutex<(Instant, u64)>>);
 
 impl FenceDeadline {
     pub(crate) fn new(at: Instant) -> Self {
-        Self(Arc::new(std::sync::Mutex::new(at)))
+        Self(Arc::new(std::sync::Mutex::new((at, 0))))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, (Instant, u64)> {
+        // The lock only guards plain copies; a poisoned lock still holds valid ones.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub(crate) fn get(&self) -> Instant {
-        // The lock only guards a copy of an Instant; a poisoned lock still holds a valid one.
-        *self.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.lock().0
+    }
+
+    /// How many lapses there have been.
+    pub(crate) fn lapses(&self) -> u64 {
+        self.lock().1
+    }
+
+    /// A renewal sent at `sent` succeeded: the deadline moves to `at`, and if `sent` was past
+    /// the old deadline, that was a lapse.
+    fn renewed(&self, sent: Instant, at: Instant) {
+        let mut state = self.lock();
+        if sent >= state.0 {
+            state.1 += 1;
+        }
+        state.0 = at;
     }
 
     fn set(&self, at: Instant) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = at;
+        self.lock().0 = at;
     }
 }
 
@@ -263,7 +287,7 @@ pub(crate) async fn run(
             Some(Ok(hb)) => {
                 row = hb;
                 last_ok_sent = sent;
-                deadline_shared.set(sent + fence_after);
+                deadline_shared.renewed(sent, sent + fence_after);
                 if *fenced.borrow() {
                     info!(host = %row.host, "heartbeat succeeded again; fence lowered");
                     fenced.send_replace(false);

@@ -560,7 +560,6 @@ impl Host {
             // A fenced host neither takes nor asks; its workers have stopped.
             return;
         }
-        let now = self.p.clock.now();
         let membership = match self.p.store.membership(&self.p.group).await {
             Ok(m) => m,
             Err(err) => {
@@ -568,6 +567,10 @@ impl Host {
                 return;
             }
         };
+        // Read the clock after the read returns: a heartbeat version is first seen when the
+        // read completes, however long the store took (rule 2 must not count a slow read's
+        // wait as time the version stood still).
+        let now = self.p.clock.now();
         self.liveness.observe(&membership, now);
         let mut live = self.liveness.live(now, self.p.settings.lease_expiry);
         if !live.contains(&self.p.host) {
@@ -590,6 +593,25 @@ impl Host {
                         .set(listing.malformed.len() as f64);
                     self.leases = listing.leases;
                     self.listed_counter = Some(membership.change_counter);
+                    // Judge liveness from a membership read made after the list. A host judged
+                    // dead from the earlier read may have re-registered and taken leases since;
+                    // its takes can show in the list only with its new heartbeat (it registers
+                    // first), so this read sees it live and its leases are not taken as free.
+                    match self.p.store.membership(&self.p.group).await {
+                        Ok(m) => {
+                            let now = self.p.clock.now();
+                            self.liveness.observe(&m, now);
+                            live = self.liveness.live(now, self.p.settings.lease_expiry);
+                            if !live.contains(&self.p.host) {
+                                live.push(self.p.host.clone());
+                                live.sort();
+                            }
+                        }
+                        Err(err) => {
+                            warn!(error = %err, "reading membership failed");
+                            return;
+                        }
+                    }
                     self.listed_live = live.clone();
                     if full_due {
                         self.last_full_list = Some(now);

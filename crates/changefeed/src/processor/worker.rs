@@ -243,6 +243,8 @@ struct Worker {
     pending: Option<Continuation>,
     last_checkpoint_at: tokio::time::Instant,
     last_lag_at: Option<tokio::time::Instant>,
+    /// Fence lapses when this worker started; any later lapse stops it.
+    lapses: u64,
 }
 
 /// Runs one worker to its end and reports why it stopped.
@@ -261,6 +263,7 @@ pub(crate) async fn run(args: WorkerArgs) {
             cell: cell.clone(),
         };
         let now = args.clock.now();
+        let fence_lapses = args.fence_deadline.lapses();
         let mut worker = Worker {
             args,
             cell,
@@ -268,6 +271,7 @@ pub(crate) async fn run(args: WorkerArgs) {
             pending: None,
             last_checkpoint_at: now,
             last_lag_at: None,
+            lapses: fence_lapses,
         };
         let reason = worker.run().await;
         worker
@@ -314,7 +318,9 @@ impl Worker {
         if self.args.hooks.no_fencing() {
             return false;
         }
-        *self.args.fenced.borrow() || self.args.clock.now() >= self.args.fence_deadline.get()
+        *self.args.fenced.borrow()
+            || self.args.clock.now() >= self.args.fence_deadline.get()
+            || self.args.fence_deadline.lapses() != self.lapses
     }
 
     async fn run(&mut self) -> CloseReason {
@@ -511,7 +517,8 @@ impl Worker {
                     }
                     let d = self.backoff(attempt);
                     attempt += 1;
-                    if !self.pause(d).await {
+                    // A retry is a new delivery: the host may have been fenced meanwhile.
+                    if !self.pause(d).await || self.fenced() {
                         return Some(self.stop_reason());
                     }
                 }

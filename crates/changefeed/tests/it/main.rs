@@ -6,3 +6,4 @@ mod conformance;
 mod handler;
 mod lineage;
 mod processor;
+mod sim;

@@ -1,0 +1,634 @@
+//! The deterministic fleet simulator (feature `sim`): many hosts running the real processor
+//! over the in-memory store and feed on virtual time, with faults chosen by one seed, and an
+//! invariant checker over what they delivered and wrote.
+//!
+//! One seed gives one exact run: every random choice (faults, keys, each host's processor seed)
+//! comes from a generator seeded with it; each run gets a fresh current-thread tokio runtime
+//! with its clock paused, so tasks run in a fixed order and time only moves when every task
+//! waits. [`run`] returns the event trace (or its hash) and the [`Violation`]s found; a failing
+//! seed is reproduced by [`SimConfig::repro`]'s one-line command.
+//!
+//! The simulator owns the seams' fault injection ([`Fault`]), the scenario, the checker
+//! ([`check`]) and the ownership timeline ([`svg`]); the processor under test is the real one,
+//! except that a test build may switch on one deliberately broken variant ([`Broken`]) to show
+//! the checker catches it.
+//!
+//! ```
+//! use changefeed::sim::{run, Faults, SimConfig};
+//! let mut cfg = SimConfig::new(7);
+//! cfg.faults = Faults::all();
+//! let outcome = run(&cfg).expect("the simulation runs");
+//! assert!(outcome.violations.is_empty(), "{}", cfg.repro());
+//! ```
+
+pub mod check;
+mod fleet;
+mod seams;
+pub mod svg;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::seq::SliceRandom;
+use rand::Rng;
+
+pub use check::{check, CheckInput, Violation};
+pub use fleet::{FleetConfig, SimFleet};
+pub use seams::{Cut, Delivery, Event, TraceMode, WriteOp, WriteRec};
+
+use crate::balance::{BalanceStrategy, CosmosLike, EqualShare, KclLike};
+use crate::model::{Partition, PartitionId};
+pub use crate::processor::Broken;
+use crate::processor::{CheckpointMode, Settings};
+use crate::source::FeedSource;
+
+/// A kind of fault the simulator can inject. Each is chosen by the seed at its own rate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Fault {
+    /// A host dies: tasks dropped, nothing released.
+    Crash,
+    /// A host stops gracefully (releases its leases).
+    Stop,
+    /// A crashed or stopped host comes back under the same name.
+    Restart,
+    /// A host stalls (GC pause): its seams and timers wait, then it resumes.
+    Pause,
+    /// A host's store calls fail or hang for a while.
+    CutOff,
+    /// A host's store calls are slow for a while.
+    Latency,
+    /// A compare-and-swap fails with the real current row though nothing changed.
+    Conflict,
+    /// Store calls fail transiently, some after the write was applied (reply lost).
+    StoreError,
+    /// Source reads fail transiently.
+    SourceError,
+    /// Host wall clocks are off by up to ±10 minutes.
+    Skew,
+    /// Host clocks run fast or slow, within the safety margin.
+    Drift,
+    /// Partitions split.
+    Split,
+    /// Adjacent partitions merge.
+    Merge,
+    /// The handler fails batches (they are retried).
+    HandlerError,
+}
+
+impl Fault {
+    /// Every fault.
+    pub const ALL: [Fault; 14] = [
+        Fault::Crash,
+        Fault::Stop,
+        Fault::Restart,
+        Fault::Pause,
+        Fault::CutOff,
+        Fault::Latency,
+        Fault::Conflict,
+        Fault::StoreError,
+        Fault::SourceError,
+        Fault::Skew,
+        Fault::Drift,
+        Fault::Split,
+        Fault::Merge,
+        Fault::HandlerError,
+    ];
+
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::Crash => "crash",
+            Fault::Stop => "stop",
+            Fault::Restart => "restart",
+            Fault::Pause => "pause",
+            Fault::CutOff => "cutoff",
+            Fault::Latency => "latency",
+            Fault::Conflict => "conflict",
+            Fault::StoreError => "store-error",
+            Fault::SourceError => "source-error",
+            Fault::Skew => "skew",
+            Fault::Drift => "drift",
+            Fault::Split => "split",
+            Fault::Merge => "merge",
+            Fault::HandlerError => "handler-error",
+        }
+    }
+}
+
+/// A set of faults and a rate multiplier.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Faults {
+    /// The faults switched on.
+    pub set: BTreeSet<Fault>,
+    /// Multiplies every fault's base rate (1.0 by default).
+    pub rate: f64,
+}
+
+impl Faults {
+    /// No fault.
+    pub fn none() -> Self {
+        Self {
+            set: BTreeSet::new(),
+            rate: 1.0,
+        }
+    }
+
+    /// Every fault.
+    pub fn all() -> Self {
+        Self {
+            set: Fault::ALL.into_iter().collect(),
+            rate: 1.0,
+        }
+    }
+
+    /// Whether `f` is on.
+    pub fn has(&self, f: Fault) -> bool {
+        self.set.contains(&f)
+    }
+}
+
+impl fmt::Display for Faults {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.set.len() == Fault::ALL.len() {
+            return f.write_str("all");
+        }
+        if self.set.is_empty() {
+            return f.write_str("none");
+        }
+        let names: Vec<&str> = self.set.iter().map(|x| x.name()).collect();
+        f.write_str(&names.join(","))
+    }
+}
+
+impl FromStr for Faults {
+    type Err = String;
+
+    /// `all`, `none`, or a comma-separated list of fault names.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "all" => return Ok(Self::all()),
+            "none" | "" => return Ok(Self::none()),
+            _ => {}
+        }
+        let mut set = BTreeSet::new();
+        for name in s.split(',').map(str::trim) {
+            let f = Fault::ALL
+                .into_iter()
+                .find(|f| f.name() == name)
+                .ok_or_else(|| {
+                    let known: Vec<&str> = Fault::ALL.iter().map(|f| f.name()).collect();
+                    format!(
+                        "unknown fault {name:?}; expected all, none or some of {}",
+                        known.join(",")
+                    )
+                })?;
+            set.insert(f);
+        }
+        Ok(Self { set, rate: 1.0 })
+    }
+}
+
+/// Which balancing strategy the simulated hosts run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StrategyKind {
+    /// [`EqualShare`], ours.
+    Ours,
+    /// [`KclLike`].
+    Kcl,
+    /// [`CosmosLike`].
+    Cosmos,
+}
+
+impl StrategyKind {
+    /// The strategy.
+    pub fn strategy(self) -> Arc<dyn BalanceStrategy> {
+        match self {
+            StrategyKind::Ours => Arc::new(EqualShare),
+            StrategyKind::Kcl => Arc::new(KclLike::default()),
+            StrategyKind::Cosmos => Arc::new(CosmosLike),
+        }
+    }
+
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            StrategyKind::Ours => "ours",
+            StrategyKind::Kcl => "kcl",
+            StrategyKind::Cosmos => "cosmos",
+        }
+    }
+}
+
+impl FromStr for StrategyKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "ours" | "equal-share" => Ok(Self::Ours),
+            "kcl" => Ok(Self::Kcl),
+            "cosmos" => Ok(Self::Cosmos),
+            other => Err(format!(
+                "unknown strategy {other:?}; expected ours, kcl or cosmos"
+            )),
+        }
+    }
+}
+
+/// Parses a broken variant's command-line name.
+///
+/// # Errors
+/// A message naming the accepted values.
+pub fn parse_broken(s: &str) -> Result<Broken, String> {
+    match s {
+        "none" => Ok(Broken::None),
+        "no-fencing" => Ok(Broken::NoFencing),
+        "checkpoint-without-cas" => Ok(Broken::CheckpointWithoutCas),
+        "child-before-parent" => Ok(Broken::ChildBeforeParent),
+        other => Err(format!(
+            "unknown broken variant {other:?}; expected no-fencing, checkpoint-without-cas or child-before-parent"
+        )),
+    }
+}
+
+/// A broken variant's command-line name.
+pub fn broken_name(b: Broken) -> &'static str {
+    match b {
+        Broken::None => "none",
+        Broken::NoFencing => "no-fencing",
+        Broken::CheckpointWithoutCas => "checkpoint-without-cas",
+        Broken::ChildBeforeParent => "child-before-parent",
+    }
+}
+
+/// One simulation run's parameters.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// The seed: one seed, one run.
+    pub seed: u64,
+    /// Hosts at the start.
+    pub hosts: usize,
+    /// Partitions at the start.
+    pub partitions: u32,
+    /// Virtual time with faults and writes, before the final drain.
+    pub duration: Duration,
+    /// The faults.
+    pub faults: Faults,
+    /// The balancing strategy.
+    pub strategy: StrategyKind,
+    /// A deliberately broken processor variant.
+    pub broken: Broken,
+    /// Records written per virtual second.
+    pub records_per_sec: u64,
+    /// What trace to keep.
+    pub trace: TraceMode,
+    /// How long the drain after the faults may take (virtual) before undelivered records count
+    /// as lost.
+    pub drain_limit: Duration,
+    /// Every host's settings; [`SimConfig::new`] uses short intervals. With faults on, the
+    /// checkpoint mode is chosen by the seed.
+    pub settings: Settings,
+}
+
+impl SimConfig {
+    /// A small fleet (4 hosts, 8 partitions, 3 virtual minutes) with no faults.
+    pub fn new(seed: u64) -> Self {
+        Self {
+            seed,
+            hosts: 4,
+            partitions: 8,
+            duration: Duration::from_secs(180),
+            faults: Faults::none(),
+            strategy: StrategyKind::Ours,
+            broken: Broken::None,
+            records_per_sec: 20,
+            trace: TraceMode::Hash,
+            drain_limit: Duration::from_secs(600),
+            settings: sim_settings(),
+        }
+    }
+
+    /// The one-line command that reruns this seed.
+    pub fn repro(&self) -> String {
+        let mut s = format!(
+            "changefeed simulate --seed {} --faults {} --hosts {} --partitions {} --duration {}s",
+            self.seed,
+            self.faults,
+            self.hosts,
+            self.partitions,
+            self.duration.as_secs()
+        );
+        if self.strategy != StrategyKind::Ours {
+            s.push_str(&format!(" --strategy {}", self.strategy.name()));
+        }
+        if self.broken != Broken::None {
+            s.push_str(&format!(" --broken {}", broken_name(self.broken)));
+        }
+        s
+    }
+}
+
+/// The timing settings of simulated hosts: 10 s expiry, 2 s renew and acquire, 2 s margin,
+/// batches of 20.
+pub fn sim_settings() -> Settings {
+    Settings {
+        lease_expiry: Duration::from_secs(10),
+        renew_interval: Duration::from_secs(2),
+        safety_margin: Duration::from_secs(2),
+        acquire_interval: Duration::from_secs(2),
+        full_list_interval: Duration::from_secs(60),
+        poll_delay: Duration::from_millis(500),
+        handoff_timeout: Duration::from_secs(10),
+        max_batch_size: 20,
+        min_backoff: Duration::from_millis(100),
+        max_backoff: Duration::from_secs(5),
+        ..Settings::default()
+    }
+}
+
+/// What a run produced.
+#[derive(Debug)]
+pub struct SimOutcome {
+    /// The seed.
+    pub seed: u64,
+    /// Hash of the event trace (FNV-1a over its bytes).
+    pub trace_hash: u64,
+    /// The event trace, when [`TraceMode::Full`].
+    pub trace: String,
+    /// Broken rules.
+    pub violations: Vec<Violation>,
+    /// Records written.
+    pub written: u64,
+    /// Distinct records delivered.
+    pub delivered: u64,
+    /// Deliveries in all (duplicates included).
+    pub deliveries: u64,
+    /// Fleet events (faults, starts, splits).
+    pub events: Vec<Event>,
+    /// Every lease write.
+    pub writes: Vec<WriteRec>,
+    /// Every partition at the end, with its parents.
+    pub partitions: Vec<Partition>,
+    /// Virtual time the run took, drain included.
+    pub virtual_time: Duration,
+}
+
+/// Why a run could not be carried out (not a violation: the simulator itself failed).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SimError {
+    /// The tokio runtime could not be built.
+    #[error("could not build the simulation runtime: {0}")]
+    Runtime(#[from] std::io::Error),
+}
+
+/// Runs one seed on a fresh paused current-thread runtime; see the module docs.
+///
+/// # Errors
+/// [`SimError`] if the runtime cannot be built.
+pub fn run(cfg: &SimConfig) -> Result<SimOutcome, SimError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()?;
+    Ok(rt.block_on(scenario(cfg.clone())))
+}
+
+/// Base rates, per virtual minute per host, for the timed faults; per call for the others.
+mod rate {
+    pub const CRASH: f64 = 0.15;
+    pub const STOP: f64 = 0.10;
+    pub const PAUSE: f64 = 0.15;
+    pub const CUT: f64 = 0.15;
+    pub const LATENCY: f64 = 0.2;
+    /// Per fleet per virtual minute.
+    pub const SPLIT: f64 = 0.8;
+    pub const MERGE: f64 = 0.5;
+    pub const STORE_ERROR: f64 = 0.01;
+    pub const LOST_REPLY: f64 = 0.003;
+    pub const CONFLICT: f64 = 0.01;
+    pub const SOURCE_ERROR: f64 = 0.01;
+    pub const HANDLER_ERROR: f64 = 0.02;
+}
+
+async fn scenario(mut cfg: SimConfig) -> SimOutcome {
+    let faults = cfg.faults.clone();
+    let on = |f: Fault| faults.has(f);
+    let scale = faults.rate;
+    let seed_rng_mode = {
+        use rand::SeedableRng;
+        rand::rngs::SmallRng::seed_from_u64(cfg.seed ^ 0x5151_5151).gen_range(0u32..10)
+    };
+    if !faults.set.is_empty() && seed_rng_mode < 3 {
+        cfg.settings.checkpoint_mode =
+            CheckpointMode::Interval(Duration::from_secs(3 + u64::from(seed_rng_mode) * 5));
+    }
+    let max_duplicates = match cfg.settings.checkpoint_mode {
+        CheckpointMode::EveryBatch => Some(cfg.settings.max_batch_size),
+        _ => None,
+    };
+    let mut fleet = SimFleet::new(FleetConfig {
+        seed: cfg.seed,
+        partitions: cfg.partitions,
+        settings: cfg.settings.clone(),
+        strategy: cfg.strategy,
+        broken: cfg.broken,
+        anchor_costs: false,
+        trace: cfg.trace,
+        history: true,
+    })
+    .await;
+    fleet.world.set_rates(seams::Rates {
+        store_error: if on(Fault::StoreError) {
+            rate::STORE_ERROR * scale
+        } else {
+            0.0
+        },
+        lost_reply: if on(Fault::StoreError) {
+            rate::LOST_REPLY * scale
+        } else {
+            0.0
+        },
+        conflict: if on(Fault::Conflict) {
+            rate::CONFLICT * scale
+        } else {
+            0.0
+        },
+        source_error: if on(Fault::SourceError) {
+            rate::SOURCE_ERROR * scale
+        } else {
+            0.0
+        },
+        handler_error: if on(Fault::HandlerError) {
+            rate::HANDLER_ERROR * scale
+        } else {
+            0.0
+        },
+    });
+    let names: Vec<String> = (0..cfg.hosts).map(|i| format!("h{i:02}")).collect();
+    let margin = cfg.settings.safety_margin.as_secs_f64() / cfg.settings.lease_expiry.as_secs_f64();
+    for name in &names {
+        let skew = if on(Fault::Skew) {
+            fleet.rng().gen_range(-600_000i64..=600_000)
+        } else {
+            0
+        };
+        // Drift within the margin: a quarter of it each way, so two hosts drifting apart
+        // still stay inside it.
+        let max_ppm = (margin / 4.0 * 1e6) as i64;
+        let drift = if on(Fault::Drift) {
+            fleet.rng().gen_range(-max_ppm..=max_ppm)
+        } else {
+            0
+        };
+        fleet.set_clock(name, skew, drift);
+        fleet.start(name);
+    }
+
+    let step = Duration::from_millis(500);
+    let per_step = |r: f64| r * scale * step.as_secs_f64() / 60.0;
+    let keys = 64;
+    let mut restart_at: BTreeMap<String, Duration> = BTreeMap::new();
+    let max_partitions = cfg.partitions as usize * 4;
+    let mut writes_carry = 0.0f64;
+    while fleet.now() < cfg.duration {
+        writes_carry += cfg.records_per_sec as f64 * step.as_secs_f64();
+        let n = writes_carry as u64;
+        writes_carry -= n as f64;
+        fleet.write(n, keys);
+        let now = fleet.now();
+        for name in &names {
+            let up = fleet.up().contains(name);
+            if up && on(Fault::Crash) && fleet.rng().gen_bool(per_step(rate::CRASH)) {
+                fleet.crash(name);
+            } else if up && on(Fault::Stop) && fleet.rng().gen_bool(per_step(rate::STOP)) {
+                fleet.stop(name);
+            } else if up
+                && on(Fault::Pause)
+                && !fleet.is_paused(name)
+                && fleet.rng().gen_bool(per_step(rate::PAUSE))
+            {
+                let ms = fleet.rng().gen_range(1_000..=30_000);
+                fleet.pause(name, Duration::from_millis(ms));
+            } else if up && on(Fault::CutOff) && fleet.rng().gen_bool(per_step(rate::CUT)) {
+                let mode = if fleet.rng().gen_bool(0.5) {
+                    Cut::Fail
+                } else {
+                    Cut::Hang
+                };
+                let ms = fleet.rng().gen_range(2_000..=40_000);
+                fleet.cut(name, mode, Duration::from_millis(ms));
+            } else if up && on(Fault::Latency) && fleet.rng().gen_bool(per_step(rate::LATENCY)) {
+                let max = fleet.rng().gen_range(50..=3_000);
+                let ms = fleet.rng().gen_range(2_000..=30_000);
+                fleet.latency(name, Duration::from_millis(max), Duration::from_millis(ms));
+            }
+        }
+        // Restarts of hosts that went down.
+        for name in fleet.down() {
+            if !on(Fault::Restart) {
+                continue;
+            }
+            match restart_at.get(&name) {
+                None => {
+                    let after = Duration::from_millis(fleet.rng().gen_range(1_000..=60_000));
+                    restart_at.insert(name, now + after);
+                }
+                Some(at) if *at <= now => {
+                    restart_at.remove(&name);
+                    fleet.start(&name);
+                }
+                Some(_) => {}
+            }
+        }
+        // Never leave the fleet empty for long: without restarts, bring one host back.
+        if fleet.up().is_empty() && !on(Fault::Restart) {
+            if let Some(name) = fleet.down().first().cloned() {
+                fleet.start(&name);
+            }
+        }
+        // Splits and merges.
+        let open: Vec<Partition> = fleet
+            .feed
+            .partitions()
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|p| !p.closed)
+            .collect();
+        let total = fleet.feed.partitions().await.map(|p| p.len()).unwrap_or(0);
+        if on(Fault::Split)
+            && total + 2 <= max_partitions
+            && fleet.rng().gen_bool(per_step(rate::SPLIT))
+        {
+            if let Some(p) = open.choose(fleet.rng()).map(|p| p.id.clone()) {
+                fleet.split(&p).await;
+            }
+        }
+        if on(Fault::Merge)
+            && total < max_partitions
+            && open.len() > 1
+            && fleet.rng().gen_bool(per_step(rate::MERGE))
+        {
+            let mut ranges: Vec<(u128, u128, PartitionId)> = open
+                .iter()
+                .filter_map(|p| p.key_range.map(|r| (r.start, r.end, p.id.clone())))
+                .collect();
+            ranges.sort();
+            let pairs: Vec<(PartitionId, PartitionId)> = ranges
+                .windows(2)
+                .filter(|w| w[0].1.checked_add(1) == Some(w[1].0))
+                .map(|w| (w[0].2.clone(), w[1].2.clone()))
+                .collect();
+            if let Some((a, b)) = pairs.choose(fleet.rng()).cloned() {
+                fleet.merge(&a, &b).await;
+            }
+        }
+        fleet.advance(step).await;
+    }
+
+    // Drain: heal everything, bring every host back, stop writing, wait for delivery.
+    fleet.world.set_rates(seams::Rates::default());
+    fleet.heal_all();
+    fleet.world.event("drain", "fleet", String::new());
+    let drain_start = fleet.now();
+    loop {
+        for name in fleet.down() {
+            fleet.start(&name);
+        }
+        if fleet.delivered() >= fleet.written() || fleet.now() >= drain_start + cfg.drain_limit {
+            break;
+        }
+        fleet.advance(Duration::from_secs(1)).await;
+    }
+    fleet.stop_all().await;
+
+    let partitions = fleet.feed.partitions().await.unwrap_or_default();
+    let parents: BTreeMap<PartitionId, Vec<PartitionId>> = partitions
+        .iter()
+        .map(|p| (p.id.clone(), p.parents.clone()))
+        .collect();
+    let virtual_time = fleet.now();
+    let mut log = fleet.world.log();
+    let violations = check(&CheckInput {
+        written: &fleet.written,
+        deliveries: &log.deliveries,
+        writes: &log.writes,
+        parents: &parents,
+        max_duplicates,
+    });
+    SimOutcome {
+        seed: cfg.seed,
+        trace_hash: log.trace.hash(),
+        trace: log.trace.take_text(),
+        violations,
+        written: fleet.written.len() as u64,
+        delivered: log.delivered_count,
+        deliveries: log.deliveries.len() as u64,
+        events: std::mem::take(&mut log.events),
+        writes: std::mem::take(&mut log.writes),
+        partitions,
+        virtual_time,
+    }
+}

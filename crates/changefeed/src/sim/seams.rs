@@ -1,0 +1,742 @@
+//! The seams every simulated host talks through: a store, a source, a handler and a clock per
+//! host, each wrapping the shared in-memory one and injecting that host's faults, and the
+//! shared [`World`] that logs every store write and every delivery.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rand::rngs::SmallRng;
+use rand::Rng;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::clock::{Clock, Sleep, VirtualClock};
+use crate::error::{LeaseError, SourceError};
+use crate::lease::{LeaseStore, Listing, MemoryLeaseStore};
+use crate::model::{
+    Batch, Continuation, GroupName, Heartbeat, HostName, Lease, LeaseKey, LeaseState, Membership,
+    Partition, PartitionId, Position, Timestamp, Version,
+};
+use crate::processor::{CloseReason, Context, Handler, HandlerError};
+use crate::source::{FeedSource, MemoryFeed, PartitionReader};
+
+/// How much of the event trace a run keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TraceMode {
+    /// Nothing (fastest; for scale runs).
+    Off,
+    /// Only a 64-bit hash of the trace.
+    Hash,
+    /// The whole trace text and its hash.
+    Full,
+}
+
+/// The event trace: one line per event, hashed as it grows.
+#[derive(Debug)]
+pub(crate) struct Trace {
+    mode: TraceMode,
+    text: String,
+    line: String,
+    hash: u64,
+}
+
+impl Trace {
+    fn new(mode: TraceMode) -> Self {
+        Self {
+            mode,
+            text: String::new(),
+            line: String::new(),
+            hash: 0xcbf2_9ce4_8422_2325,
+        }
+    }
+
+    pub(crate) fn on(&self) -> bool {
+        self.mode != TraceMode::Off
+    }
+
+    pub(crate) fn push(&mut self, at: Duration, args: std::fmt::Arguments<'_>) {
+        if self.mode == TraceMode::Off {
+            return;
+        }
+        self.line.clear();
+        let _ = write!(self.line, "{:>10} ", at.as_millis());
+        let _ = self.line.write_fmt(args);
+        self.line.push('\n');
+        for b in self.line.bytes() {
+            self.hash ^= u64::from(b);
+            self.hash = self.hash.wrapping_mul(0x0000_0100_0000_01B3);
+        }
+        if self.mode == TraceMode::Full {
+            self.text.push_str(&self.line);
+        }
+    }
+
+    pub(crate) fn hash(&self) -> u64 {
+        self.hash
+    }
+
+    pub(crate) fn take_text(&mut self) -> String {
+        std::mem::take(&mut self.text)
+    }
+}
+
+/// One successful delivery of one record.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// Order in which handler calls were made (all records of one call share it).
+    pub seq: u64,
+    /// Virtual time of the handler call.
+    pub at: Duration,
+    /// The delivering host.
+    pub host: String,
+    /// The ownership epoch: one per worker start (handler `open`), unique in the run.
+    pub epoch: u64,
+    /// The partition.
+    pub partition: PartitionId,
+    /// The record id (its payload).
+    pub record: u64,
+}
+
+/// What kind of store write a [`WriteRec`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteOp {
+    /// `create`.
+    Create,
+    /// `replace`.
+    Replace,
+    /// `delete`.
+    Delete,
+}
+
+/// One successful lease write, as the store applied it.
+#[derive(Debug, Clone)]
+pub struct WriteRec {
+    /// Virtual time.
+    pub at: Duration,
+    /// The writing host (`driver` for the simulator's own writes).
+    pub host: String,
+    /// The operation.
+    pub op: WriteOp,
+    /// The partition.
+    pub partition: PartitionId,
+    /// The row's state after the write (`None` for a delete).
+    pub after: Option<Lease>,
+    /// The owner before the write.
+    pub owner_before: Option<HostName>,
+    /// The `next_owner` before the write.
+    pub next_owner_before: Option<HostName>,
+}
+
+/// A fleet-level event (fault, arrival, split …), for the trace and the timeline.
+#[derive(Debug, Clone)]
+pub struct Event {
+    /// Virtual time.
+    pub at: Duration,
+    /// What happened: `start`, `crash`, `stop`, `stopped`, `pause`, `cut`, `latency`, `split`,
+    /// `merge`, `exit`.
+    pub kind: &'static str,
+    /// The host or partition concerned.
+    pub subject: String,
+    /// Details.
+    pub detail: String,
+}
+
+/// Fault probabilities applied per call while faults are on.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Rates {
+    pub store_error: f64,
+    pub lost_reply: f64,
+    pub conflict: f64,
+    pub source_error: f64,
+    pub handler_error: f64,
+}
+
+/// Everything the run logs.
+#[derive(Debug)]
+pub(crate) struct Log {
+    pub trace: Trace,
+    pub deliveries: Vec<Delivery>,
+    pub writes: Vec<WriteRec>,
+    pub events: Vec<Event>,
+    pub next_seq: u64,
+    pub next_epoch: u64,
+    pub delivered: Vec<bool>,
+    pub delivered_count: u64,
+    pub keep_history: bool,
+}
+
+/// State shared by every seam of every host.
+#[derive(Debug)]
+pub(crate) struct World {
+    pub origin: Instant,
+    rng: Mutex<SmallRng>,
+    log: Mutex<Log>,
+    rates: Mutex<Rates>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Single-threaded runtime; a panic elsewhere already fails the run.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl World {
+    pub(crate) fn new(rng: SmallRng, trace: TraceMode, keep_history: bool) -> Self {
+        Self {
+            origin: Instant::now(),
+            rng: Mutex::new(rng),
+            log: Mutex::new(Log {
+                trace: Trace::new(trace),
+                deliveries: Vec::new(),
+                writes: Vec::new(),
+                events: Vec::new(),
+                next_seq: 0,
+                next_epoch: 0,
+                delivered: Vec::new(),
+                delivered_count: 0,
+                keep_history,
+            }),
+            rates: Mutex::new(Rates::default()),
+        }
+    }
+
+    pub(crate) fn now(&self) -> Duration {
+        Instant::now().saturating_duration_since(self.origin)
+    }
+
+    pub(crate) fn log(&self) -> MutexGuard<'_, Log> {
+        lock(&self.log)
+    }
+
+    pub(crate) fn set_rates(&self, rates: Rates) {
+        *lock(&self.rates) = rates;
+    }
+
+    fn rates(&self) -> Rates {
+        *lock(&self.rates)
+    }
+
+    /// True with probability `p`; draws nothing when `p` is zero, so runs without a fault do
+    /// not depend on how often it is asked.
+    fn roll(&self, p: f64) -> bool {
+        p > 0.0 && lock(&self.rng).gen_bool(p.min(1.0))
+    }
+
+    fn below(&self, max: u64) -> u64 {
+        lock(&self.rng).gen_range(0..=max)
+    }
+
+    pub(crate) fn event(&self, kind: &'static str, subject: &str, detail: String) {
+        let at = self.now();
+        let mut log = self.log();
+        log.trace
+            .push(at, format_args!("event {kind} {subject} {detail}"));
+        log.events.push(Event {
+            at,
+            kind,
+            subject: subject.to_string(),
+            detail,
+        });
+    }
+
+    pub(crate) fn write(
+        &self,
+        host: &str,
+        op: WriteOp,
+        partition: &PartitionId,
+        after: Option<&Lease>,
+        before: Option<&Lease>,
+    ) {
+        let at = self.now();
+        let mut log = self.log();
+        if log.trace.on() {
+            match after {
+                Some(l) => log.trace.push(
+                    at,
+                    format_args!(
+                        "write {host} {op:?} {partition} {} {} owner={:?} next={:?} cont={:?}",
+                        l.version,
+                        l.state,
+                        l.owner.as_ref().map(|o| o.as_str()),
+                        l.next_owner.as_ref().map(|o| o.as_str()),
+                        l.continuation.as_ref().map(|c| c.as_str())
+                    ),
+                ),
+                None => log
+                    .trace
+                    .push(at, format_args!("write {host} {op:?} {partition}")),
+            }
+        }
+        if log.keep_history {
+            log.writes.push(WriteRec {
+                at,
+                host: host.to_string(),
+                op,
+                partition: partition.clone(),
+                after: after.cloned(),
+                owner_before: before.and_then(|b| b.owner.clone()),
+                next_owner_before: before.and_then(|b| b.next_owner.clone()),
+            });
+        }
+    }
+}
+
+/// How a host's store connection is cut off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cut {
+    /// Connected.
+    None,
+    /// Every call fails at once with a retryable error.
+    Fail,
+    /// Every call hangs until the cut ends, then fails (a client-side timeout) or, half the
+    /// time, reaches the store late.
+    Hang,
+}
+
+/// A flag tasks can wait on, waking them in a fixed order. (A `tokio::sync::watch` spreads
+/// its waiters over eight queues at random, so the order its waiters wake in, and with it the
+/// run, would differ between runs.)
+#[derive(Debug)]
+struct Flag<T> {
+    value: Mutex<T>,
+    changed: Notify,
+}
+
+impl<T: Copy + PartialEq> Flag<T> {
+    fn new(value: T) -> Self {
+        Self {
+            value: Mutex::new(value),
+            changed: Notify::new(),
+        }
+    }
+
+    fn get(&self) -> T {
+        *lock(&self.value)
+    }
+
+    fn set(&self, value: T) {
+        *lock(&self.value) = value;
+        self.changed.notify_waiters();
+    }
+
+    /// Waits until the value is not `value`.
+    async fn wait_while(&self, value: T) {
+        loop {
+            let changed = self.changed.notified();
+            if self.get() != value {
+                return;
+            }
+            changed.await;
+        }
+    }
+}
+
+/// The fault switches of one host, shared by its seams across restarts.
+#[derive(Debug)]
+pub(crate) struct HostCtl {
+    pub name: String,
+    paused: Flag<bool>,
+    cut: Flag<Cut>,
+    latency_ms: AtomicU64,
+}
+
+impl HostCtl {
+    pub(crate) fn new(name: &str) -> Self {
+        Self {
+            name: name.to_string(),
+            paused: Flag::new(false),
+            cut: Flag::new(Cut::None),
+            latency_ms: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn set_paused(&self, on: bool) {
+        self.paused.set(on);
+    }
+
+    pub(crate) fn is_paused(&self) -> bool {
+        self.paused.get()
+    }
+
+    pub(crate) fn set_cut(&self, cut: Cut) {
+        self.cut.set(cut);
+    }
+
+    pub(crate) fn set_latency(&self, max_ms: u64) {
+        self.latency_ms.store(max_ms, Ordering::Relaxed);
+    }
+
+    /// Waits while the host is stalled.
+    async fn gate(&self) {
+        self.paused.wait_while(true).await;
+    }
+}
+
+/// A host's store: the shared memory store behind its faults, logging every write.
+#[derive(Debug, Clone)]
+pub(crate) struct SimStore {
+    pub inner: MemoryLeaseStore,
+    pub ctl: Arc<HostCtl>,
+    pub world: Arc<World>,
+}
+
+impl SimStore {
+    fn fail(&self, op: &'static str, why: &'static str) -> LeaseError {
+        LeaseError::store(
+            op,
+            None,
+            true,
+            format!("{why} (simulated, host {})", self.ctl.name),
+        )
+    }
+
+    async fn pre(&self, op: &'static str) -> Result<(), LeaseError> {
+        self.ctl.gate().await;
+        let cut = self.ctl.cut.get();
+        match cut {
+            Cut::None => {}
+            Cut::Fail => return Err(self.fail(op, "store unreachable")),
+            Cut::Hang => {
+                // The request hangs until the cut ends; then it either fails (the client timed
+                // out) or reaches the store late, as a delayed request may (a caller that gave
+                // up on it drops it instead).
+                self.ctl.cut.wait_while(Cut::Hang).await;
+                if self.world.roll(0.5) {
+                    return Err(self.fail(op, "store call timed out"));
+                }
+                self.ctl.gate().await;
+            }
+        }
+        let latency = self.ctl.latency_ms.load(Ordering::Relaxed);
+        if latency > 0 {
+            let ms = self.world.below(latency);
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            self.ctl.gate().await;
+        }
+        if self.world.roll(self.world.rates().store_error) {
+            return Err(self.fail(op, "transient store error"));
+        }
+        Ok(())
+    }
+
+    /// After a write was applied: maybe lose the reply.
+    fn post<T>(&self, op: &'static str, r: T) -> Result<T, LeaseError> {
+        if self.world.roll(self.world.rates().lost_reply) {
+            return Err(self.fail(op, "reply lost after the write was applied"));
+        }
+        Ok(r)
+    }
+}
+
+#[async_trait]
+impl LeaseStore for SimStore {
+    async fn list(&self, group: &GroupName) -> Result<Listing, LeaseError> {
+        self.pre("list").await?;
+        let at = self.world.now();
+        self.world
+            .log()
+            .trace
+            .push(at, format_args!("list {}", self.ctl.name));
+        self.inner.list(group).await
+    }
+
+    async fn get(&self, key: &LeaseKey) -> Result<Option<Lease>, LeaseError> {
+        self.pre("get").await?;
+        self.inner.get(key).await
+    }
+
+    async fn create(&self, lease: &Lease) -> Result<Option<Lease>, LeaseError> {
+        self.pre("create").await?;
+        let r = self.inner.create(lease).await?;
+        if let Some(stored) = &r {
+            self.world.write(
+                &self.ctl.name,
+                WriteOp::Create,
+                &stored.key.partition,
+                Some(stored),
+                None,
+            );
+        }
+        self.post("create", r)
+    }
+
+    async fn replace(&self, lease: &Lease, expected: Version) -> Result<Lease, LeaseError> {
+        self.pre("replace").await?;
+        if self.world.roll(self.world.rates().conflict) {
+            if let Some(current) = self.inner.get(&lease.key).await? {
+                return Err(LeaseError::Conflict {
+                    key: lease.key.to_string(),
+                    expected,
+                    current: Box::new(current),
+                });
+            }
+        }
+        let before = self.inner.get(&lease.key).await.ok().flatten();
+        let stored = self.inner.replace(lease, expected).await?;
+        self.world.write(
+            &self.ctl.name,
+            WriteOp::Replace,
+            &stored.key.partition,
+            Some(&stored),
+            before.as_ref(),
+        );
+        self.post("replace", stored)
+    }
+
+    async fn delete(&self, key: &LeaseKey, expected: Version) -> Result<(), LeaseError> {
+        self.pre("delete").await?;
+        let before = self.inner.get(key).await.ok().flatten();
+        self.inner.delete(key, expected).await?;
+        self.world.write(
+            &self.ctl.name,
+            WriteOp::Delete,
+            &key.partition,
+            None,
+            before.as_ref(),
+        );
+        self.post("delete", ())
+    }
+
+    async fn heartbeat(
+        &self,
+        group: &GroupName,
+        host: &HostName,
+        incarnation: &str,
+        written_at: Timestamp,
+        expected: Option<Version>,
+    ) -> Result<Heartbeat, LeaseError> {
+        self.pre("heartbeat").await?;
+        let hb = self
+            .inner
+            .heartbeat(group, host, incarnation, written_at, expected)
+            .await?;
+        self.post("heartbeat", hb)
+    }
+
+    async fn remove_heartbeat(
+        &self,
+        group: &GroupName,
+        host: &HostName,
+        expected: Version,
+    ) -> Result<(), LeaseError> {
+        self.pre("remove_heartbeat").await?;
+        self.inner.remove_heartbeat(group, host, expected).await
+    }
+
+    async fn membership(&self, group: &GroupName) -> Result<Membership, LeaseError> {
+        self.pre("membership").await?;
+        let m = self.inner.membership(group).await?;
+        let at = self.world.now();
+        let mut log = self.world.log();
+        if log.trace.on() {
+            let hs: Vec<String> = m
+                .hosts
+                .iter()
+                .map(|h| format!("{}={}", h.host, h.version))
+                .collect();
+            log.trace.push(
+                at,
+                format_args!("membership {} {}", self.ctl.name, hs.join(" ")),
+            );
+        }
+        Ok(m)
+    }
+}
+
+/// A host's view of the feed: the shared memory feed behind its stalls and source errors.
+#[derive(Debug, Clone)]
+pub(crate) struct SimSource {
+    pub inner: MemoryFeed,
+    pub ctl: Arc<HostCtl>,
+    pub world: Arc<World>,
+}
+
+impl SimSource {
+    async fn pre(
+        &self,
+        op: &'static str,
+        partition: Option<&PartitionId>,
+    ) -> Result<(), SourceError> {
+        self.ctl.gate().await;
+        if self.world.roll(self.world.rates().source_error) {
+            return Err(SourceError::source(
+                op,
+                partition.map(|p| p.to_string()),
+                true,
+                "transient source error (simulated)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl FeedSource for SimSource {
+    async fn partitions(&self) -> Result<Vec<Partition>, SourceError> {
+        self.pre("partitions", None).await?;
+        self.inner.partitions().await
+    }
+
+    async fn open(
+        &self,
+        partition: &PartitionId,
+        from: &Position,
+    ) -> Result<Box<dyn PartitionReader>, SourceError> {
+        self.pre("open", Some(partition)).await?;
+        let reader = self.inner.open(partition, from).await?;
+        Ok(Box::new(SimReader {
+            inner: reader,
+            source: self.clone(),
+            partition: partition.clone(),
+        }))
+    }
+
+    async fn remaining(
+        &self,
+        partition: &PartitionId,
+        after: Option<&Continuation>,
+    ) -> Result<Option<u64>, SourceError> {
+        self.pre("remaining", Some(partition)).await?;
+        self.inner.remaining(partition, after).await
+    }
+}
+
+#[derive(Debug)]
+struct SimReader {
+    inner: Box<dyn PartitionReader>,
+    source: SimSource,
+    partition: PartitionId,
+}
+
+#[async_trait]
+impl PartitionReader for SimReader {
+    async fn next_batch(&mut self, max: usize) -> Result<Batch, SourceError> {
+        self.source.pre("read", Some(&self.partition)).await?;
+        self.inner.next_batch(max).await
+    }
+}
+
+/// A host's handler: logs every successful delivery with its ownership epoch.
+#[derive(Debug)]
+pub(crate) struct SimHandler {
+    pub ctl: Arc<HostCtl>,
+    pub world: Arc<World>,
+    pub epochs: Mutex<BTreeMap<PartitionId, u64>>,
+}
+
+#[async_trait]
+impl Handler for SimHandler {
+    async fn open(&self, ctx: &Context) -> Result<(), HandlerError> {
+        self.ctl.gate().await;
+        if self.world.roll(self.world.rates().handler_error) {
+            return Err("handler open failed (simulated)".into());
+        }
+        let at = self.world.now();
+        let mut log = self.world.log();
+        let epoch = log.next_epoch;
+        log.next_epoch += 1;
+        log.trace.push(
+            at,
+            format_args!("open {} {} epoch={epoch}", self.ctl.name, ctx.partition()),
+        );
+        drop(log);
+        lock(&self.epochs).insert(ctx.partition().clone(), epoch);
+        Ok(())
+    }
+
+    async fn handle(&self, ctx: &Context, batch: &Batch) -> Result<(), HandlerError> {
+        let at = self.world.now();
+        let seq = {
+            let mut log = self.world.log();
+            log.next_seq += 1;
+            log.next_seq
+        };
+        self.ctl.gate().await;
+        if self.world.roll(self.world.rates().handler_error) {
+            return Err("handler failed (simulated)".into());
+        }
+        let epoch = lock(&self.epochs)
+            .get(ctx.partition())
+            .copied()
+            .ok_or("handle before open")?;
+        let mut log = self.world.log();
+        let mut first = None;
+        let mut last = 0;
+        for r in &batch.records {
+            let id: u64 = std::str::from_utf8(&r.data)?.parse()?;
+            first.get_or_insert(id);
+            last = id;
+            let slot = usize::try_from(id)?;
+            if log.delivered.len() <= slot {
+                log.delivered.resize(slot + 1, false);
+            }
+            if !log.delivered[slot] {
+                log.delivered[slot] = true;
+                log.delivered_count += 1;
+            }
+            if log.keep_history {
+                log.deliveries.push(Delivery {
+                    seq,
+                    at,
+                    host: self.ctl.name.clone(),
+                    epoch,
+                    partition: ctx.partition().clone(),
+                    record: id,
+                });
+            }
+        }
+        log.trace.push(
+            at,
+            format_args!(
+                "deliver {} {} epoch={epoch} records={:?}..={last} n={}",
+                self.ctl.name,
+                ctx.partition(),
+                first,
+                batch.records.len()
+            ),
+        );
+        Ok(())
+    }
+
+    async fn close(&self, _ctx: &Context, _reason: CloseReason) {
+        // Not traced: workers fenced at one instant are woken through a `tokio::sync::watch`,
+        // whose wake order is random, and closing is all they then do.
+    }
+}
+
+/// A host's clock: virtual time with its skew and drift, whose sleeps also wait out a stall
+/// (a stalled process runs no timers).
+#[derive(Debug)]
+pub(crate) struct SimClock {
+    pub inner: VirtualClock,
+    pub ctl: Arc<HostCtl>,
+}
+
+impl Clock for SimClock {
+    fn now(&self) -> Instant {
+        self.inner.now()
+    }
+
+    fn wall(&self) -> Timestamp {
+        self.inner.wall()
+    }
+
+    fn sleep(&self, duration: Duration) -> Sleep {
+        let sleep = self.inner.sleep(duration);
+        let ctl = self.ctl.clone();
+        Box::pin(async move {
+            sleep.await;
+            ctl.gate().await;
+        })
+    }
+}
+
+/// Whether a lease is owned (for logs).
+pub(crate) fn owner_of(l: &Lease) -> Option<&str> {
+    (l.state == LeaseState::Owned)
+        .then_some(l.owner.as_ref().map(|o| o.as_str()))
+        .flatten()
+}

@@ -60,7 +60,13 @@ pub async fn lease_lag(source: &dyn FeedSource, lease: &Lease) -> Result<Option<
     if lease.state == LeaseState::Finished {
         return Ok(Some(0));
     }
-    lag_after(source, &lease.key.partition, lease.continuation.as_ref(), &lease.start).await
+    lag_after(
+        source,
+        &lease.key.partition,
+        lease.continuation.as_ref(),
+        &lease.start,
+    )
+    .await
 }
 
 /// Records in `partition` after `checkpoint`, or after `start` when there is none.
@@ -140,7 +146,11 @@ mod tests {
             .expect("create");
         let report = estimate(&store, &feed, &group).await.expect("estimate");
         assert_eq!(report.leases[0].records.as_ref().ok(), Some(&Some(6)));
-        assert_eq!(report.leases[1].records.as_ref().ok(), Some(&None), "Now: unknown");
+        assert_eq!(
+            report.leases[1].records.as_ref().ok(),
+            Some(&None),
+            "Now: unknown"
+        );
         assert_eq!(report.total(), 6);
         assert_eq!(report.unknown(), 1);
     }

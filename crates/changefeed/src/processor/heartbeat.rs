@@ -31,9 +31,6 @@ struct Seen {
     version: Version,
     incarnation: String,
     changed_at: Instant,
-    /// Whether this observer has seen the heartbeat change at least once. Until then the
-    /// host might be long dead: a row left by a crash looks the same as a fresh one.
-    confirmed: bool,
 }
 
 impl Liveness {
@@ -43,17 +40,10 @@ impl Liveness {
         for hb in &membership.hosts {
             let seen = match self.seen.remove(&hb.host) {
                 Some(s) if s.version == hb.version && s.incarnation == hb.incarnation => s,
-                Some(_) => Seen {
+                _ => Seen {
                     version: hb.version,
                     incarnation: hb.incarnation.clone(),
                     changed_at: now,
-                    confirmed: true,
-                },
-                None => Seen {
-                    version: hb.version,
-                    incarnation: hb.incarnation.clone(),
-                    changed_at: now,
-                    confirmed: false,
                 },
             };
             next.insert(hb.host.clone(), seen);
@@ -68,11 +58,6 @@ impl Liveness {
             .filter(|(_, s)| now.saturating_duration_since(s.changed_at) < expiry)
             .map(|(h, _)| h.clone())
             .collect()
-    }
-
-    /// Whether this observer has seen `host`'s heartbeat change since it first saw it.
-    pub fn confirmed(&self, host: &HostName) -> bool {
-        self.seen.get(host).is_some_and(|s| s.confirmed)
     }
 
     /// When `host`'s heartbeat was last seen to change, if it is known.
@@ -299,6 +284,25 @@ pub(crate) async fn run(
                 // An earlier write that timed out on our side did land: adopt its version. It is
                 // not counted as a success, since when it was sent is unknown.
                 row = *cur;
+            }
+            Some(Err(LeaseError::HeartbeatConflict { current: None, .. })) => {
+                // The row was removed: this host was judged dead (its leases are taken) or an
+                // operator released it. It is fenced by now; register afresh and carry on.
+                match store
+                    .heartbeat(&row.group, &row.host, &row.incarnation, clock.wall(), None)
+                    .await
+                {
+                    Ok(hb) => {
+                        warn!(host = %row.host, "heartbeat row had been removed; registered again");
+                        row = hb;
+                        last_ok_sent = sent;
+                        deadline_shared.renewed(sent, sent + fence_after);
+                        if *fenced.borrow() {
+                            fenced.send_replace(false);
+                        }
+                    }
+                    Err(err) => warn!(host = %row.host, error = %err, "re-registering failed"),
+                }
             }
             Some(Err(LeaseError::HeartbeatConflict { current, .. })) => {
                 error!(host = %row.host, current = ?current.map(|c| c.incarnation), "heartbeat row taken over or removed; stopping");

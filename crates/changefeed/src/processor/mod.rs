@@ -624,6 +624,7 @@ impl Host {
             }
         }
         let synced = self.sync(&live, now).await;
+        self.forget_dead_hosts(&membership, &live).await;
         if !need_list && !synced {
             // Nothing changed hands: the cached list is accurate; only time-based decisions
             // (overdue hand-offs) can differ.
@@ -636,6 +637,39 @@ impl Host {
         self.adopt_own_leases().await;
         self.balance(&live, now).await;
         self.publish_gauges();
+    }
+
+    /// The leader removes the heartbeat row of a host judged dead once it owns no lease any
+    /// more (its leases have been taken). Otherwise a newcomer, which cannot yet tell a dead
+    /// row from a live one, would count it as a host owed a share, and leases would move more
+    /// than needed. The removal is a CAS on the version seen, so a host that renewed meanwhile
+    /// keeps its row; one that was cut off and comes back registers again.
+    async fn forget_dead_hosts(
+        &mut self,
+        membership: &crate::model::Membership,
+        live: &[HostName],
+    ) {
+        if live.iter().min() != Some(&self.p.host) {
+            return;
+        }
+        for hb in &membership.hosts {
+            let owns = self
+                .leases
+                .iter()
+                .any(|l| l.owner.as_ref() == Some(&hb.host));
+            if live.contains(&hb.host) || owns {
+                continue;
+            }
+            match self
+                .p
+                .store
+                .remove_heartbeat(&hb.group, &hb.host, hb.version)
+                .await
+            {
+                Ok(()) => info!(host = %hb.host, "removed the heartbeat row of a dead host"),
+                Err(err) => debug!(host = %hb.host, error = %err, "dead host's row not removed"),
+            }
+        }
     }
 
     /// Runs the partition sync when this host leads (the first live host by name) and it is
@@ -751,19 +785,6 @@ impl Host {
         for p in asked {
             self.asked_at.entry(p).or_insert(now);
         }
-        // A host this observer has not yet seen renew, and that owns nothing, may be a row
-        // left by a crash: counting it would give it a share and make leases move twice. A
-        // live one renews within a renew interval and is counted from then on.
-        let live: Vec<HostName> = live
-            .iter()
-            .filter(|h| {
-                **h == me
-                    || self.liveness.confirmed(h)
-                    || self.leases.iter().any(|l| l.owner.as_ref() == Some(*h))
-            })
-            .cloned()
-            .collect();
-        let live = live.as_slice();
         let eligible = self.eligible();
         let views: Vec<LeaseView<'_>> = self
             .leases

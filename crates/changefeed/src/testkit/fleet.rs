@@ -793,8 +793,18 @@ pub async fn scenario_newcomer_after_crash_moves_only_its_share(stores: StoreFac
     }
     fleet.run_for(Duration::from_secs(10), 100).await;
     fleet.kill("h0");
-    let takeover = fleet.settings.lease_expiry + fleet.settings.acquire_interval * 2;
+    // Its leases are taken within lease_expiry + acquire_interval; its row is removed by the
+    // leader at a cycle after that.
+    let takeover = fleet.settings.lease_expiry + fleet.settings.acquire_interval * 3;
     fleet.run_for(takeover, 100).await;
+    let m = (fleet.stores)()
+        .membership(&fleet.group)
+        .await
+        .expect("membership");
+    assert!(
+        m.hosts.iter().all(|h| h.host.as_str() != "h0"),
+        "the dead host's row is removed once it owns nothing"
+    );
     let before = fleet.owners().await;
     assert_balanced(&before, &fleet.running());
     fleet.start("h3");
@@ -803,7 +813,10 @@ pub async fn scenario_newcomer_after_crash_moves_only_its_share(stores: StoreFac
     let after = fleet.owners().await;
     assert_balanced(&after, &fleet.running());
     let moved: usize = moves.values().sum();
-    let to_newcomer = after.values().filter(|o| o.as_deref() == Some("h3")).count();
+    let to_newcomer = after
+        .values()
+        .filter(|o| o.as_deref() == Some("h3"))
+        .count();
     assert_eq!(
         moved, to_newcomer,
         "only the newcomer's share moves ({to_newcomer}), got {moved} moves: {moves:?}"

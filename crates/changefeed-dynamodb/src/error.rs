@@ -40,7 +40,15 @@ where
     R: std::fmt::Debug + Send + Sync + 'static,
 {
     let retryable = is_retryable(&err);
-    let context = aws_sdk_dynamodb::error::DisplayErrorContext(&err).to_string();
+    // The service's code and message; the SDK's full context also dumps the raw response.
+    let context = match err.as_service_error() {
+        Some(e) => format!(
+            "{}: {}",
+            e.code().unwrap_or("service error"),
+            e.message().unwrap_or("(no message)")
+        ),
+        None => aws_sdk_dynamodb::error::DisplayErrorContext(&err).to_string(),
+    };
     LeaseError::store(
         operation,
         key,

@@ -1,2 +1,34 @@
-//! Amazon Kinesis Data Streams feed source for changefeed.
+//! Amazon Kinesis Data Streams feed source for changefeed: shards as partitions, with lineage.
+//!
+//! [`KinesisFeed`] implements the core's [`FeedSource`](changefeed::source::FeedSource) on one
+//! stream, read by polling `GetRecords` (enhanced fan-out, `SubscribeToShard`, is not used).
+//! This crate owns the mapping of shards, iterators and sequence numbers to the core's
+//! partitions, positions and continuations; leases, balancing and lineage stay in the core,
+//! which starts a child shard only after its parents are finished.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use changefeed::model::Position;
+//! use changefeed::source::FeedSource;
+//! use changefeed_kinesis::{AwsOptions, KinesisFeed};
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // kinesis-mock on loopback; `AwsOptions::default()` uses the standard AWS chain.
+//! let feed = KinesisFeed::connect(&AwsOptions::local("http://127.0.0.1:4568"), "orders").await;
+//! feed.create_stream(4).await?;
+//! let (shard, _) = feed.put("order-17", b"created".to_vec(), None).await?;
+//! let mut reader = feed.open(&shard, &Position::Beginning).await?;
+//! assert_eq!(reader.next_batch(10).await?.records.len(), 1);
+//! # Ok(()) }
+//! ```
 #![warn(missing_docs)]
+
+mod aws;
+mod feed;
+
+pub use aws::AwsOptions;
+pub use feed::{KinesisError, KinesisFeed, KinesisReader, ReadOptions};
+
+/// The AWS SDK's Kinesis client, re-exported so callers need not depend on it.
+pub use aws_sdk_kinesis as sdk;

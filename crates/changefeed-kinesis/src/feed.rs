@@ -1,0 +1,741 @@
+//! [`KinesisFeed`]: the feed source seam on one Kinesis data stream, read by polling.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use aws_sdk_kinesis::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_kinesis::primitives::{Blob, DateTime};
+use aws_sdk_kinesis::types::{Shard, ShardIteratorType, StreamStatus};
+use aws_sdk_kinesis::Client;
+use changefeed::error::BoxError;
+use changefeed::model::{
+    Batch, Continuation, KeyRange, Partition, PartitionId, Position, Record, Timestamp,
+};
+use changefeed::source::{FeedSource, PartitionReader};
+use changefeed::SourceError;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+/// How a reader polls and retries.
+#[derive(Clone, Debug)]
+pub struct ReadOptions {
+    /// Throttled calls (`ProvisionedThroughputExceededException`, `LimitExceededException`)
+    /// retried before `next_batch` gives up with a retryable error.
+    pub max_retries: u32,
+    /// First back-off after a throttled call; doubles each retry, full jitter.
+    pub base_backoff: Duration,
+    /// Longest back-off.
+    pub max_backoff: Duration,
+    /// Empty `GetRecords` answers followed while `MillisBehindLatest` says there is more (real
+    /// Kinesis may answer empty on a sparse shard before reaching its records).
+    pub empty_polls: u32,
+    /// Seed of the RNG that jitters back-off.
+    pub seed: u64,
+}
+
+impl Default for ReadOptions {
+    fn default() -> Self {
+        Self {
+            max_retries: 8,
+            base_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(5),
+            empty_polls: 5,
+            seed: 0,
+        }
+    }
+}
+
+/// The feed source on one Kinesis data stream: partitions are shards, the continuation is a
+/// record's sequence number.
+///
+/// - `partitions` pages through `ListShards` (`NextToken`); a shard's parents are its
+///   `ParentShardId` and `AdjacentParentShardId`, its key range its `HashKeyRange`, and it is
+///   closed when its `SequenceNumberRange` has an `EndingSequenceNumber`.
+/// - Positions map to `TRIM_HORIZON`, `LATEST`, `AT_TIMESTAMP` and `AFTER_SEQUENCE_NUMBER`.
+///   The iterator is taken when the reader opens, so `Now` means "after what was there at
+///   open".
+/// - A reader follows `NextShardIterator`; an expired iterator is renewed after the last
+///   sequence number read; throttling is retried with exponential back-off and full jitter;
+///   a null next iterator (or `ChildShards` in the answer) is the end of the shard.
+/// - KPL aggregation is not supported: an aggregated record is delivered as the one Kinesis
+///   record it is, and its continuation is its sequence number (no sub-sequence number).
+#[derive(Debug, Clone)]
+pub struct KinesisFeed {
+    client: Client,
+    stream: String,
+    options: ReadOptions,
+    rng: Arc<Mutex<SmallRng>>,
+}
+
+/// Error codes for throttling and transient trouble, retried with back-off.
+const THROTTLED: &[&str] = &[
+    "ProvisionedThroughputExceededException",
+    "LimitExceededException",
+    "KMSThrottlingException",
+    "ThrottlingException",
+];
+
+fn code<E: ProvideErrorMetadata, R>(err: &SdkError<E, R>) -> Option<&str> {
+    err.as_service_error().and_then(|e| e.code())
+}
+
+fn is_throttled<E: ProvideErrorMetadata, R>(err: &SdkError<E, R>) -> bool {
+    code(err).is_some_and(|c| THROTTLED.contains(&c))
+}
+
+fn is_transient<E: ProvideErrorMetadata, R>(err: &SdkError<E, R>) -> bool {
+    match err {
+        SdkError::DispatchFailure(_) | SdkError::TimeoutError(_) | SdkError::ResponseError(_) => {
+            true
+        }
+        SdkError::ServiceError(_) => {
+            is_throttled(err) || code(err).is_some_and(|c| c.contains("InternalFailure"))
+        }
+        _ => false,
+    }
+}
+
+/// A Kinesis SDK error shown with its whole chain of causes, kept as the `source`.
+#[derive(Debug, thiserror::Error)]
+#[error("{context}")]
+pub struct KinesisError {
+    context: String,
+    #[source]
+    source: BoxError,
+}
+
+impl KinesisError {
+    fn new<E, R>(err: SdkError<E, R>) -> Self
+    where
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+        R: std::fmt::Debug + Send + Sync + 'static,
+    {
+        let context = match err.as_service_error() {
+            Some(e) => format!(
+                "{}: {}",
+                e.code().unwrap_or("service error"),
+                e.message().unwrap_or("(no message)")
+            ),
+            None => DisplayErrorContext(&err).to_string(),
+        };
+        Self {
+            context,
+            source: Box::new(err),
+        }
+    }
+
+    fn other(context: impl Into<String>) -> Self {
+        let context = context.into();
+        Self {
+            source: context.clone().into(),
+            context,
+        }
+    }
+}
+
+fn source_error<E, R>(
+    operation: &'static str,
+    partition: Option<&PartitionId>,
+    err: SdkError<E, R>,
+) -> SourceError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    R: std::fmt::Debug + Send + Sync + 'static,
+{
+    let retryable = is_transient(&err);
+    SourceError::source(
+        operation,
+        partition.map(|p| p.to_string()),
+        retryable,
+        KinesisError::new(err),
+    )
+}
+
+fn to_partition(shard: &Shard) -> Result<Partition, SourceError> {
+    let id = PartitionId::new(shard.shard_id()).map_err(|e| SourceError::Corrupt {
+        partition: shard.shard_id().to_string(),
+        reason: e.to_string(),
+    })?;
+    let mut parents = Vec::new();
+    for p in [shard.parent_shard_id(), shard.adjacent_parent_shard_id()]
+        .into_iter()
+        .flatten()
+    {
+        parents.push(PartitionId::new(p).map_err(|e| SourceError::Corrupt {
+            partition: shard.shard_id().to_string(),
+            reason: format!("parent: {e}"),
+        })?);
+    }
+    let key_range = shard.hash_key_range().and_then(|r| {
+        Some(KeyRange {
+            start: r.starting_hash_key().parse().ok()?,
+            end: r.ending_hash_key().parse().ok()?,
+        })
+    });
+    let closed = shard
+        .sequence_number_range()
+        .and_then(|r| r.ending_sequence_number())
+        .is_some();
+    Ok(Partition {
+        id,
+        parents,
+        closed,
+        key_range,
+    })
+}
+
+impl KinesisFeed {
+    /// A source reading `stream` through `client`, with default [`ReadOptions`].
+    pub fn new(client: Client, stream: impl Into<String>) -> Self {
+        Self::with_options(client, stream, ReadOptions::default())
+    }
+
+    /// A source reading `stream` through `client`.
+    pub fn with_options(client: Client, stream: impl Into<String>, options: ReadOptions) -> Self {
+        let rng = SmallRng::seed_from_u64(options.seed);
+        Self {
+            client,
+            stream: stream.into(),
+            options,
+            rng: Arc::new(Mutex::new(rng)),
+        }
+    }
+
+    /// Connects with `options` (endpoint, region, credentials; the rest from the standard AWS
+    /// chain) to read `stream`.
+    pub async fn connect(options: &crate::AwsOptions, stream: impl Into<String>) -> Self {
+        let config = options.load().await;
+        Self::new(Client::new(&config), stream)
+    }
+
+    /// The stream name.
+    pub fn stream(&self) -> &str {
+        &self.stream
+    }
+
+    /// The SDK client.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Every shard as `ListShards` returns it, all pages.
+    ///
+    /// # Errors
+    /// [`SourceError::Source`].
+    pub async fn shards(&self) -> Result<Vec<Shard>, SourceError> {
+        let mut shards = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let mut req = self.client.list_shards().max_results(1000);
+            req = match token.take() {
+                // With a NextToken, ListShards refuses the stream name.
+                Some(t) => req.next_token(t),
+                None => req.stream_name(&self.stream),
+            };
+            let out = self
+                .call_with_backoff(|| req.clone().send(), "partitions", None)
+                .await?;
+            shards.extend(out.shards().iter().cloned());
+            match out.next_token() {
+                Some(t) if !t.is_empty() => token = Some(t.to_string()),
+                _ => return Ok(shards),
+            }
+        }
+    }
+
+    async fn backoff(&self, attempt: u32) {
+        let cap = self
+            .options
+            .base_backoff
+            .saturating_mul(1u32 << attempt.min(16))
+            .min(self.options.max_backoff);
+        let ms = cap.as_millis().max(1) as u64;
+        let wait = {
+            let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
+            rng.gen_range(0..=ms)
+        };
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+    }
+
+    /// Runs `call`, retrying throttling with jittered exponential back-off.
+    async fn call_with_backoff<T, E, R, F, Fut>(
+        &self,
+        call: F,
+        operation: &'static str,
+        partition: Option<&PartitionId>,
+    ) -> Result<T, SourceError>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<T, SdkError<E, R>>>,
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+        R: std::fmt::Debug + Send + Sync + 'static,
+    {
+        let mut attempt = 0;
+        loop {
+            match call().await {
+                Ok(v) => return Ok(v),
+                Err(e) if is_throttled(&e) && attempt < self.options.max_retries => {
+                    tracing::debug!(operation, error = %DisplayErrorContext(&e), "throttled; backing off");
+                    attempt += 1;
+                    self.backoff(attempt).await;
+                }
+                Err(e) => return Err(source_error(operation, partition, e)),
+            }
+        }
+    }
+
+    async fn iterator(
+        &self,
+        partition: &PartitionId,
+        from: &Position,
+    ) -> Result<Option<String>, SourceError> {
+        let mut req = self
+            .client
+            .get_shard_iterator()
+            .stream_name(&self.stream)
+            .shard_id(partition.as_str());
+        req = match from {
+            Position::Beginning => req.shard_iterator_type(ShardIteratorType::TrimHorizon),
+            Position::Now => req.shard_iterator_type(ShardIteratorType::Latest),
+            Position::AtTime(t) => req
+                .shard_iterator_type(ShardIteratorType::AtTimestamp)
+                .timestamp(DateTime::from_millis(t.millis())),
+            Position::Continuation(c) => {
+                check_sequence_number(partition, c)?;
+                req.shard_iterator_type(ShardIteratorType::AfterSequenceNumber)
+                    .starting_sequence_number(c.as_str())
+            }
+        };
+        let mut attempt = 0;
+        loop {
+            match req.clone().send().await {
+                Ok(out) => return Ok(out.shard_iterator().map(str::to_string)),
+                Err(e) if is_throttled(&e) && attempt < self.options.max_retries => {
+                    attempt += 1;
+                    self.backoff(attempt).await;
+                }
+                Err(e) => {
+                    let message = e
+                        .as_service_error()
+                        .and_then(|s| s.message())
+                        .unwrap_or_default()
+                        .to_ascii_lowercase();
+                    // Kinesis refuses a sequence number of another shard, or one that is not
+                    // there, with InvalidArgumentException; kinesis-mock with
+                    // ResourceNotFoundException naming the sequence number.
+                    let bad_sequence = match code(&e) {
+                        Some("InvalidArgumentException") => !partition_unknown(&e),
+                        Some("ResourceNotFoundException") => message.contains("sequencenumber"),
+                        _ => false,
+                    };
+                    if let (Position::Continuation(c), true) = (from, bad_sequence) {
+                        return Err(SourceError::InvalidContinuation {
+                            partition: partition.to_string(),
+                            continuation: c.to_string(),
+                            reason: e
+                                .as_service_error()
+                                .and_then(|s| s.message())
+                                .unwrap_or("refused by Kinesis")
+                                .to_string(),
+                        });
+                    }
+                    if partition_unknown(&e) {
+                        return Err(SourceError::UnknownPartition {
+                            partition: partition.to_string(),
+                        });
+                    }
+                    return Err(source_error("open", Some(partition), e));
+                }
+            }
+        }
+    }
+}
+
+/// Whether Kinesis said the shard does not exist (`ResourceNotFoundException`, or an
+/// `InvalidArgumentException` about the shard id itself).
+fn partition_unknown<E: ProvideErrorMetadata, R>(err: &SdkError<E, R>) -> bool {
+    match code(err) {
+        Some("ResourceNotFoundException") => {
+            // The stream itself missing is not a missing partition.
+            let msg = err
+                .as_service_error()
+                .and_then(|e| e.message())
+                .unwrap_or_default()
+                .to_ascii_lowercase();
+            msg.contains("shard") || !msg.contains("stream")
+        }
+        Some("InvalidArgumentException") => {
+            let msg = err
+                .as_service_error()
+                .and_then(|e| e.message())
+                .unwrap_or_default()
+                .to_ascii_lowercase();
+            msg.contains("shardid") || msg.contains("shard id")
+        }
+        _ => false,
+    }
+}
+
+/// A Kinesis sequence number is a decimal string of up to 128 digits.
+fn check_sequence_number(partition: &PartitionId, c: &Continuation) -> Result<(), SourceError> {
+    let s = c.as_str();
+    let reason = if s.is_empty() {
+        Some("empty")
+    } else if !s.bytes().all(|b| b.is_ascii_digit()) {
+        Some("a Kinesis sequence number is decimal digits (KPL sub-sequence numbers are not supported)")
+    } else if s.len() > 128 {
+        Some("longer than 128 digits")
+    } else {
+        None
+    };
+    match reason {
+        Some(reason) => Err(SourceError::InvalidContinuation {
+            partition: partition.to_string(),
+            continuation: s.to_string(),
+            reason: reason.to_string(),
+        }),
+        None => Ok(()),
+    }
+}
+
+#[async_trait]
+impl FeedSource for KinesisFeed {
+    async fn partitions(&self) -> Result<Vec<Partition>, SourceError> {
+        self.shards().await?.iter().map(to_partition).collect()
+    }
+
+    async fn open(
+        &self,
+        partition: &PartitionId,
+        from: &Position,
+    ) -> Result<Box<dyn PartitionReader>, SourceError> {
+        let iterator = self.iterator(partition, from).await?;
+        let ended = iterator.is_none();
+        Ok(Box::new(KinesisReader {
+            feed: self.clone(),
+            partition: partition.clone(),
+            start: from.clone(),
+            last: None,
+            iterator,
+            ended,
+            millis_behind_latest: None,
+        }))
+    }
+
+    async fn remaining(
+        &self,
+        _partition: &PartitionId,
+        _after: Option<&Continuation>,
+    ) -> Result<Option<u64>, SourceError> {
+        // Kinesis cannot count records; readers report MillisBehindLatest instead.
+        Ok(None)
+    }
+}
+
+/// Reads one shard forward by `GetRecords`.
+#[derive(Debug)]
+pub struct KinesisReader {
+    feed: KinesisFeed,
+    partition: PartitionId,
+    start: Position,
+    last: Option<Continuation>,
+    iterator: Option<String>,
+    ended: bool,
+    millis_behind_latest: Option<i64>,
+}
+
+impl KinesisReader {
+    /// How far behind the tip of the shard the last `GetRecords` answer was, in milliseconds
+    /// (Kinesis's `MillisBehindLatest`): the lag of this reader.
+    pub fn millis_behind_latest(&self) -> Option<i64> {
+        self.millis_behind_latest
+    }
+
+    async fn renew(&mut self) -> Result<(), SourceError> {
+        let from = match &self.last {
+            Some(c) => Position::Continuation(c.clone()),
+            None => self.start.clone(),
+        };
+        self.iterator = self.feed.iterator(&self.partition, &from).await?;
+        if self.iterator.is_none() {
+            self.ended = true;
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl PartitionReader for KinesisReader {
+    async fn next_batch(&mut self, max: usize) -> Result<Batch, SourceError> {
+        let mut throttled = 0;
+        let mut empty = 0;
+        let mut renewed = false;
+        loop {
+            if self.ended {
+                return Ok(Batch {
+                    records: Vec::new(),
+                    continuation: None,
+                    end_of_partition: true,
+                });
+            }
+            let Some(iterator) = self.iterator.clone() else {
+                self.renew().await?;
+                continue;
+            };
+            let limit = max.clamp(1, 10_000) as i32;
+            let result = self
+                .feed
+                .client
+                .get_records()
+                .shard_iterator(iterator)
+                .limit(limit)
+                .send()
+                .await;
+            let out = match result {
+                Ok(out) => out,
+                Err(e) if code(&e) == Some("ExpiredIteratorException") && !renewed => {
+                    // Renew once from the last continuation: nothing is skipped or repeated.
+                    renewed = true;
+                    self.iterator = None;
+                    continue;
+                }
+                Err(e) if is_throttled(&e) && throttled < self.feed.options.max_retries => {
+                    throttled += 1;
+                    self.feed.backoff(throttled).await;
+                    continue;
+                }
+                Err(e) => return Err(source_error("read", Some(&self.partition), e)),
+            };
+            self.millis_behind_latest = out.millis_behind_latest();
+            if let Some(ms) = out.millis_behind_latest() {
+                metrics::gauge!("changefeed_kinesis_millis_behind_latest").set(ms as f64);
+            }
+            let mut records = Vec::with_capacity(out.records().len());
+            for r in out.records() {
+                let timestamp = r
+                    .approximate_arrival_timestamp()
+                    .and_then(|t| t.to_millis().ok().map(Timestamp));
+                records.push(Record {
+                    key: r.partition_key().unwrap_or_default().to_string(),
+                    data: bytes::Bytes::copy_from_slice(r.data().as_ref()),
+                    continuation: Continuation::new(r.sequence_number()),
+                    timestamp,
+                });
+            }
+            self.iterator = out.next_shard_iterator().map(str::to_string);
+            let end = self.iterator.is_none() || !out.child_shards().is_empty();
+            let continuation = records.last().map(|r| r.continuation.clone());
+            if let Some(c) = &continuation {
+                self.last = Some(c.clone());
+            }
+            if end {
+                self.ended = true;
+                self.iterator = None;
+            }
+            let behind = out.millis_behind_latest().unwrap_or(0) > 0;
+            if records.is_empty() && !end && behind && empty < self.feed.options.empty_polls {
+                empty += 1;
+                continue;
+            }
+            return Ok(Batch {
+                records,
+                continuation,
+                end_of_partition: end,
+            });
+        }
+    }
+}
+
+/// Stream operations for tools and tests: create, write, split, merge.
+impl KinesisFeed {
+    /// Creates the stream with `shards` shards (if absent) and waits until it is active.
+    ///
+    /// # Errors
+    /// [`SourceError::Source`].
+    pub async fn create_stream(&self, shards: i32) -> Result<(), SourceError> {
+        let created = self
+            .client
+            .create_stream()
+            .stream_name(&self.stream)
+            .shard_count(shards)
+            .send()
+            .await;
+        if let Err(e) = created {
+            if code(&e) != Some("ResourceInUseException") {
+                return Err(source_error("create_stream", None, e));
+            }
+        }
+        self.wait_active().await
+    }
+
+    /// Deletes the stream.
+    ///
+    /// # Errors
+    /// [`SourceError::Source`].
+    pub async fn delete_stream(&self) -> Result<(), SourceError> {
+        self.client
+            .delete_stream()
+            .stream_name(&self.stream)
+            .enforce_consumer_deletion(true)
+            .send()
+            .await
+            .map_err(|e| source_error("delete_stream", None, e))?;
+        Ok(())
+    }
+
+    /// Waits (polling `DescribeStreamSummary`, up to a minute) until the stream is active.
+    ///
+    /// # Errors
+    /// [`SourceError::Source`] if it never becomes active.
+    pub async fn wait_active(&self) -> Result<(), SourceError> {
+        for _ in 0..600 {
+            let out = self
+                .call_with_backoff(
+                    || {
+                        self.client
+                            .describe_stream_summary()
+                            .stream_name(&self.stream)
+                            .send()
+                    },
+                    "describe_stream_summary",
+                    None,
+                )
+                .await?;
+            let status = out
+                .stream_description_summary()
+                .map(|d| d.stream_status().clone());
+            if status == Some(StreamStatus::Active) {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Err(SourceError::source(
+            "wait_active",
+            None,
+            true,
+            KinesisError::other(format!("stream {} did not become active", self.stream)),
+        ))
+    }
+
+    /// Writes one record with partition key `key`, routed by Kinesis (or to the shard owning
+    /// `explicit_hash_key`); returns its shard and sequence number.
+    ///
+    /// # Errors
+    /// [`SourceError::Source`].
+    pub async fn put(
+        &self,
+        key: &str,
+        data: impl Into<Vec<u8>>,
+        explicit_hash_key: Option<u128>,
+    ) -> Result<(PartitionId, Continuation), SourceError> {
+        let data = Blob::new(data.into());
+        let out = self
+            .call_with_backoff(
+                || {
+                    self.client
+                        .put_record()
+                        .stream_name(&self.stream)
+                        .partition_key(key)
+                        .set_explicit_hash_key(explicit_hash_key.map(|h| h.to_string()))
+                        .data(data.clone())
+                        .send()
+                },
+                "put_record",
+                None,
+            )
+            .await?;
+        let shard = PartitionId::new(out.shard_id()).map_err(|e| SourceError::Corrupt {
+            partition: out.shard_id().to_string(),
+            reason: e.to_string(),
+        })?;
+        Ok((shard, Continuation::new(out.sequence_number())))
+    }
+
+    async fn partition(&self, id: &PartitionId) -> Result<Partition, SourceError> {
+        self.partitions()
+            .await?
+            .into_iter()
+            .find(|p| &p.id == id)
+            .ok_or_else(|| SourceError::UnknownPartition {
+                partition: id.to_string(),
+            })
+    }
+
+    /// Splits `shard` at the middle of its hash-key range (`SplitShard`), waits until the
+    /// stream is active, and returns the two children, lower range first.
+    ///
+    /// # Errors
+    /// [`SourceError::UnknownPartition`]; [`SourceError::Source`].
+    pub async fn split(
+        &self,
+        shard: &PartitionId,
+    ) -> Result<(PartitionId, PartitionId), SourceError> {
+        let p = self.partition(shard).await?;
+        let range = p.key_range.unwrap_or(KeyRange::FULL);
+        let middle = range.start + (range.end - range.start) / 2 + 1;
+        self.call_with_backoff(
+            || {
+                self.client
+                    .split_shard()
+                    .stream_name(&self.stream)
+                    .shard_to_split(shard.as_str())
+                    .new_starting_hash_key(middle.to_string())
+                    .send()
+            },
+            "split_shard",
+            Some(shard),
+        )
+        .await?;
+        self.wait_active().await?;
+        let mut children: Vec<Partition> = self
+            .partitions()
+            .await?
+            .into_iter()
+            .filter(|c| c.parents.first() == Some(shard) && c.parents.len() == 1)
+            .collect();
+        children.sort_by_key(|c| c.key_range.map(|r| r.start));
+        match children.as_slice() {
+            [a, b] => Ok((a.id.clone(), b.id.clone())),
+            _ => Err(SourceError::Corrupt {
+                partition: shard.to_string(),
+                reason: format!("split produced {} children", children.len()),
+            }),
+        }
+    }
+
+    /// Merges the adjacent shards `a` and `b` (`MergeShards`), waits until the stream is
+    /// active, and returns the child.
+    ///
+    /// # Errors
+    /// [`SourceError::Source`] (for instance if they are not adjacent).
+    pub async fn merge(
+        &self,
+        a: &PartitionId,
+        b: &PartitionId,
+    ) -> Result<PartitionId, SourceError> {
+        self.call_with_backoff(
+            || {
+                self.client
+                    .merge_shards()
+                    .stream_name(&self.stream)
+                    .shard_to_merge(a.as_str())
+                    .adjacent_shard_to_merge(b.as_str())
+                    .send()
+            },
+            "merge_shards",
+            Some(a),
+        )
+        .await?;
+        self.wait_active().await?;
+        self.partitions()
+            .await?
+            .into_iter()
+            .find(|c| c.parents.contains(a) && c.parents.contains(b))
+            .map(|c| c.id)
+            .ok_or_else(|| SourceError::Corrupt {
+                partition: a.to_string(),
+                reason: format!("no child of the merge of {a} and {b} is listed"),
+            })
+    }
+}

@@ -3,6 +3,7 @@
 mod demo;
 mod lineage;
 mod ops;
+mod pg_failure;
 mod plan;
 mod postgres;
 mod run;

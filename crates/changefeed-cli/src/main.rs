@@ -13,6 +13,7 @@ mod ops;
 mod outbox;
 mod plan;
 mod run;
+mod simulate;
 mod url;
 
 #[derive(Debug, Parser)]
@@ -50,6 +51,8 @@ enum Command {
     Feed(feed::Args),
     /// Create a PostgreSQL outbox with N partitions, append test records, list or reshape it.
     Outbox(outbox::Args),
+    /// Run the deterministic fleet simulator: seeds, faults, invariant check, SVG timeline.
+    Simulate(simulate::Args),
 }
 
 fn main() -> ExitCode {
@@ -66,6 +69,7 @@ fn main() -> ExitCode {
         Command::Lineage(args) => lineage::run(args),
         Command::Feed(args) => feed::run(args),
         Command::Outbox(args) => outbox::run(args),
+        Command::Simulate(args) => simulate::run(args),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,192 @@
+//! `changefeed simulate`: run the deterministic fleet simulator for one seed or many, check
+//! every run's invariants, and optionally draw one run's ownership timeline as SVG.
+
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use changefeed::sim::{self, Faults, SimConfig, StrategyKind, TraceMode};
+
+/// Arguments of `changefeed simulate`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The seed to run (with --seeds: the first seed).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Run this many seeds, from --seed on, in parallel on every core.
+    #[arg(long)]
+    seeds: Option<u64>,
+    /// Faults: all, none, or a comma-separated list of crash, stop, restart, pause, cutoff,
+    /// latency, conflict, store-error, source-error, skew, drift, split, merge, handler-error.
+    #[arg(long, default_value = "all")]
+    faults: String,
+    /// Multiplies every fault's rate.
+    #[arg(long, default_value_t = 1.0)]
+    fault_rate: f64,
+    /// Hosts at the start.
+    #[arg(long, default_value_t = 4)]
+    hosts: usize,
+    /// Partitions at the start.
+    #[arg(long, default_value_t = 8)]
+    partitions: u32,
+    /// Virtual time with faults and writes (then a drain), e.g. 120s, 10m, 24h.
+    #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Records written per virtual second.
+    #[arg(long, default_value_t = 20)]
+    records_per_sec: u64,
+    /// Balancing strategy: ours, kcl or cosmos.
+    #[arg(long, default_value = "ours")]
+    strategy: String,
+    /// Run a deliberately broken processor: no-fencing, checkpoint-without-cas or
+    /// child-before-parent (the checker should catch it).
+    #[arg(long, default_value = "none")]
+    broken: String,
+    /// Write the ownership timeline of the (single) run as SVG to this file.
+    #[arg(long)]
+    svg: Option<std::path::PathBuf>,
+    /// Print the run's whole event trace (single seed only).
+    #[arg(long)]
+    trace: bool,
+    /// Settings for large fleets: idle partitions polled every 5 min, full lists every 30 min.
+    #[arg(long)]
+    large: bool,
+}
+
+fn config(args: &Args, seed: u64) -> anyhow::Result<SimConfig> {
+    let mut cfg = SimConfig::new(seed);
+    cfg.faults = args
+        .faults
+        .parse::<Faults>()
+        .map_err(|e| anyhow::anyhow!("--faults: {e}"))?;
+    cfg.faults.rate = args.fault_rate;
+    cfg.hosts = args.hosts;
+    cfg.partitions = args.partitions;
+    cfg.duration = args.duration;
+    cfg.records_per_sec = args.records_per_sec;
+    cfg.strategy = args
+        .strategy
+        .parse::<StrategyKind>()
+        .map_err(|e| anyhow::anyhow!("--strategy: {e}"))?;
+    cfg.broken = sim::parse_broken(&args.broken).map_err(|e| anyhow::anyhow!("--broken: {e}"))?;
+    if args.large {
+        cfg.settings.poll_delay = Duration::from_secs(300);
+        cfg.settings.full_list_interval = Duration::from_secs(1800);
+        cfg.trace = TraceMode::Off;
+        cfg.drain_limit = Duration::from_secs(1800);
+    }
+    if args.trace {
+        cfg.trace = TraceMode::Full;
+    }
+    Ok(cfg)
+}
+
+/// Runs the command.
+///
+/// # Errors
+/// Bad arguments, or a file that cannot be written.
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let started = Instant::now();
+    let count = args.seeds.unwrap_or(1).max(1);
+    let first = config(&args, args.seed)?;
+    if count == 1 {
+        let out = sim::run(&first)?;
+        if args.trace {
+            print!("{}", out.trace);
+        }
+        println!(
+            "seed {}: {} records written, {} delivered ({} deliveries), {} events, {:.0} virtual s, trace {:016x}",
+            out.seed,
+            out.written,
+            out.delivered,
+            out.deliveries,
+            out.events.len(),
+            out.virtual_time.as_secs_f64(),
+            out.trace_hash
+        );
+        for v in &out.violations {
+            println!("  {v}");
+        }
+        if !out.violations.is_empty() {
+            println!("reproduce: {}", first.repro());
+        }
+        if let Some(path) = &args.svg {
+            let title = format!("{}  —  ownership by host over virtual time", first.repro());
+            std::fs::write(path, sim::svg::render(&out, &title))
+                .with_context(|| format!("writing {}", path.display()))?;
+            println!("timeline written to {}", path.display());
+        }
+        println!(
+            "RESULT seeds=1 violations={} wall_s={:.2}",
+            out.violations.len(),
+            started.elapsed().as_secs_f64()
+        );
+        return Ok(if out.violations.is_empty() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        });
+    }
+    if args.svg.is_some() || args.trace {
+        anyhow::bail!("--svg and --trace draw one run: use --seed N without --seeds");
+    }
+    let next = AtomicU64::new(0);
+    let failures: Mutex<Vec<(u64, String)>> = Mutex::new(Vec::new());
+    let errors: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= count {
+                    break;
+                }
+                let seed = args.seed + i;
+                let cfg = match config(&args, seed) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        errors
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push(e.to_string());
+                        break;
+                    }
+                };
+                match sim::run(&cfg) {
+                    Ok(out) if !out.violations.is_empty() => {
+                        let lines: Vec<String> =
+                            out.violations.iter().map(|v| format!("  {v}")).collect();
+                        let text = format!("{}\n{}", cfg.repro(), lines.join("\n"));
+                        println!("{text}");
+                        failures
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push((seed, text));
+                    }
+                    Ok(_) => {}
+                    Err(e) => errors
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(e.to_string()),
+                }
+            });
+        }
+    });
+    let errors = errors.into_inner().unwrap_or_else(|p| p.into_inner());
+    if let Some(e) = errors.first() {
+        anyhow::bail!("{e}");
+    }
+    let failures = failures.into_inner().unwrap_or_else(|p| p.into_inner());
+    println!(
+        "RESULT seeds={count} violations={} wall_s={:.1}",
+        failures.len(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(if failures.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}

@@ -5,6 +5,7 @@
 use clap::{Parser, Subcommand};
 
 mod balance;
+mod rebalance;
 mod outbox;
 mod store;
 mod store_io;
@@ -22,6 +23,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Rebalancing cycles, failover and store calls: ours against KCL-like and Cosmos-like.
+    Rebalance(rebalance::Args),
     /// One host's EqualShare plan on a large lease table, against an O(leases) baseline.
     Balance(balance::Args),
     /// PostgreSQL outbox: read records/s per partition and append/s, against the in-memory feed.
@@ -38,6 +41,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Balance(args) => balance::run(args),
+        Command::Rebalance(args) => rebalance::run(args),
         Command::Outbox(args) => outbox::run(args),
         Command::Store(args) => store::run(args),
         Command::Throughput(args) => throughput::run(args),

@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 
 mod balance;
 mod rebalance;
+mod dynamodb_cost;
 mod outbox;
 mod store;
 mod store_io;
@@ -27,6 +28,8 @@ enum Command {
     Rebalance(rebalance::Args),
     /// One host's EqualShare plan on a large lease table, against an O(leases) baseline.
     Balance(balance::Args),
+    /// DynamoDB capacity per minute of a fleet (DynamoDB Local), ours against KCL's pattern.
+    DynamodbCost(dynamodb_cost::Args),
     /// PostgreSQL outbox: read records/s per partition and append/s, against the in-memory feed.
     Outbox(outbox::Args),
     /// Lease store operations: CAS replace/s and list of N leases, SQLite against memory.
@@ -42,6 +45,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Balance(args) => balance::run(args),
         Command::Rebalance(args) => rebalance::run(args),
+        Command::DynamodbCost(args) => dynamodb_cost::run(args),
         Command::Outbox(args) => outbox::run(args),
         Command::Store(args) => store::run(args),
         Command::Throughput(args) => throughput::run(args),

@@ -1,5 +1,6 @@
 //! The Kinesis source against kinesis-mock (started by `.ci/run`).
 
+mod e2e;
 mod feed;
 
 use std::sync::atomic::{AtomicU64, Ordering};

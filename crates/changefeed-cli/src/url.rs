@@ -8,6 +8,10 @@
 //!   (the path is everything after `sqlite://`).
 //! - `postgres://…` or `postgresql://…` (store): a [`PostgresLeaseStore`], e.g.
 //!   `postgres://user:pw@db:5432/app?prefix=orders&sslmode=require`.
+//! - `dynamodb://TABLE[?endpoint=URL&region=R]` (store): a [`DynamoLeaseStore`] on one table
+//!   (created if absent); credentials, and region and endpoint unless given, from the standard
+//!   AWS configuration chain.
+//! - `kinesis://STREAM[?endpoint=URL&region=R]` (source): a [`KinesisFeed`] on one stream.
 //! - `postgres-outbox://…` (source): a [`PostgresOutbox`] over the tables `{prefix}_outbox…`,
 //!   e.g. `postgres-outbox://user:pw@db:5432/app?prefix=orders`.
 //!
@@ -22,6 +26,8 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use changefeed::lease::LeaseStore;
 use changefeed::source::FeedSource;
+use changefeed_dynamodb::DynamoLeaseStore;
+use changefeed_kinesis::KinesisFeed;
 use changefeed_postgres::{OutboxTable, PgOptions, PostgresLeaseStore, PostgresOutbox};
 use changefeed_sqlite::{SqliteFeed, SqliteLeaseStore};
 
@@ -29,7 +35,7 @@ use crate::config::UsageError;
 
 /// Schemes this build understands, for error messages.
 const SUPPORTED: &str =
-    "sqlite://PATH, postgres://USER@HOST/DB[?prefix=P] (store), postgres-outbox://USER@HOST/DB[?prefix=P] (source)";
+    "sqlite://PATH, postgres://USER@HOST/DB[?prefix=P] (store), postgres-outbox://USER@HOST/DB[?prefix=P] (source), dynamodb://TABLE[?endpoint=URL&region=R] (store), kinesis://STREAM[?endpoint=URL&region=R] (source)";
 
 /// A PostgreSQL connection URL with our own parameters taken out.
 #[derive(Clone, PartialEq, Eq)]
@@ -137,6 +143,60 @@ pub enum BackendUrl {
     Postgres(PgUrl),
     /// A PostgreSQL outbox feed source (`postgres-outbox://`).
     PostgresOutbox(PgUrl),
+    /// A DynamoDB lease store (`dynamodb://TABLE`).
+    Dynamodb(AwsUrl),
+    /// A Kinesis stream feed source (`kinesis://STREAM`).
+    Kinesis(AwsUrl),
+}
+
+/// A `dynamodb://` or `kinesis://` URL: the table or stream, and optional overrides of the
+/// standard AWS configuration chain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AwsUrl {
+    /// The table or stream name.
+    pub name: String,
+    /// `?endpoint=URL`: an endpoint overriding the region's (a local server).
+    pub endpoint: Option<String>,
+    /// `?region=R`.
+    pub region: Option<String>,
+}
+
+impl AwsUrl {
+    fn parse(setting: &str, scheme: &str, rest: &str) -> Result<Self, UsageError> {
+        let bad = |rule: String| UsageError(format!("{setting}: {rule}"));
+        let (name, query) = rest.split_once('?').unwrap_or((rest, ""));
+        if name.is_empty() || name.contains('/') {
+            return Err(bad(format!(
+                "{scheme}:// needs a name without '/', e.g. {scheme}://orders"
+            )));
+        }
+        let mut url = AwsUrl {
+            name: name.to_string(),
+            endpoint: None,
+            region: None,
+        };
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            match pair.split_once('=') {
+                Some(("endpoint", v)) if !v.is_empty() => url.endpoint = Some(v.to_string()),
+                Some(("region", v)) if !v.is_empty() => url.region = Some(v.to_string()),
+                _ => {
+                    return Err(bad(format!(
+                        "{scheme}:// accepts only ?endpoint=URL and ?region=R, got \"{}\"",
+                        pair.escape_debug()
+                    )))
+                }
+            }
+        }
+        Ok(url)
+    }
+
+    fn options(&self) -> changefeed_dynamodb::AwsOptions {
+        changefeed_dynamodb::AwsOptions {
+            endpoint_url: self.endpoint.clone(),
+            region: self.region.clone(),
+            static_credentials: None,
+        }
+    }
 }
 
 impl BackendUrl {
@@ -168,6 +228,8 @@ impl BackendUrl {
             "postgres-outbox" => Ok(BackendUrl::PostgresOutbox(PgUrl::parse(
                 setting, scheme, rest,
             )?)),
+            "dynamodb" => Ok(BackendUrl::Dynamodb(AwsUrl::parse(setting, scheme, rest)?)),
+            "kinesis" => Ok(BackendUrl::Kinesis(AwsUrl::parse(setting, scheme, rest)?)),
             other => Err(bad(format!(
                 "unknown scheme \"{}\"; supported: {SUPPORTED}",
                 other.escape_debug()
@@ -181,6 +243,11 @@ impl BackendUrl {
     /// A [`UsageError`] naming the setting.
     pub fn store(setting: &str, text: &str) -> Result<Self, UsageError> {
         let url = Self::parse(setting, text)?;
+        if let BackendUrl::Kinesis(_) = url {
+            return Err(UsageError(format!(
+                "{setting}: kinesis:// is a feed source; the AWS lease store is dynamodb://TABLE"
+            )));
+        }
         if let BackendUrl::PostgresOutbox(_) = url {
             return Err(UsageError(format!(
                 "{setting}: postgres-outbox:// is a feed source; the PostgreSQL lease store is postgres://USER@HOST/DB[?prefix=P]"
@@ -195,6 +262,11 @@ impl BackendUrl {
     /// A [`UsageError`] naming the setting.
     pub fn source(setting: &str, text: &str) -> Result<Self, UsageError> {
         let url = Self::parse(setting, text)?;
+        if let BackendUrl::Dynamodb(_) = url {
+            return Err(UsageError(format!(
+                "{setting}: dynamodb:// is a lease store; the AWS feed source is kinesis://STREAM"
+            )));
+        }
         if let BackendUrl::Postgres(_) = url {
             return Err(UsageError(format!(
                 "{setting}: postgres:// is a lease store; the PostgreSQL feed source is the outbox, postgres-outbox://USER@HOST/DB[?prefix=P]"
@@ -224,6 +296,15 @@ impl BackendUrl {
             BackendUrl::PostgresOutbox(_) => Err(anyhow::Error::new(UsageError(
                 "postgres-outbox:// is a feed source, not a lease store".into(),
             ))),
+            BackendUrl::Dynamodb(aws) => {
+                let store = DynamoLeaseStore::connect(&aws.options(), &aws.name)
+                    .await
+                    .with_context(|| format!("opening DynamoDB lease table {}", aws.name))?;
+                Ok(Arc::new(store))
+            }
+            BackendUrl::Kinesis(_) => Err(anyhow::Error::new(UsageError(
+                "kinesis:// is a feed source, not a lease store".into(),
+            ))),
         }
     }
 
@@ -240,6 +321,18 @@ impl BackendUrl {
                 Ok(Arc::new(feed))
             }
             BackendUrl::PostgresOutbox(pg) => Ok(Arc::new(open_outbox(pg).await?)),
+            BackendUrl::Kinesis(aws) => {
+                let o = aws.options();
+                let options = changefeed_kinesis::AwsOptions {
+                    endpoint_url: o.endpoint_url,
+                    region: o.region,
+                    static_credentials: None,
+                };
+                Ok(Arc::new(KinesisFeed::connect(&options, &aws.name).await))
+            }
+            BackendUrl::Dynamodb(_) => Err(anyhow::Error::new(UsageError(
+                "dynamodb:// is a lease store; the AWS feed source is kinesis://STREAM".into(),
+            ))),
             BackendUrl::Postgres(_) => Err(anyhow::Error::new(UsageError(
                 "postgres:// is a lease store; the PostgreSQL feed source is postgres-outbox://"
                     .into(),
@@ -262,6 +355,34 @@ pub async fn open_outbox(pg: &PgUrl) -> anyhow::Result<PostgresOutbox> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn aws_urls_name_the_table_or_stream_and_refuse_the_wrong_role() {
+        // dynamodb:// is a store, kinesis:// a source; overrides come as ?endpoint= and ?region=.
+        assert_eq!(
+            BackendUrl::store(
+                "--store",
+                "dynamodb://leases?endpoint=http://127.0.0.1:8000&region=eu-west-1"
+            )
+            .expect("valid"),
+            BackendUrl::Dynamodb(AwsUrl {
+                name: "leases".into(),
+                endpoint: Some("http://127.0.0.1:8000".into()),
+                region: Some("eu-west-1".into()),
+            })
+        );
+        assert!(matches!(
+            BackendUrl::source("--source", "kinesis://orders").expect("valid"),
+            BackendUrl::Kinesis(AwsUrl { ref name, endpoint: None, region: None }) if name == "orders"
+        ));
+        let err = BackendUrl::source("--source", "dynamodb://t").expect_err("a store");
+        assert!(err.to_string().contains("--source"), "{err}");
+        let err = BackendUrl::store("--store", "kinesis://s").expect_err("a source");
+        assert!(err.to_string().contains("kinesis://"), "{err}");
+        let err = BackendUrl::store("--store", "dynamodb://t?colour=red").expect_err("bad query");
+        assert!(err.to_string().contains("endpoint"), "{err}");
+        assert!(BackendUrl::store("--store", "dynamodb://").is_err());
+    }
 
     #[test]
     fn sqlite_urls_keep_the_path_and_other_schemes_are_named() {

@@ -5,9 +5,9 @@
 use clap::{Parser, Subcommand};
 
 mod balance;
-mod rebalance;
 mod dynamodb_cost;
 mod outbox;
+mod rebalance;
 mod store;
 mod store_io;
 mod throughput;

@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 mod config;
 mod demo;
 mod feed;
+mod import_kcl;
 mod lineage;
 mod metrics;
 mod ops;
@@ -53,6 +54,8 @@ enum Command {
     Outbox(outbox::Args),
     /// Run the deterministic fleet simulator: seeds, faults, invariant check, SVG timeline.
     Simulate(simulate::Args),
+    /// Create a group's leases from a KCL 2.x lease table, at the same checkpoints.
+    ImportKcl(import_kcl::Args),
 }
 
 fn main() -> ExitCode {
@@ -70,6 +73,7 @@ fn main() -> ExitCode {
         Command::Feed(args) => feed::run(args),
         Command::Outbox(args) => outbox::run(args),
         Command::Simulate(args) => simulate::run(args),
+        Command::ImportKcl(args) => import_kcl::run(args),
     };
     match result {
         Ok(code) => code,

@@ -1,6 +1,7 @@
 //! Integration tests of the `changefeed` binary: one test binary, one module per command.
 
 mod demo;
+mod import_kcl;
 mod lineage;
 mod ops;
 mod pg_failure;

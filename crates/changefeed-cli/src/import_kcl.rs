@@ -1,0 +1,170 @@
+//! `changefeed import-kcl`: create a group's leases from an existing KCL 2.x lease table.
+//!
+//! A team moving a Kinesis consumer from Java KCL keeps every checkpoint: each KCL lease
+//! becomes one of our leases, available, at the same continuation (see
+//! [`changefeed_dynamodb::import_kcl`]). Running it again creates nothing new. Exit codes:
+//! 0 when every KCL lease was imported (or already existed), 1 when a table could not be read
+//! or written or some KCL leases were skipped (each named, with why), 2 for bad usage.
+
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use changefeed::model::GroupName;
+use changefeed_dynamodb::{AwsOptions, DynamoLeaseStore};
+
+use crate::config::UsageError;
+use crate::url::BackendUrl;
+
+/// Arguments of `changefeed import-kcl`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The KCL 2.x lease table to read (KCL's application name).
+    #[arg(long, value_name = "TABLE")]
+    table: String,
+    /// Our lease store, a DynamoDB table: dynamodb://TABLE[?endpoint=URL&region=R].
+    #[arg(long, value_name = "URL", env = "CHANGEFEED_STORE")]
+    store: String,
+    /// The group the imported leases belong to.
+    #[arg(
+        long,
+        value_name = "NAME",
+        env = "CHANGEFEED_GROUP",
+        default_value = "default"
+    )]
+    group: String,
+    /// The DynamoDB endpoint (a local server), unless the store URL gives ?endpoint=.
+    #[arg(long, value_name = "URL")]
+    endpoint: Option<String>,
+    /// The AWS region, unless the store URL gives ?region=.
+    #[arg(long, value_name = "REGION")]
+    region: Option<String>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Both tables are reached through one client, so a flag and the store URL must agree.
+fn merge(
+    flag: &str,
+    from_flag: Option<String>,
+    from_url: Option<String>,
+) -> Result<Option<String>, UsageError> {
+    match (from_flag, from_url) {
+        (Some(a), Some(b)) if a != b => Err(UsageError(format!(
+            "--{flag} \"{}\" disagrees with the store URL's ?{flag}=\"{}\"",
+            a.escape_debug(),
+            b.escape_debug()
+        ))),
+        (a, b) => Ok(a.or(b)),
+    }
+}
+
+/// `changefeed import-kcl`.
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let group = match GroupName::new(args.group.as_str()) {
+        Ok(g) => g,
+        Err(e) => return Ok(crate::run::usage(&UsageError(format!("--group: {e}")))),
+    };
+    let aws = match BackendUrl::store("--store", &args.store) {
+        Ok(BackendUrl::Dynamodb(aws)) => aws,
+        Ok(_) => {
+            return Ok(crate::run::usage(&UsageError(
+                "--store: import-kcl writes to a DynamoDB lease store, dynamodb://TABLE[?endpoint=URL&region=R]"
+                    .into(),
+            )))
+        }
+        Err(e) => return Ok(crate::run::usage(&e)),
+    };
+    if args.table.is_empty() {
+        return Ok(crate::run::usage(&UsageError(
+            "--table: the KCL lease table name must not be empty".into(),
+        )));
+    }
+    let endpoint = merge("endpoint", args.endpoint.clone(), aws.endpoint.clone());
+    let region = merge("region", args.region.clone(), aws.region.clone());
+    let (endpoint_url, region) = match (endpoint, region) {
+        (Ok(e), Ok(r)) => (e, r),
+        (Err(e), _) | (_, Err(e)) => return Ok(crate::run::usage(&e)),
+    };
+    let options = AwsOptions {
+        endpoint_url,
+        region,
+        static_credentials: None,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    let report = runtime.block_on(async {
+        let store = DynamoLeaseStore::connect(&options, &aws.name)
+            .await
+            .with_context(|| format!("opening DynamoDB lease table {}", aws.name))?;
+        changefeed_dynamodb::import_kcl(&store, &args.table, &group)
+            .await
+            .with_context(|| format!("importing KCL lease table {}", args.table))
+    })?;
+    if args.json {
+        let key = |k: &changefeed::model::LeaseKey| k.partition.to_string();
+        let value = serde_json::json!({
+            "group": group.to_string(),
+            "kcl_table": args.table,
+            "created": report.created.iter().map(key).collect::<Vec<_>>(),
+            "existing": report.existing.iter().map(key).collect::<Vec<_>>(),
+            "skipped": report
+                .skipped
+                .iter()
+                .map(|(k, why)| serde_json::json!({"lease_key": k, "reason": why}))
+                .collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&value)?);
+    } else {
+        let mut rows: Vec<(String, &str, String)> = Vec::new();
+        rows.extend(
+            report
+                .created
+                .iter()
+                .map(|k| (k.partition.to_string(), "created", String::new())),
+        );
+        rows.extend(
+            report
+                .existing
+                .iter()
+                .map(|k| (k.partition.to_string(), "existing", String::new())),
+        );
+        rows.extend(
+            report
+                .skipped
+                .iter()
+                .map(|(k, why)| (k.clone(), "skipped", why.clone())),
+        );
+        let width = rows
+            .iter()
+            .map(|r| r.0.chars().count())
+            .max()
+            .unwrap_or(0)
+            .max("PARTITION".len());
+        println!("{:<width$}  {:<8}  DETAIL", "PARTITION", "RESULT");
+        for (partition, result, detail) in &rows {
+            println!(
+                "{}",
+                format!("{partition:<width$}  {result:<8}  {detail}").trim_end()
+            );
+        }
+        println!(
+            "{} created, {} already present, {} skipped (group {group}, from KCL table {})",
+            report.created.len(),
+            report.existing.len(),
+            report.skipped.len(),
+            args.table
+        );
+    }
+    if report.skipped.is_empty() {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!(
+            "error: {} KCL lease(s) were not imported; create them by hand (changefeed reset) or fix the KCL table and run again",
+            report.skipped.len()
+        );
+        Ok(ExitCode::from(1))
+    }
+}

@@ -1,0 +1,218 @@
+//! `changefeed import-kcl` against DynamoDB Local: a KCL-shaped table in, our leases out.
+
+use changefeed::lease::LeaseStore;
+use changefeed::model::{Continuation, GroupName, LeaseState, Position};
+use changefeed_dynamodb::sdk::types::{
+    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,
+    ScalarAttributeType,
+};
+use changefeed_dynamodb::{AwsOptions, DynamoLeaseStore};
+
+use crate::support::{bin, rt, text};
+
+/// The DynamoDB Local endpoint, or a panic saying how to start it.
+fn endpoint() -> String {
+    std::env::var("CHANGEFEED_TEST_DYNAMODB_URL").unwrap_or_else(|_| {
+        panic!(
+            "CHANGEFEED_TEST_DYNAMODB_URL is not set: start DynamoDB Local with \
+             `eval \"$(bash .ci/aws-services.sh)\"` (or `bash .ci/run`)"
+        )
+    })
+}
+
+fn fresh_table(prefix: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    format!("{prefix}-{}-{nanos}", std::process::id())
+}
+
+async fn connect(table: &str) -> DynamoLeaseStore {
+    DynamoLeaseStore::connect(&AwsOptions::local(endpoint()), table)
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach DynamoDB Local at {}: {e}", endpoint()))
+}
+
+/// Writes a KCL 2.x lease table: (leaseKey, checkpoint, sub-sequence, parents).
+async fn write_kcl_table(
+    store: &DynamoLeaseStore,
+    table: &str,
+    rows: &[(&str, &str, u64, &[&str])],
+) {
+    let client = store.client();
+    client
+        .create_table()
+        .table_name(table)
+        .billing_mode(BillingMode::PayPerRequest)
+        .attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name("leaseKey")
+                .attribute_type(ScalarAttributeType::S)
+                .build()
+                .expect("valid"),
+        )
+        .key_schema(
+            KeySchemaElement::builder()
+                .attribute_name("leaseKey")
+                .key_type(KeyType::Hash)
+                .build()
+                .expect("valid"),
+        )
+        .send()
+        .await
+        .expect("create the KCL table");
+    for (key, checkpoint, sub, parents) in rows {
+        let mut req = client
+            .put_item()
+            .table_name(table)
+            .item("leaseKey", AttributeValue::S(key.to_string()))
+            .item("checkpoint", AttributeValue::S(checkpoint.to_string()))
+            .item(
+                "checkpointSubSequenceNumber",
+                AttributeValue::N(sub.to_string()),
+            )
+            .item("leaseCounter", AttributeValue::N("42".into()))
+            .item("leaseOwner", AttributeValue::S("java-worker-1".into()))
+            .item(
+                "ownerSwitchesSinceCheckpoint",
+                AttributeValue::N("3".into()),
+            );
+        if !parents.is_empty() {
+            req = req.item(
+                "parentShardIds",
+                AttributeValue::Ss(parents.iter().map(|p| p.to_string()).collect()),
+            );
+        }
+        req.send().await.expect("write a KCL lease");
+    }
+}
+
+const SEQ: &str = "49590338271490256608559692538361571095921575989136588898";
+
+#[test]
+fn import_kcl_creates_our_leases_at_the_kcl_checkpoints() {
+    // A consumer moved from Java KCL resumes exactly where KCL stopped, via the CLI.
+    let ours = fresh_table("cli-kcl-ours");
+    let kcl = fresh_table("cli-kcl-app");
+    let rows: &[(&str, &str, u64, &[&str])] = &[
+        ("shardId-000000000000", "SHARD_END", 0, &[]),
+        ("shardId-000000000001", SEQ, 0, &[]),
+        (
+            "shardId-000000000002",
+            "TRIM_HORIZON",
+            0,
+            &["shardId-000000000000"],
+        ),
+        ("shardId-000000000003", "LATEST", 0, &[]),
+    ];
+    rt().block_on(async {
+        let store = connect(&ours).await;
+        write_kcl_table(&store, &kcl, rows).await;
+    });
+    let store_url = format!("dynamodb://{ours}?endpoint={}", endpoint());
+    let import = || {
+        bin()
+            .args(["import-kcl", "--table", &kcl, "--store", &store_url])
+            .args(["--group", "migrated", "--region", "us-east-1", "--json"])
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "test")
+            .output()
+            .expect("run changefeed import-kcl")
+    };
+    let out = import();
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).expect("JSON report");
+    assert_eq!(
+        report["created"].as_array().map(Vec::len),
+        Some(4),
+        "{stdout}"
+    );
+    assert_eq!(
+        report["skipped"].as_array().map(Vec::len),
+        Some(0),
+        "{stdout}"
+    );
+
+    let group = GroupName::new("migrated").expect("valid");
+    let leases = rt().block_on(async { connect(&ours).await.list(&group).await.expect("list") });
+    let by = |id: &str| {
+        leases
+            .leases
+            .iter()
+            .find(|l| l.key.partition.as_str() == id)
+            .unwrap_or_else(|| panic!("{id} imported: {leases:?}"))
+    };
+    assert_eq!(by("shardId-000000000000").state, LeaseState::Finished);
+    let l1 = by("shardId-000000000001");
+    assert_eq!(l1.continuation, Some(Continuation::new(SEQ)));
+    assert_eq!(
+        l1.state,
+        LeaseState::Available,
+        "nobody owns an imported lease"
+    );
+    let l2 = by("shardId-000000000002");
+    assert_eq!(l2.start, Position::Beginning);
+    assert_eq!(l2.parents.len(), 1, "parents are kept for lineage");
+    assert_eq!(by("shardId-000000000003").start, Position::Now);
+
+    // Again: nothing new, still exit 0.
+    let out = import();
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).expect("JSON report");
+    assert_eq!(
+        report["created"].as_array().map(Vec::len),
+        Some(0),
+        "{stdout}"
+    );
+    assert_eq!(
+        report["existing"].as_array().map(Vec::len),
+        Some(4),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn import_kcl_exits_1_naming_skipped_leases_and_2_on_bad_usage() {
+    // A KPL-aggregated checkpoint cannot be imported: the rest is, and the exit says so.
+    let ours = fresh_table("cli-kcl-ours2");
+    let kcl = fresh_table("cli-kcl-app2");
+    let rows: &[(&str, &str, u64, &[&str])] = &[
+        ("shardId-000000000001", SEQ, 0, &[]),
+        ("shardId-000000000004", SEQ, 7, &[]),
+    ];
+    rt().block_on(async {
+        let store = connect(&ours).await;
+        write_kcl_table(&store, &kcl, rows).await;
+    });
+    let out = bin()
+        .args([
+            "import-kcl",
+            "--table",
+            &kcl,
+            "--store",
+            &format!("dynamodb://{ours}"),
+        ])
+        .args(["--endpoint", &endpoint(), "--region", "us-east-1"])
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .output()
+        .expect("run changefeed import-kcl");
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("shardId-000000000004") && stdout.contains("sub-sequence"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("1 created"), "{stdout}");
+
+    let out = bin()
+        .args(["import-kcl", "--table", &kcl, "--store", "sqlite://x.db"])
+        .output()
+        .expect("run changefeed import-kcl");
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--store"), "{stderr}");
+}

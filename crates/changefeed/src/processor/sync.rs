@@ -55,6 +55,8 @@ pub(crate) struct Syncer {
     last_run: Option<Instant>,
     /// Since when each finished lease has been deletable.
     deletable_since: BTreeMap<PartitionId, Instant>,
+    /// Since when each lease has been [retired](FeedSource::retired) (its stream removed).
+    retired_since: BTreeMap<PartitionId, Instant>,
 }
 
 impl Syncer {
@@ -69,6 +71,7 @@ impl Syncer {
     pub fn reset(&mut self) {
         self.last_run = None;
         self.deletable_since.clear();
+        self.retired_since.clear();
     }
 
     /// One sync against `leases` (the group's current lease list).
@@ -87,7 +90,9 @@ impl Syncer {
     ) -> Result<SyncReport, SyncError> {
         self.last_run = Some(now);
         let mut report = SyncReport::default();
-        if lineage::covers_key_space(leases) {
+        if lineage::covers_key_space(leases)
+            && !leases.iter().any(|l| source.retired(&l.key.partition))
+        {
             // Nothing can be due: no lease finished, so no partition closed under a reader.
             self.deletable_since.clear();
             report.skipped = true;
@@ -152,7 +157,62 @@ impl Syncer {
                 Err(err) => return Err(err.into()),
             }
         }
+        self.retire(store, source, group, settings, leases, now, &mut report)
+            .await?;
         Ok(report)
+    }
+
+    /// Deletes, by compare-and-swap at the version listed, the leases whose partition the
+    /// source calls [retired](FeedSource::retired) (a stream removed from a multi-stream feed)
+    /// once they have been retired for `cleanup_delay`, owned or not: an owner's next write
+    /// finds the lease gone and its worker stops (lease lost). A partition that is merely no
+    /// longer listed is not retired; lineage decides about those.
+    #[allow(clippy::too_many_arguments)]
+    async fn retire(
+        &mut self,
+        store: &dyn LeaseStore,
+        source: &dyn FeedSource,
+        group: &GroupName,
+        settings: &Settings,
+        leases: &[Lease],
+        now: Instant,
+        report: &mut SyncReport,
+    ) -> Result<(), SyncError> {
+        let retired: Vec<&Lease> = leases
+            .iter()
+            .filter(|l| source.retired(&l.key.partition))
+            .collect();
+        self.retired_since
+            .retain(|p, _| retired.iter().any(|l| &l.key.partition == p));
+        for lease in retired {
+            let partition = &lease.key.partition;
+            if report.deleted.contains(partition) {
+                continue;
+            }
+            let since = *self.retired_since.entry(partition.clone()).or_insert(now);
+            if now.saturating_duration_since(since) < settings.cleanup_delay {
+                continue;
+            }
+            // The listing may be older than the owner's last checkpoint; the partition is
+            // retired whatever the row says, so a conflict retries at the current version.
+            let mut version = lease.version;
+            for _ in 0..3 {
+                match store.delete(&lease.key, version).await {
+                    Ok(()) => {
+                        info!(lease = %lease.key, owner = ?lease.owner, "deleted lease of a retired stream");
+                        metrics::counter!("changefeed_leases_deleted_total", "group" => group.to_string())
+                            .increment(1);
+                        self.retired_since.remove(partition);
+                        report.deleted.push(partition.clone());
+                        break;
+                    }
+                    Err(LeaseError::Conflict { current, .. }) => version = current.version,
+                    Err(LeaseError::NotFound { .. }) => break,
+                    Err(err) => return Err(err.into()),
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -295,6 +355,76 @@ mod tests {
             .await
             .expect("sync");
         assert_eq!(report.deleted, vec![p0.clone()]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn leases_of_a_removed_stream_are_retired_but_unlisted_ones_kept() {
+        // Multi-stream: a removed stream's leases go (after the delay, even if owned); a lease
+        // whose partition is merely no longer listed is not the same thing and stays.
+        use std::sync::Arc;
+        let store = MemoryLeaseStore::new();
+        let multi = crate::source::MultiFeed::new();
+        multi
+            .add_stream("a", Arc::new(MemoryFeed::new(1)))
+            .expect("valid");
+        multi
+            .add_stream("b", Arc::new(MemoryFeed::new(2)))
+            .expect("valid");
+        let settings = Settings {
+            cleanup_delay: Duration::from_secs(10),
+            ..Settings::default()
+        };
+        let mut s = Syncer::default();
+        let report = s
+            .run(&store, &multi, &group(), &settings, &[], Instant::now())
+            .await
+            .expect("sync");
+        assert_eq!(report.created.len(), 3);
+        let trimmed = Lease::new(
+            LeaseKey::new(group(), PartitionId::new("a:trimmed").expect("valid")),
+            Position::Beginning,
+        );
+        store.create(&trimmed).await.expect("create");
+        let mut owned = listed(&store)
+            .await
+            .into_iter()
+            .find(|l| l.key.partition.as_str() == "b:0")
+            .expect("b:0");
+        owned.owner = Some(crate::model::HostName::new("h").expect("valid"));
+        owned.state = LeaseState::Owned;
+        store.replace(&owned, owned.version).await.expect("own");
+        assert!(multi.remove_stream("b"));
+        let report = s
+            .run(
+                &store,
+                &multi,
+                &group(),
+                &settings,
+                &listed(&store).await,
+                Instant::now(),
+            )
+            .await
+            .expect("sync");
+        assert!(report.deleted.is_empty(), "the delay starts now");
+        tokio::time::advance(Duration::from_secs(11)).await;
+        let report = s
+            .run(
+                &store,
+                &multi,
+                &group(),
+                &settings,
+                &listed(&store).await,
+                Instant::now(),
+            )
+            .await
+            .expect("sync");
+        assert_eq!(report.deleted.len(), 2, "{report:?}");
+        let left: Vec<String> = listed(&store)
+            .await
+            .iter()
+            .map(|l| l.key.partition.to_string())
+            .collect();
+        assert_eq!(left, vec!["a:0".to_string(), "a:trimmed".to_string()]);
     }
 
     #[tokio::test(start_paused = true)]

@@ -3,11 +3,14 @@
 //! A [`FeedSource`] lists the partitions of a feed with their lineage and opens a
 //! [`PartitionReader`] on one of them at a [`Position`]. The source alone understands its
 //! continuations; the core only stores them and hands them back. [`MemoryFeed`] is the
-//! in-memory implementation (with split and merge) for tests and the simulator.
+//! in-memory implementation (with split and merge) for tests and the simulator; [`MultiFeed`]
+//! consumes several named streams as one feed (KCL's multi-stream mode).
 
 mod memory;
+mod multi;
 
 pub use memory::MemoryFeed;
+pub use multi::{MultiFeed, STREAM_SEPARATOR};
 
 use async_trait::async_trait;
 
@@ -56,6 +59,16 @@ pub trait FeedSource: Send + Sync + std::fmt::Debug {
         partition: &PartitionId,
         after: Option<&Continuation>,
     ) -> Result<Option<u64>, SourceError>;
+
+    /// Whether `partition` belongs to a part of the feed that is gone for good (a stream
+    /// removed from a [`MultiFeed`]), so its lease should be deleted rather than kept. The
+    /// partition sync (with `cleanup` on) deletes such leases after `cleanup_delay`, owned or
+    /// not; a partition that is merely no longer listed (trimmed by retention) is not
+    /// retired. Default: never.
+    fn retired(&self, partition: &PartitionId) -> bool {
+        let _ = partition;
+        false
+    }
 }
 
 /// Reads one partition forward.

@@ -5,5 +5,6 @@
 mod conformance;
 mod handler;
 mod lineage;
+mod multistream;
 mod processor;
 mod sim;

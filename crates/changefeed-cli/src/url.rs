@@ -11,7 +11,9 @@
 //! - `dynamodb://TABLE[?endpoint=URL&region=R]` (store): a [`DynamoLeaseStore`] on one table
 //!   (created if absent); credentials, and region and endpoint unless given, from the standard
 //!   AWS configuration chain.
-//! - `kinesis://STREAM[?endpoint=URL&region=R]` (source): a [`KinesisFeed`] on one stream.
+//! - `kinesis://STREAM[?endpoint=URL&region=R]` (source): a [`KinesisFeed`] on one stream;
+//!   `kinesis://S1,S2,…` reads several streams with one lease table (a [`MultiFeed`], KCL's
+//!   multi-stream mode), partitions named `STREAM:SHARD`.
 //! - `postgres-outbox://…` (source): a [`PostgresOutbox`] over the tables `{prefix}_outbox…`,
 //!   e.g. `postgres-outbox://user:pw@db:5432/app?prefix=orders`.
 //!
@@ -25,7 +27,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use changefeed::lease::LeaseStore;
-use changefeed::source::FeedSource;
+use changefeed::source::{FeedSource, MultiFeed};
 use changefeed_dynamodb::DynamoLeaseStore;
 use changefeed_kinesis::KinesisFeed;
 use changefeed_postgres::{OutboxTable, PgOptions, PostgresLeaseStore, PostgresOutbox};
@@ -35,7 +37,7 @@ use crate::config::UsageError;
 
 /// Schemes this build understands, for error messages.
 const SUPPORTED: &str =
-    "sqlite://PATH, postgres://USER@HOST/DB[?prefix=P] (store), postgres-outbox://USER@HOST/DB[?prefix=P] (source), dynamodb://TABLE[?endpoint=URL&region=R] (store), kinesis://STREAM[?endpoint=URL&region=R] (source)";
+    "sqlite://PATH, postgres://USER@HOST/DB[?prefix=P] (store), postgres-outbox://USER@HOST/DB[?prefix=P] (source), dynamodb://TABLE[?endpoint=URL&region=R] (store), kinesis://STREAM[,STREAM…][?endpoint=URL&region=R] (source)";
 
 /// A PostgreSQL connection URL with our own parameters taken out.
 #[derive(Clone, PartialEq, Eq)]
@@ -168,6 +170,16 @@ impl AwsUrl {
         if name.is_empty() || name.contains('/') {
             return Err(bad(format!(
                 "{scheme}:// needs a name without '/', e.g. {scheme}://orders"
+            )));
+        }
+        if scheme == "kinesis"
+            && name
+                .split(',')
+                .any(|s| s.is_empty() || s.contains(changefeed::source::STREAM_SEPARATOR))
+        {
+            return Err(bad(format!(
+                "kinesis:// takes one stream or a comma-separated list without empty names or ':', got \"{}\"",
+                name.escape_debug()
             )));
         }
         let mut url = AwsUrl {
@@ -328,7 +340,18 @@ impl BackendUrl {
                     region: o.region,
                     static_credentials: None,
                 };
-                Ok(Arc::new(KinesisFeed::connect(&options, &aws.name).await))
+                let names: Vec<&str> = aws.name.split(',').collect();
+                if names.len() == 1 {
+                    return Ok(Arc::new(KinesisFeed::connect(&options, &aws.name).await));
+                }
+                let multi = MultiFeed::new();
+                for name in names {
+                    let feed = KinesisFeed::connect(&options, name).await;
+                    multi.add_stream(name, Arc::new(feed)).map_err(|e| {
+                        anyhow::Error::new(UsageError(format!("--source: kinesis://: {e}")))
+                    })?;
+                }
+                Ok(Arc::new(multi))
             }
             BackendUrl::Dynamodb(_) => Err(anyhow::Error::new(UsageError(
                 "dynamodb:// is a lease store; the AWS feed source is kinesis://STREAM".into(),
@@ -382,6 +405,13 @@ mod tests {
         let err = BackendUrl::store("--store", "dynamodb://t?colour=red").expect_err("bad query");
         assert!(err.to_string().contains("endpoint"), "{err}");
         assert!(BackendUrl::store("--store", "dynamodb://").is_err());
+        // Several streams, one lease table (multi-stream).
+        assert!(matches!(
+            BackendUrl::source("--source", "kinesis://orders,payments").expect("valid"),
+            BackendUrl::Kinesis(AwsUrl { ref name, .. }) if name == "orders,payments"
+        ));
+        assert!(BackendUrl::source("--source", "kinesis://orders,").is_err());
+        assert!(BackendUrl::source("--source", "kinesis://a:b").is_err());
     }
 
     #[test]

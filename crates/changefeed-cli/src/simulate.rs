@@ -50,7 +50,8 @@ pub struct Args {
     /// Print the run's whole event trace (single seed only).
     #[arg(long)]
     trace: bool,
-    /// Settings for large fleets: idle partitions polled every 5 min, full lists every 30 min.
+    /// Settings for large fleets: renew and acquire every 15 s, expiry 60 s, idle partitions
+    /// polled every 5 min, full lists every 30 min, no trace.
     #[arg(long)]
     large: bool,
 }
@@ -72,6 +73,13 @@ fn config(args: &Args, seed: u64) -> anyhow::Result<SimConfig> {
         .map_err(|e| anyhow::anyhow!("--strategy: {e}"))?;
     cfg.broken = sim::parse_broken(&args.broken).map_err(|e| anyhow::anyhow!("--broken: {e}"))?;
     if args.large {
+        // The Cosmos DB processor's default cadence (renew 17 s, acquire 13 s, expiry 60 s),
+        // rounded: a large fleet does not need 2 s cycles.
+        cfg.settings.lease_expiry = Duration::from_secs(60);
+        cfg.settings.safety_margin = Duration::from_secs(10);
+        cfg.settings.renew_interval = Duration::from_secs(15);
+        cfg.settings.acquire_interval = Duration::from_secs(15);
+        cfg.settings.handoff_timeout = Duration::from_secs(60);
         cfg.settings.poll_delay = Duration::from_secs(300);
         cfg.settings.full_list_interval = Duration::from_secs(1800);
         cfg.trace = TraceMode::Off;

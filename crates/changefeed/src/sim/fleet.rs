@@ -76,6 +76,8 @@ pub struct SimFleet {
     hosts: BTreeMap<String, SimHost>,
     /// Partition of every record written, by record id.
     pub(crate) written: Vec<PartitionId>,
+    /// The open partitions' key ranges, sorted: routes records without scanning the feed.
+    routes: Vec<(u128, PartitionId)>,
     rng: SmallRng,
 }
 
@@ -109,13 +111,30 @@ impl SimFleet {
             cfg,
             hosts: BTreeMap::new(),
             written: Vec::new(),
+            routes: Vec::new(),
             rng,
         };
         let parts = fleet.feed.partitions().await.unwrap_or_default();
         for p in parts {
             fleet.create_lease(p.id, Vec::new()).await;
         }
+        let mut fleet = fleet;
+        fleet.reroute().await;
         fleet
+    }
+
+    async fn reroute(&mut self) {
+        let mut routes: Vec<(u128, PartitionId)> = self
+            .feed
+            .partitions()
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|p| !p.closed)
+            .map(|p| (p.key_range.map_or(0, |r| r.start), p.id))
+            .collect();
+        routes.sort();
+        self.routes = routes;
     }
 
     async fn create_lease(&self, partition: PartitionId, parents: Vec<PartitionId>) {
@@ -372,6 +391,7 @@ impl SimFleet {
     /// Splits an open partition and creates its children's leases. Returns the children.
     pub async fn split(&mut self, partition: &PartitionId) -> Option<(PartitionId, PartitionId)> {
         let (a, b) = self.feed.split(partition).ok()?;
+        self.reroute().await;
         self.world
             .event("split", partition.as_str(), format!("into {a} {b}"));
         self.create_lease(a.clone(), vec![partition.clone()]).await;
@@ -382,6 +402,7 @@ impl SimFleet {
     /// Merges two adjacent open partitions and creates the child's lease.
     pub async fn merge(&mut self, a: &PartitionId, b: &PartitionId) -> Option<PartitionId> {
         let c = self.feed.merge(a, b).ok()?;
+        self.reroute().await;
         self.world
             .event("merge", a.as_str(), format!("with {b} into {c}"));
         self.create_lease(c.clone(), vec![a.clone(), b.clone()])
@@ -394,7 +415,18 @@ impl SimFleet {
         for _ in 0..n {
             let id = self.written.len() as u64;
             let key = format!("k{}", self.rng.gen_range(0..keys.max(1)));
-            let (p, _) = self.feed.append(&key, id.to_string());
+            let hash = crate::source::key_hash(&key);
+            let slot = self.routes.partition_point(|(start, _)| *start <= hash);
+            let p = match slot.checked_sub(1).and_then(|i| self.routes.get(i)) {
+                Some((_, p)) => {
+                    let p = p.clone();
+                    if self.feed.append_to(&p, &key, id.to_string()).is_err() {
+                        continue;
+                    }
+                    p
+                }
+                None => self.feed.append(&key, id.to_string()).0,
+            };
             self.written.push(p);
         }
     }

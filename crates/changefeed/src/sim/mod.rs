@@ -488,7 +488,7 @@ async fn scenario(mut cfg: SimConfig) -> SimOutcome {
 
     let step = Duration::from_millis(500);
     let per_step = |r: f64| r * scale * step.as_secs_f64() / 60.0;
-    let keys = 64;
+    let keys = (cfg.partitions * 2).max(64);
     let mut restart_at: BTreeMap<String, Duration> = BTreeMap::new();
     let max_partitions = cfg.partitions as usize * 4;
     let mut writes_carry = 0.0f64;
@@ -498,8 +498,9 @@ async fn scenario(mut cfg: SimConfig) -> SimOutcome {
         writes_carry -= n as f64;
         fleet.write(n, keys);
         let now = fleet.now();
+        let up_now: BTreeSet<String> = fleet.up().into_iter().collect();
         for name in &names {
-            let up = fleet.up().contains(name);
+            let up = up_now.contains(name);
             if up && on(Fault::Crash) && fleet.rng().gen_bool(per_step(rate::CRASH)) {
                 fleet.crash(name);
             } else if up && on(Fault::Stop) && fleet.rng().gen_bool(per_step(rate::STOP)) {
@@ -548,29 +549,22 @@ async fn scenario(mut cfg: SimConfig) -> SimOutcome {
                 fleet.start(&name);
             }
         }
-        // Splits and merges.
-        let open: Vec<Partition> = fleet
-            .feed
-            .partitions()
-            .await
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|p| !p.closed)
-            .collect();
-        let total = fleet.feed.partitions().await.map(|p| p.len()).unwrap_or(0);
-        if on(Fault::Split)
-            && total + 2 <= max_partitions
-            && fleet.rng().gen_bool(per_step(rate::SPLIT))
-        {
+        // Splits and merges (the partition list is read only when one is due).
+        let split = on(Fault::Split) && fleet.rng().gen_bool(per_step(rate::SPLIT));
+        let merge = on(Fault::Merge) && fleet.rng().gen_bool(per_step(rate::MERGE));
+        let all: Vec<Partition> = if split || merge {
+            fleet.feed.partitions().await.unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        let total = all.len();
+        let open: Vec<Partition> = all.into_iter().filter(|p| !p.closed).collect();
+        if split && total + 2 <= max_partitions {
             if let Some(p) = open.choose(fleet.rng()).map(|p| p.id.clone()) {
                 fleet.split(&p).await;
             }
         }
-        if on(Fault::Merge)
-            && total < max_partitions
-            && open.len() > 1
-            && fleet.rng().gen_bool(per_step(rate::MERGE))
-        {
+        if merge && total < max_partitions && open.len() > 1 {
             let mut ranges: Vec<(u128, u128, PartitionId)> = open
                 .iter()
                 .filter_map(|p| p.key_range.map(|r| (r.start, r.end, p.id.clone())))

@@ -191,9 +191,9 @@ pub fn render_parts(
             "crash" => ("#d00", "✕"),
             "stop" => ("#888", "■"),
             "start" => ("#2a2", "▶"),
-            "pause" => ("#a0a", "⏸"),
+            "pause" => ("#a0a", "||"),
             "cut" => ("#f80", "⚡"),
-            "split" | "merge" => ("#06c", "⑂"),
+            "split" | "merge" => ("#06c", "Y"),
             _ => continue,
         };
         let ex = x(e.at);
@@ -225,7 +225,7 @@ pub fn render_parts(
     let ky = ly + 20.0 * (hosts.len().div_ceil(8) as f64) + 4.0;
     let _ = writeln!(
         s,
-        r##"<text x="{left}" y="{ky}" fill="#333">○ hand-off   ● steal   ▪ take (free or expired)   ✕ crash   ■ stop   ▶ start   ⏸ stall   ⚡ store cut   ⑂ split/merge</text>"##
+        r##"<text x="{left}" y="{ky}" fill="#333">○ hand-off   ● steal   ▪ take (free or expired)   ✕ crash   ■ stop   ▶ start   || stall   ⚡ store cut   Y split/merge</text>"##
     );
     s.push_str("</svg>\n");
     s

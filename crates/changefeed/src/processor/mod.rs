@@ -592,6 +592,7 @@ impl Host {
                     metrics::gauge!("changefeed_malformed_leases", "group" => self.group_label.clone())
                         .set(listing.malformed.len() as f64);
                     self.leases = listing.leases;
+                    self.stop_workers_of_deleted_leases(&listing.malformed);
                     self.listed_counter = Some(membership.change_counter);
                     // Judge liveness from a membership read made after the list. A host judged
                     // dead from the earlier read may have re-registered and taken leases since;
@@ -721,6 +722,28 @@ impl Host {
     fn publish_gauges(&self) {
         metrics::gauge!("changefeed_leases_owned", "group" => self.group_label.clone())
             .set(self.workers.len() as f64);
+    }
+
+    /// Stops the workers whose lease is gone from a fresh listing (a retired stream's lease
+    /// deleted by the leader): an idle worker would otherwise only notice at its next write.
+    /// A row that is only unreadable (listed as malformed) does not count as deleted.
+    fn stop_workers_of_deleted_leases(&mut self, malformed: &[LeaseError]) {
+        let listed: std::collections::HashSet<&PartitionId> =
+            self.leases.iter().map(|l| &l.key.partition).collect();
+        let unreadable: std::collections::HashSet<&str> = malformed
+            .iter()
+            .filter_map(|e| match e {
+                LeaseError::Malformed { key, .. } => Some(key.as_str()),
+                _ => None,
+            })
+            .collect();
+        for (partition, slot) in &self.workers {
+            let key = format!("{}/{partition}", self.p.group);
+            if !listed.contains(partition) && !unreadable.contains(key.as_str()) {
+                info!(%partition, "lease deleted; stopping its worker");
+                slot.cancel.cancel();
+            }
+        }
     }
 
     /// Tells each worker about a newer row of its lease (a hand-off request, or a new owner).

@@ -14,7 +14,7 @@ use changefeed::testkit::fleet::scenario_settings;
 
 /// Every delivered payload, with the partition it came from.
 #[derive(Debug, Default)]
-struct Seen(Mutex<Vec<(String, String)>>);
+struct Seen(Mutex<Vec<(String, String)>>, Mutex<Vec<String>>);
 
 #[derive(Debug)]
 struct Recorder(Arc<Seen>);
@@ -30,7 +30,9 @@ impl Handler for Recorder {
         Ok(())
     }
 
-    async fn close(&self, _ctx: &Context, _reason: CloseReason) {}
+    async fn close(&self, ctx: &Context, _reason: CloseReason) {
+        self.0 .1.lock().unwrap().push(ctx.partition().to_string());
+    }
 }
 
 /// Streams by name, and the payloads written to each.
@@ -175,6 +177,14 @@ async fn streams_added_at_runtime_are_read_and_removed_ones_retired() {
         .map(String::from)
         .collect();
     assert_eq!(leased, expected, "the payments leases are retired");
+    // Their workers stopped when the leases were deleted, though their partitions are idle.
+    let closed = seen.1.lock().unwrap().clone();
+    for p in ["payments:0", "payments:1"] {
+        assert!(
+            closed.iter().any(|c| c == p),
+            "worker of {p} stopped: {closed:?}"
+        );
+    }
     for stream in ["orders", "refunds"] {
         assert_eq!(delivered(&seen, stream), w.written[stream], "{stream}");
     }

@@ -14,6 +14,7 @@ use anyhow::{bail, ensure, Context};
 use changefeed::lease::{LeaseStore, MemoryLeaseStore};
 use changefeed::model::{
     Continuation, GroupName, HostName, Lease, LeaseKey, LeaseState, PartitionId, Position,
+    Timestamp,
 };
 use changefeed_postgres::{PgOptions, PostgresLeaseStore};
 use changefeed_sqlite::SqliteLeaseStore;
@@ -39,6 +40,7 @@ pub struct Args {
 struct Figures {
     replace_per_s: f64,
     list_ms: f64,
+    heartbeat_ms: f64,
 }
 
 /// Runs the benchmark on its own tokio runtime.
@@ -95,18 +97,26 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
         "store: {} CAS replaces (sequential checkpoints), list of {} leases (median of 5)",
         args.ops, args.leases
     );
-    println!("{:<40} {:>14} {:>12}", "store", "replace/s", "list ms");
+    println!(
+        "{:<40} {:>14} {:>12} {:>14}",
+        "store", "replace/s", "list ms", "heartbeat ms"
+    );
     for (name, f) in [(label.as_str(), &sq), ("memory", &mem)] {
-        println!("{name:<40} {:>14.0} {:>12.2}", f.replace_per_s, f.list_ms);
+        println!(
+            "{name:<40} {:>14.0} {:>12.2} {:>14.3}",
+            f.replace_per_s, f.list_ms, f.heartbeat_ms
+        );
     }
     println!(
         "RESULT {backend}_replace_per_s={:.0} memory_replace_per_s={:.0} {backend}_list_ms={:.3} \
-         memory_list_ms={:.3} replace_ratio={:.1}",
+         memory_list_ms={:.3} replace_ratio={:.1} {backend}_heartbeat_ms={:.3} memory_heartbeat_ms={:.4}",
         sq.replace_per_s,
         mem.replace_per_s,
         sq.list_ms,
         mem.list_ms,
-        mem.replace_per_s / sq.replace_per_s
+        mem.replace_per_s / sq.replace_per_s,
+        sq.heartbeat_ms,
+        mem.heartbeat_ms
     );
     Ok(())
 }
@@ -115,7 +125,35 @@ async fn measure(store: &dyn LeaseStore, args: &Args) -> anyhow::Result<Figures>
     Ok(Figures {
         replace_per_s: replace_per_s(store, args.ops).await?,
         list_ms: list_ms(store, args.leases).await?,
+        heartbeat_ms: heartbeat_ms(store).await?,
     })
+}
+
+/// Median latency of a heartbeat renewal (the one write a host makes per renew interval), and
+/// of the membership read it pairs with, over 200 sequential calls.
+async fn heartbeat_ms(store: &dyn LeaseStore) -> anyhow::Result<f64> {
+    let group = GroupName::new("bench-heartbeat")?;
+    let host = HostName::new("bench-host")?;
+    let mut row = match store
+        .heartbeat(&group, &host, "bench", Timestamp(0), None)
+        .await
+    {
+        Ok(row) => row,
+        Err(changefeed::LeaseError::HeartbeatConflict {
+            current: Some(cur), ..
+        }) => *cur,
+        Err(e) => return Err(e.into()),
+    };
+    let mut times = Vec::with_capacity(200);
+    for i in 0..200 {
+        let start = Instant::now();
+        row = store
+            .heartbeat(&group, &host, "bench", Timestamp(i), Some(row.version))
+            .await?;
+        times.push(start.elapsed());
+    }
+    times.sort();
+    Ok(ms(times[times.len() / 2]))
 }
 
 /// Sequential checkpoint-style CAS writes on one owned lease.

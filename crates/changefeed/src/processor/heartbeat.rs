@@ -237,6 +237,8 @@ pub(crate) async fn run(
 ) -> Result<Heartbeat, ProcessorError> {
     let mut last_ok_sent = clock.now();
     deadline_shared.set(last_ok_sent + fence_after);
+    let base_incarnation = row.incarnation.clone();
+    let mut rejoins = 0u32;
     loop {
         let deadline = last_ok_sent + fence_after;
         let wait = renew_interval;
@@ -269,6 +271,14 @@ pub(crate) async fn run(
             _ = clock.sleep(write_timeout.min(fence_in.max(Duration::from_millis(1)))) => None,
         };
         match result {
+            Some(Ok(hb)) if clock.now().saturating_duration_since(sent) > write_timeout => {
+                // It landed, but later than the bound: it may have reached the store after
+                // observers had judged this host dead by its previous version, so it must not
+                // extend the deadline (found by the simulator, seed 325: a write held by a stall
+                // and applied after a takeover). Adopt the version; the next renewal counts.
+                warn!(host = %row.host, "heartbeat landed too late to count; not extending the fence");
+                row = hb;
+            }
             Some(Ok(hb)) => {
                 row = hb;
                 last_ok_sent = sent;
@@ -288,8 +298,14 @@ pub(crate) async fn run(
             Some(Err(LeaseError::HeartbeatConflict { current: None, .. })) => {
                 // The row was removed: this host was judged dead (its leases are taken) or an
                 // operator released it. It is fenced by now; register afresh and carry on.
+                // The new row starts again at version 1, so it must carry a new incarnation
+                // token: an observer that saw (version 1, old token) before would otherwise
+                // see no change and judge this host dead while it is alive (found by the
+                // simulator, seed 761).
+                rejoins += 1;
+                let token = format!("{base_incarnation}.r{rejoins}");
                 match store
-                    .heartbeat(&row.group, &row.host, &row.incarnation, clock.wall(), None)
+                    .heartbeat(&row.group, &row.host, &token, clock.wall(), None)
                     .await
                 {
                     Ok(hb) => {

@@ -489,7 +489,8 @@ impl Host {
                 s.fence_after(),
                 self.fenced_tx.clone(),
                 hb_cancel.clone(),
-                s.renew_interval,
+                // A renewal counts only if it completed within the safety margin of being sent.
+                s.safety_margin.min(s.renew_interval),
                 self.fence_deadline.clone(),
             )
             .in_current_span(),

@@ -655,11 +655,12 @@ impl Host {
             return;
         }
         for hb in &membership.hosts {
-            let owns = self
-                .leases
-                .iter()
-                .any(|l| l.owner.as_ref() == Some(&hb.host));
-            if live.contains(&hb.host) || owns {
+            if live.contains(&hb.host)
+                || self
+                    .leases
+                    .iter()
+                    .any(|l| l.owner.as_ref() == Some(&hb.host))
+            {
                 continue;
             }
             match self

@@ -42,6 +42,12 @@ async fn sqlite_cut_off_host_fences_before_takeover() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn sqlite_owner_blind_to_a_handoff_request_stops_before_the_steal() {
+    let dir = tempfile::tempdir().unwrap();
+    fleet::scenario_owner_blind_to_request_stops_before_steal(sqlite(&dir).await).await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn sqlite_graceful_stop_releases_and_restart_resumes_exactly() {
     let dir = tempfile::tempdir().unwrap();
     fleet::scenario_graceful_stop_and_resume(sqlite(&dir).await).await;

@@ -40,7 +40,12 @@ pub struct Settings {
     pub max_batch_size: usize,
     /// Wait before reading an idle partition again. Default 500 ms.
     pub poll_delay: Duration,
-    /// How long an asker waits for a hand-off before taking the lease. Default 10 s.
+    /// How long an asker waits for a hand-off before taking the lease (a steal). Default 10 s.
+    ///
+    /// The owner's workers deliver only while the host has confirmed, within
+    /// `handoff_timeout − safety_margin`, that no request is pending (each acquire cycle does,
+    /// or the worker reads its lease row), so a steal never overlaps a delivery of an owner
+    /// that could not see the request. Must exceed `safety_margin + acquire_interval`.
     pub handoff_timeout: Duration,
     /// When checkpoints are written. Default [`CheckpointMode::EveryBatch`].
     pub checkpoint_mode: CheckpointMode,
@@ -149,6 +154,16 @@ impl Settings {
                 format!(
                     "{:?} must be below lease_expiry − safety_margin ({:?}), or the host fences itself between heartbeats",
                     self.renew_interval, fence_after
+                ),
+            );
+        }
+        if self.handoff_timeout <= self.safety_margin + self.acquire_interval {
+            return bad(
+                "handoff_timeout",
+                format!(
+                    "{:?} must exceed safety_margin + acquire_interval ({:?}): an owner confirms once per acquire cycle that it knows of every hand-off request",
+                    self.handoff_timeout,
+                    self.safety_margin + self.acquire_interval
                 ),
             );
         }

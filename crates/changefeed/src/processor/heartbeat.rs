@@ -220,6 +220,41 @@ impl FenceDeadline {
     }
 }
 
+/// When this host last made sure its workers know of every hand-off request: the time a
+/// membership read was *sent* whose change counter the host had listed and hinted to its
+/// workers. A request written after that read bumped the counter, so the next cycle lists it.
+///
+/// An asker steals an unhonoured request `handoff_timeout` after its request write
+/// *returned*, so a worker that delivers only within `handoff_timeout − safety_margin` of a
+/// confirmation (this stamp, or its own successful lease write or read) cannot deliver after
+/// a steal it was not told of: a host cut off from the store stops delivering before the
+/// asker may steal (design rule 1).
+#[derive(Debug, Clone)]
+pub(crate) struct ViewStamp(Arc<std::sync::Mutex<Instant>>);
+
+impl ViewStamp {
+    pub(crate) fn new(at: Instant) -> Self {
+        Self(Arc::new(std::sync::Mutex::new(at)))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Instant> {
+        // The lock only guards a plain copy; a poisoned lock still holds a valid one.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn get(&self) -> Instant {
+        *self.lock()
+    }
+
+    /// Records a confirmation made by a read sent at `sent`; never moves backwards.
+    pub(crate) fn confirm(&self, sent: Instant) {
+        let mut at = self.lock();
+        if sent > *at {
+            *at = sent;
+        }
+    }
+}
+
 /// Heartbeat loop: renews the row every `renew_interval`, and raises the fence when the last
 /// successful renewal was sent `fence_after` ago. Lowers it again when a renewal succeeds.
 /// Returns an error if the row was taken over or removed.

@@ -429,6 +429,8 @@ struct Host {
     exits_rx: mpsc::UnboundedReceiver<worker::WorkerExit>,
     fenced_tx: watch::Sender<bool>,
     fence_deadline: heartbeat::FenceDeadline,
+    /// When this host last confirmed its workers know of every hand-off request.
+    view: heartbeat::ViewStamp,
     /// When this host first saw itself as `next_owner` of a lease, per partition.
     asked_at: BTreeMap<PartitionId, Instant>,
     /// When this host registered. Hand-off requests wait one renew interval after it, so that
@@ -464,6 +466,7 @@ impl Host {
             exits_rx,
             fenced_tx: watch::channel(false).0,
             fence_deadline: heartbeat::FenceDeadline::new(fence_at),
+            view: heartbeat::ViewStamp::new(p_now),
             asked_at: BTreeMap::new(),
             registered_at: p_now,
             replan: false,
@@ -561,6 +564,7 @@ impl Host {
             // A fenced host neither takes nor asks; its workers have stopped.
             return;
         }
+        let sent = self.p.clock.now();
         let membership = match self.p.store.membership(&self.p.group).await {
             Ok(m) => m,
             Err(err) => {
@@ -594,6 +598,10 @@ impl Host {
                         .set(listing.malformed.len() as f64);
                     self.leases = listing.leases;
                     self.stop_workers_of_deleted_leases(&listing.malformed);
+                    // Workers learn of every request this list holds before the view stamp
+                    // says they may: hints first, then the stamp.
+                    self.send_hints();
+                    self.view.confirm(sent);
                     self.listed_counter = Some(membership.change_counter);
                     // Judge liveness from a membership read made after the list. A host judged
                     // dead from the earlier read may have re-registered and taken leases since;
@@ -611,6 +619,9 @@ impl Host {
                         }
                         Err(err) => {
                             warn!(error = %err, "reading membership failed");
+                            // The list was not balanced on: list again next cycle rather than
+                            // skip balancing until the counter moves.
+                            self.listed_counter = None;
                             return;
                         }
                     }
@@ -624,6 +635,10 @@ impl Host {
                     return;
                 }
             }
+        } else {
+            // The counter did not move since the last list, whose hints were sent: no request
+            // was written before this read that the workers do not know of.
+            self.view.confirm(sent);
         }
         let synced = self.sync(&live, now).await;
         self.forget_dead_hosts(&membership, &live).await;
@@ -798,7 +813,10 @@ impl Host {
     }
 
     async fn balance(&mut self, live: &[HostName], now: Instant) {
-        // Track how long our hand-off requests have been pending, on our own clock.
+        // Track how long our hand-off requests have been pending, on our own clock, from no
+        // earlier than the list that showed them (a request of ours whose reply was lost
+        // landed before that list returned).
+        let seen = self.p.clock.now();
         let me = self.p.host.clone();
         let asked: Vec<PartitionId> = self
             .leases
@@ -808,7 +826,7 @@ impl Host {
             .collect();
         self.asked_at.retain(|p, _| asked.contains(p));
         for p in asked {
-            self.asked_at.entry(p).or_insert(now);
+            self.asked_at.entry(p).or_insert(seen);
         }
         let eligible = self.eligible();
         let views: Vec<LeaseView<'_>> = self
@@ -819,7 +837,7 @@ impl Host {
                 lease,
                 eligible,
                 handoff_overdue: self.asked_at.get(&lease.key.partition).is_some_and(|t| {
-                    now.saturating_duration_since(*t) >= self.p.settings.handoff_timeout
+                    seen.saturating_duration_since(*t) >= self.p.settings.handoff_timeout
                 }),
             })
             .collect();
@@ -893,7 +911,11 @@ impl Host {
                     Ok(_) => {
                         info!(lease = %lease.key, from = %req.from, "asked for hand-off");
                         metrics::counter!("changefeed_handoffs_requested_total", "group" => self.group_label.clone()).increment(1);
-                        self.asked_at.insert(req.partition.clone(), now);
+                        // Timed from when the write returned: it landed by then, so the
+                        // owner's workers stop delivering within handoff_timeout −
+                        // safety_margin of it unless told (see `heartbeat::ViewStamp`).
+                        self.asked_at
+                            .insert(req.partition.clone(), self.p.clock.now());
                         break;
                     }
                     Err(LeaseError::Conflict { current, .. }) => lease = *current,
@@ -947,6 +969,7 @@ impl Host {
             cancel,
             fenced: self.fenced_tx.subscribe(),
             fence_deadline: self.fence_deadline.clone(),
+            view: self.view.clone(),
             hint: hint_rx,
             exits: self.exits_tx.clone(),
             rng: SmallRng::seed_from_u64(seed),

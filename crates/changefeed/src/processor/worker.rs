@@ -215,6 +215,7 @@ pub(crate) struct WorkerArgs {
     pub cancel: CancellationToken,
     pub fenced: watch::Receiver<bool>,
     pub fence_deadline: super::heartbeat::FenceDeadline,
+    pub view: super::heartbeat::ViewStamp,
     pub hint: watch::Receiver<Option<Lease>>,
     pub exits: mpsc::UnboundedSender<WorkerExit>,
     pub rng: SmallRng,
@@ -245,6 +246,9 @@ struct Worker {
     last_lag_at: Option<tokio::time::Instant>,
     /// Fence lapses when this worker started; any later lapse stops it.
     lapses: u64,
+    /// When this worker's own lease write or read last showed no hand-off request (the time
+    /// it was sent).
+    confirmed_at: Option<tokio::time::Instant>,
 }
 
 /// Runs one worker to its end and reports why it stopped.
@@ -272,6 +276,7 @@ pub(crate) async fn run(args: WorkerArgs) {
             last_checkpoint_at: now,
             last_lag_at: None,
             lapses: fence_lapses,
+            confirmed_at: None,
         };
         let reason = worker.run().await;
         worker
@@ -411,11 +416,89 @@ impl Worker {
             return Some(CloseReason::LeaseLost);
         }
         if listed.next_owner.is_some() {
-            // Hand-off requested: we are between batches, so write the position and pass it.
-            let pending = self.pending.take();
-            return Some(self.release_or_lost(pending, CloseReason::HandedOff).await);
+            return Some(self.hand_off().await);
         }
         None
+    }
+
+    /// A hand-off was requested: we are between batches, so write the position and pass it.
+    async fn hand_off(&mut self) -> CloseReason {
+        let pending = self.pending.take();
+        self.release_or_lost(pending, CloseReason::HandedOff).await
+    }
+
+    /// Before a delivery: makes sure this worker would know of a hand-off request written
+    /// more than `handoff_timeout − safety_margin` ago, after which the asker may steal the
+    /// lease. The host loop confirms that every cycle (its [`super::heartbeat::ViewStamp`]);
+    /// when it has not lately (a slow or cut-off store, a stall), the worker reads its own
+    /// lease row and does not deliver until a read succeeds. Then it applies any hint.
+    /// Returns a reason to stop, if any.
+    async fn ensure_current(&mut self) -> Option<CloseReason> {
+        let horizon = self
+            .args
+            .settings
+            .handoff_timeout
+            .saturating_sub(self.args.settings.safety_margin);
+        let confirmed = self
+            .confirmed_at
+            .map_or(self.args.view.get(), |c| c.max(self.args.view.get()));
+        if self.args.clock.now() >= confirmed + horizon {
+            if let Some(reason) = self.refresh().await {
+                return Some(reason);
+            }
+        }
+        if self.args.hint.has_changed().unwrap_or(false) {
+            return self.apply_hint().await;
+        }
+        None
+    }
+
+    /// Reads this worker's lease row until a read succeeds: stops if it is lost, hands it off
+    /// if asked, and otherwise counts the read as a confirmation.
+    async fn refresh(&mut self) -> Option<CloseReason> {
+        debug!(lease = %self.ctx.key, "no recent confirmation of the lease; reading it before delivering");
+        let mut attempt = 0;
+        loop {
+            if self.fenced() {
+                return Some(CloseReason::LeaseLost);
+            }
+            let sent = self.args.clock.now();
+            let mut fenced = self.args.fenced.clone();
+            let read = tokio::select! {
+                biased;
+                _ = self.args.cancel.cancelled() => return Some(CloseReason::Shutdown),
+                _ = fenced.wait_for(|f| *f), if !self.args.hooks.no_fencing() => {
+                    return Some(CloseReason::LeaseLost)
+                }
+                r = self.args.store.get(&self.ctx.key) => r,
+            };
+            match read {
+                Ok(Some(row)) => {
+                    if !self.cell.observe(&row).await {
+                        info!(lease = %row.key, owner = ?row.owner, "lease now belongs to another host");
+                        metrics::counter!("changefeed_leases_lost_total", "group" => self.args.group_label.clone()).increment(1);
+                        return Some(CloseReason::LeaseLost);
+                    }
+                    if row.next_owner.is_some() {
+                        return Some(self.hand_off().await);
+                    }
+                    self.confirmed_at = Some(sent);
+                    return None;
+                }
+                Ok(None) => {
+                    info!(lease = %self.ctx.key, "lease deleted; stopping");
+                    return Some(CloseReason::LeaseLost);
+                }
+                Err(err) => {
+                    warn!(lease = %self.ctx.key, error = %err, "reading the lease failed; not delivering until it succeeds");
+                    let d = self.backoff(attempt);
+                    attempt += 1;
+                    if !self.pause(d).await {
+                        return Some(self.stop_reason());
+                    }
+                }
+            }
+        }
     }
 
     async fn step(&mut self, reader: &mut dyn PartitionReader) -> Step {
@@ -439,6 +522,9 @@ impl Worker {
             if self.fenced() {
                 warn!(lease = %self.ctx.key, "host fenced; the batch read is not delivered");
                 return Step::Stop(CloseReason::LeaseLost);
+            }
+            if let Some(reason) = self.ensure_current().await {
+                return Step::Stop(reason);
             }
             if let Some(reason) = self.deliver(&batch).await {
                 return Step::Stop(reason);
@@ -517,9 +603,13 @@ impl Worker {
                     }
                     let d = self.backoff(attempt);
                     attempt += 1;
-                    // A retry is a new delivery: the host may have been fenced meanwhile.
+                    // A retry is a new delivery: the host may have been fenced meanwhile, and
+                    // a hand-off asked for is honoured at the last checkpoint instead.
                     if !self.pause(d).await || self.fenced() {
                         return Some(self.stop_reason());
+                    }
+                    if let Some(reason) = self.ensure_current().await {
+                        return Some(reason);
                     }
                 }
             }
@@ -544,8 +634,11 @@ impl Worker {
         let c = self.pending.clone()?;
         let mut attempt = 0;
         loop {
+            let sent = self.args.clock.now();
             match self.cell.checkpoint(c.clone()).await {
                 Ok(WriteOutcome::Kept) => {
+                    // The CAS found no request on the row: as good as a read.
+                    self.confirmed_at = Some(sent);
                     self.pending = None;
                     self.last_checkpoint_at = self.args.clock.now();
                     self.refresh_lag(&c).await;

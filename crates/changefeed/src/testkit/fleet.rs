@@ -101,6 +101,9 @@ pub enum FaultMode {
     Fail = 1,
     /// Calls never complete.
     Hang = 2,
+    /// Heartbeats go through; every other call fails (a partial outage: the host stays live
+    /// but can neither read nor write its leases).
+    LeasesFail = 3,
 }
 
 impl Faulty {
@@ -120,7 +123,8 @@ impl Faulty {
     async fn gate(&self, op: &'static str) -> Result<(), LeaseError> {
         match self.mode.load(Ordering::SeqCst) {
             0 => Ok(()),
-            1 => Err(LeaseError::store(
+            3 if op == "heartbeat" => Ok(()),
+            1 | 3 => Err(LeaseError::store(
                 op,
                 None,
                 true,
@@ -708,6 +712,64 @@ pub async fn scenario_cut_off_host_fences_before_takeover(stores: StoreFactory, 
     assert!(fleet.drain(Duration::from_secs(30)).await);
     fleet.check_ledger();
     fleet.kill("h0");
+    for h in fleet.running() {
+        fleet.stop(&h).await.expect("stop");
+    }
+}
+
+/// Scenario: an owner that cannot see a hand-off request (its lease reads and writes fail
+/// while its heartbeat still succeeds, so it is never fenced) stops delivering before the
+/// asker steals the lease (rule 1): its workers deliver only within `handoff_timeout −
+/// safety_margin` of confirming that no request is pending.
+///
+/// Checkpoints are written at most every 30 s, so only that rule stops the owner.
+pub async fn scenario_owner_blind_to_request_stops_before_steal(stores: StoreFactory) {
+    let mut fleet = Fleet::new(stores, 4).await;
+    fleet.settings.checkpoint_mode =
+        crate::processor::CheckpointMode::Interval(Duration::from_secs(30));
+    fleet.start("a");
+    fleet.run_for(Duration::from_secs(6), 40).await;
+    let owners = fleet.owners().await;
+    assert!(
+        owners.values().all(|o| o.as_deref() == Some("a")),
+        "a owns every lease: {owners:?}"
+    );
+    fleet.set_store_mode("a", FaultMode::LeasesFail);
+    fleet.start("b");
+    fleet.run_for(Duration::from_secs(40), 40).await;
+    let owners = fleet.owners().await;
+    let stolen: Vec<PartitionId> = owners
+        .iter()
+        .filter(|(_, o)| o.as_deref() == Some("b"))
+        .map(|(p, _)| p.clone())
+        .collect();
+    assert_eq!(
+        stolen.len(),
+        2,
+        "b stole its share of the unhonoured requests: {owners:?}"
+    );
+    let deliveries = fleet.ledger.deliveries();
+    for p in &stolen {
+        let last_a = deliveries
+            .iter()
+            .filter(|d| &d.partition == p && d.host == "a")
+            .map(|d| d.at)
+            .max()
+            .expect("a delivered before");
+        let first_b = deliveries
+            .iter()
+            .filter(|d| &d.partition == p && d.host == "b")
+            .map(|d| d.at)
+            .min()
+            .unwrap_or_else(|| panic!("b delivers {p}"));
+        assert!(
+            last_a < first_b,
+            "partition {p}: a delivered at {last_a:?}, after b started at {first_b:?}"
+        );
+    }
+    fleet.set_store_mode("a", FaultMode::Healthy);
+    assert!(fleet.drain(Duration::from_secs(60)).await);
+    fleet.check_ledger();
     for h in fleet.running() {
         fleet.stop(&h).await.expect("stop");
     }

@@ -99,6 +99,12 @@ async fn invalid_settings_are_rejected_naming_the_setting() {
             "acquire_interval",
         ),
         (builder(&store, &feed, "a"), "handler"),
+        (
+            builder(&store, &feed, "a")
+                .handler(noop())
+                .handoff_timeout(Duration::from_secs(4)),
+            "handoff_timeout",
+        ),
     ];
     for (b, setting) in cases {
         let err = b.build().expect_err("invalid settings must be refused");

@@ -37,6 +37,11 @@ async fn host_whose_store_calls_hang_fences_before_takeover() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn owner_blind_to_a_handoff_request_stops_before_the_steal() {
+    fleet::scenario_owner_blind_to_request_stops_before_steal(memory()).await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn graceful_stop_releases_and_restart_resumes_exactly() {
     fleet::scenario_graceful_stop_and_resume(memory()).await;
 }

@@ -82,6 +82,9 @@ fn config(args: &Args, seed: u64) -> anyhow::Result<SimConfig> {
         cfg.settings.handoff_timeout = Duration::from_secs(60);
         cfg.settings.poll_delay = Duration::from_secs(300);
         cfg.settings.full_list_interval = Duration::from_secs(1800);
+        // KCL's periodic shard sync runs every few minutes too; over 10,000 partitions a
+        // sync each minute is most of what a quiet fleet does.
+        cfg.settings.sync_interval = Duration::from_secs(300);
         cfg.trace = TraceMode::Off;
         cfg.drain_limit = Duration::from_secs(1800);
     }

@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -48,7 +49,7 @@ macro_rules! text_id {
         $(#[$doc])*
         #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
         #[serde(try_from = "String", into = "String")]
-        pub struct $name(String);
+        pub struct $name(Arc<str>);
 
         impl $name {
             /// Validates and wraps `value`.
@@ -59,7 +60,7 @@ macro_rules! text_id {
                 let value = value.into();
                 check_text($kind, &value, $max)?;
                 $( ($extra)(&value)?; )?
-                Ok(Self(value))
+                Ok(Self(Arc::from(value)))
             }
 
             /// The text.
@@ -96,7 +97,7 @@ macro_rules! text_id {
 
         impl From<$name> for String {
             fn from(v: $name) -> String {
-                v.0
+                v.0.to_string()
             }
         }
 
@@ -235,19 +236,33 @@ impl Timestamp {
 
 /// A token from the source meaning "everything up to here is done". Opaque to the core: only
 /// the source that issued it can order or interpret it.
+///
+/// Cheap to clone: the token is shared, not copied.
 #[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct Continuation(String);
+#[serde(from = "String", into = "String")]
+pub struct Continuation(Arc<str>);
 
 impl Continuation {
     /// Wraps a source's token.
     pub fn new(token: impl Into<String>) -> Self {
-        Self(token.into())
+        Self(Arc::from(token.into()))
     }
 
     /// The token.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+}
+
+impl From<String> for Continuation {
+    fn from(token: String) -> Self {
+        Self::new(token)
+    }
+}
+
+impl From<Continuation> for String {
+    fn from(c: Continuation) -> String {
+        c.0.to_string()
     }
 }
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use super::{LeaseStore, Listing};
+use super::{Changes, LeaseStore, Listing};
 use crate::error::LeaseError;
 use crate::model::{
     GroupName, Heartbeat, HostName, Lease, LeaseKey, Membership, Timestamp, Version,
@@ -14,11 +14,11 @@ use crate::model::{
 /// Counts of store calls, shared between a [`CountingStore`] and whoever reads them.
 #[derive(Debug, Default)]
 pub struct StoreStats {
-    /// Read calls (`list`, `get`, `membership`).
+    /// Read calls (`list`, `list_changes`, `get`, `membership`).
     pub reads: AtomicU64,
     /// Write calls (`create`, `replace`, `delete`, `heartbeat`, `remove_heartbeat`).
     pub writes: AtomicU64,
-    /// Lease rows returned by `list` and `get`.
+    /// Lease rows returned by `list`, `list_changes` and `get`.
     pub lease_rows_read: AtomicU64,
     /// `list` calls.
     pub lists: AtomicU64,
@@ -97,6 +97,20 @@ impl LeaseStore for CountingStore {
             .map(|l| (l.leases.len() + l.malformed.len()) as u64)
             .unwrap_or(0);
         self.read("list", rows);
+        r
+    }
+
+    async fn list_changes(
+        &self,
+        group: &GroupName,
+        since: u64,
+    ) -> Result<Option<Changes>, LeaseError> {
+        let r = self.inner.list_changes(group, since).await;
+        let rows = match &r {
+            Ok(Some(c)) => (c.leases.len() + c.malformed.len()) as u64,
+            _ => 0,
+        };
+        self.read("list_changes", rows);
         r
     }
 

@@ -1,11 +1,11 @@
 //! An in-memory [`LeaseStore`]: the reference implementation, for tests and the simulator.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
 
-use super::{LeaseStore, Listing};
+use super::{Changes, LeaseStore, Listing};
 use crate::error::LeaseError;
 use crate::model::{
     GroupName, Heartbeat, HostName, Lease, LeaseKey, Membership, PartitionId, Timestamp, Version,
@@ -16,6 +16,35 @@ struct Group {
     leases: BTreeMap<PartitionId, Row>,
     hosts: BTreeMap<HostName, Heartbeat>,
     change_counter: u64,
+    /// The counter value of each lease's last ownership change (or creation).
+    changed_at: HashMap<PartitionId, u64>,
+    /// Recent deletions, oldest first, with the counter value each made.
+    deleted: VecDeque<(u64, PartitionId)>,
+    /// Deletions at or below this counter value are forgotten.
+    forgotten: u64,
+}
+
+/// How many deletions a group remembers for [`LeaseStore::list_changes`].
+const DELETIONS_KEPT: usize = 4096;
+
+impl Group {
+    fn bump(&mut self, partition: &PartitionId) {
+        self.change_counter += 1;
+        self.changed_at
+            .insert(partition.clone(), self.change_counter);
+    }
+
+    fn removed(&mut self, partition: &PartitionId) {
+        self.change_counter += 1;
+        self.changed_at.remove(partition);
+        self.deleted
+            .push_back((self.change_counter, partition.clone()));
+        if self.deleted.len() > DELETIONS_KEPT {
+            if let Some((at, _)) = self.deleted.pop_front() {
+                self.forgotten = at;
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -122,7 +151,7 @@ impl LeaseStore for MemoryLeaseStore {
         group
             .leases
             .insert(lease.key.partition.clone(), Row::Lease(stored.clone()));
-        group.change_counter += 1;
+        group.bump(&lease.key.partition);
         Ok(Some(stored))
     }
 
@@ -157,7 +186,7 @@ impl LeaseStore for MemoryLeaseStore {
         stored.version = expected.next();
         *current = stored.clone();
         if bump {
-            group.change_counter += 1;
+            group.bump(&lease.key.partition);
         }
         Ok(stored)
     }
@@ -184,7 +213,7 @@ impl LeaseStore for MemoryLeaseStore {
             return Err(malformed(key, "version mismatch on a malformed row"));
         }
         group.leases.remove(&key.partition);
-        group.change_counter += 1;
+        group.removed(&key.partition);
         Ok(())
     }
 
@@ -243,6 +272,48 @@ impl LeaseStore for MemoryLeaseStore {
                 current: Some(Box::new(row.clone())),
             }),
         }
+    }
+
+    async fn list_changes(
+        &self,
+        group: &GroupName,
+        since: u64,
+    ) -> Result<Option<Changes>, LeaseError> {
+        let groups = self.lock();
+        let Some(g) = groups.get(group) else {
+            return Ok(Some(Changes::default()));
+        };
+        if since < g.forgotten || since > g.change_counter {
+            return Ok(None);
+        }
+        let mut changes = Changes {
+            counter: g.change_counter,
+            ..Changes::default()
+        };
+        let mut changed: Vec<&PartitionId> = g
+            .changed_at
+            .iter()
+            .filter(|(_, at)| **at > since)
+            .map(|(p, _)| p)
+            .collect();
+        changed.sort_unstable();
+        for partition in changed {
+            match g.leases.get(partition) {
+                Some(Row::Lease(l)) => changes.leases.push(l.clone()),
+                Some(Row::Corrupt { reason, .. }) => changes.malformed.push(malformed(
+                    &LeaseKey::new(group.clone(), partition.clone()),
+                    reason,
+                )),
+                None => {}
+            }
+        }
+        changes.deleted = g
+            .deleted
+            .iter()
+            .filter(|(at, _)| *at > since)
+            .map(|(_, p)| LeaseKey::new(group.clone(), p.clone()))
+            .collect();
+        Ok(Some(changes))
     }
 
     async fn membership(&self, group: &GroupName) -> Result<Membership, LeaseError> {

@@ -30,6 +30,21 @@ pub struct Listing {
     pub malformed: Vec<LeaseError>,
 }
 
+/// The result of [`LeaseStore::list_changes`]: what changed hands since a change-counter
+/// value.
+#[derive(Debug, Default)]
+pub struct Changes {
+    /// The group's change counter as of this read: every change up to it is included.
+    pub counter: u64,
+    /// The current row of every lease created, or whose state, owner or next_owner changed,
+    /// after the value asked about; ordered by partition id.
+    pub leases: Vec<Lease>,
+    /// The keys of the leases deleted after it.
+    pub deleted: Vec<LeaseKey>,
+    /// One [`LeaseError::Malformed`] per such row that cannot be read.
+    pub malformed: Vec<LeaseError>,
+}
+
 /// A shared store of leases and host heartbeats, partitioned by group.
 ///
 /// # Contract
@@ -119,4 +134,22 @@ pub trait LeaseStore: Send + Sync + std::fmt::Debug {
     /// # Errors
     /// [`LeaseError::Store`].
     async fn membership(&self, group: &GroupName) -> Result<Membership, LeaseError>;
+
+    /// What changed hands in `group` after its change counter was `since`: a read that grows
+    /// with the changes, not with the number of leases. `None` when the store cannot tell (it
+    /// does not track changes, or no longer remembers that far back); the caller then lists.
+    /// Rows whose only change was a checkpoint are not included.
+    ///
+    /// The default returns `None`.
+    ///
+    /// # Errors
+    /// [`LeaseError::Store`].
+    async fn list_changes(
+        &self,
+        group: &GroupName,
+        since: u64,
+    ) -> Result<Option<Changes>, LeaseError> {
+        let _ = (group, since);
+        Ok(None)
+    }
 }

@@ -36,19 +36,32 @@ struct Seen {
 impl Liveness {
     /// Takes in a membership read made at `now` (this host's monotonic clock).
     pub fn observe(&mut self, membership: &Membership, now: Instant) {
-        let mut next = BTreeMap::new();
+        // Updated in place: every host observes every other every cycle.
         for hb in &membership.hosts {
-            let seen = match self.seen.remove(&hb.host) {
-                Some(s) if s.version == hb.version && s.incarnation == hb.incarnation => s,
-                _ => Seen {
-                    version: hb.version,
-                    incarnation: hb.incarnation.clone(),
-                    changed_at: now,
-                },
-            };
-            next.insert(hb.host.clone(), seen);
+            match self.seen.get_mut(&hb.host) {
+                Some(s) if s.version == hb.version && s.incarnation == hb.incarnation => {}
+                Some(s) => {
+                    s.version = hb.version;
+                    s.incarnation.clone_from(&hb.incarnation);
+                    s.changed_at = now;
+                }
+                None => {
+                    self.seen.insert(
+                        hb.host.clone(),
+                        Seen {
+                            version: hb.version,
+                            incarnation: hb.incarnation.clone(),
+                            changed_at: now,
+                        },
+                    );
+                }
+            }
         }
-        self.seen = next;
+        if self.seen.len() != membership.hosts.len() {
+            let listed: std::collections::BTreeSet<&HostName> =
+                membership.hosts.iter().map(|hb| &hb.host).collect();
+            self.seen.retain(|h, _| listed.contains(h));
+        }
     }
 
     /// The hosts whose heartbeat changed less than `expiry` ago, sorted by name.

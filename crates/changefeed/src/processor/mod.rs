@@ -585,24 +585,24 @@ impl Host {
         let full_due = self
             .last_full_list
             .is_none_or(|t| now.saturating_duration_since(t) >= self.p.settings.full_list_interval);
-        let need_list = full_due
-            || self.listed_counter != Some(membership.change_counter)
-            || live != self.listed_live;
+        let live_changed = live != self.listed_live;
+        let need_list =
+            full_due || self.listed_counter != Some(membership.change_counter) || live_changed;
         if need_list {
-            match self.p.store.list(&self.p.group).await {
-                Ok(listing) => {
-                    for bad in &listing.malformed {
-                        warn!(error = %bad, "unreadable lease row skipped");
-                    }
-                    metrics::gauge!("changefeed_malformed_leases", "group" => self.group_label.clone())
-                        .set(listing.malformed.len() as f64);
-                    self.leases = listing.leases;
-                    self.stop_workers_of_deleted_leases(&listing.malformed);
+            // Rows that only moved their checkpoint are not in a list of changes, so a take may
+            // find a newer version than the cached one: see `retry_takes`.
+            let read = if full_due {
+                self.full_list(membership.change_counter).await
+            } else {
+                self.list_changes(membership.change_counter).await
+            };
+            match read {
+                Ok(counter) => {
                     // Workers learn of every request this list holds before the view stamp
                     // says they may: hints first, then the stamp.
                     self.send_hints();
                     self.view.confirm(sent);
-                    self.listed_counter = Some(membership.change_counter);
+                    self.listed_counter = Some(counter);
                     // Judge liveness from a membership read made after the list. A host judged
                     // dead from the earlier read may have re-registered and taken leases since;
                     // its takes can show in the list only with its new heartbeat (it registers
@@ -716,7 +716,7 @@ impl Host {
                 debug!(?report, "partition sync changed the lease table");
                 match self.p.store.list(&self.p.group).await {
                     Ok(listing) => {
-                        self.leases = listing.leases;
+                        self.set_leases(listing.leases);
                         // The counter moved with our writes: list again next cycle too.
                         self.listed_counter = None;
                         true
@@ -741,12 +741,83 @@ impl Host {
             .set(self.workers.len() as f64);
     }
 
+    /// Lists every lease. Returns the change counter the listing is at least as new as.
+    async fn full_list(&mut self, counter: u64) -> Result<u64, LeaseError> {
+        let listing = self.p.store.list(&self.p.group).await?;
+        for bad in &listing.malformed {
+            warn!(error = %bad, "unreadable lease row skipped");
+        }
+        metrics::gauge!("changefeed_malformed_leases", "group" => self.group_label.clone())
+            .set(listing.malformed.len() as f64);
+        self.set_leases(listing.leases);
+        self.stop_workers_of_deleted_leases(&listing.malformed);
+        Ok(counter)
+    }
+
+    /// Reads only what changed hands since the last list, when the store can say; lists in
+    /// full otherwise. Returns the change counter the cached leases are now at.
+    async fn list_changes(&mut self, counter: u64) -> Result<u64, LeaseError> {
+        let Some(since) = self.listed_counter else {
+            return self.full_list(counter).await;
+        };
+        let Some(changes) = self.p.store.list_changes(&self.p.group, since).await? else {
+            return self.full_list(counter).await;
+        };
+        for bad in &changes.malformed {
+            warn!(error = %bad, "unreadable lease row skipped");
+        }
+        for key in &changes.deleted {
+            if let Ok(i) = self
+                .leases
+                .binary_search_by(|l| l.key.partition.cmp(&key.partition))
+            {
+                self.leases.remove(i);
+            }
+            if let Some(slot) = self.workers.get(&key.partition) {
+                info!(partition = %key.partition, "lease deleted; stopping its worker");
+                slot.cancel.cancel();
+            }
+        }
+        for lease in changes.leases {
+            self.remember(lease);
+        }
+        Ok(changes.counter)
+    }
+
+    /// Puts a row newer than the cached one (or a new one) into the cached leases.
+    fn remember(&mut self, lease: Lease) {
+        match self
+            .leases
+            .binary_search_by(|l| l.key.partition.cmp(&lease.key.partition))
+        {
+            Ok(i) if self.leases[i].version < lease.version => self.leases[i] = lease,
+            Ok(_) => {}
+            Err(i) => self.leases.insert(i, lease),
+        }
+    }
+
+    /// Keeps a fresh listing, sorted by partition (stores list in key order; sorting is a
+    /// check then), so a worker's lease is found by binary search: a host runs a handful of
+    /// workers among thousands of leases.
+    fn set_leases(&mut self, mut leases: Vec<Lease>) {
+        if !leases.is_sorted_by(|a, b| a.key.partition <= b.key.partition) {
+            leases.sort_by(|a, b| a.key.partition.cmp(&b.key.partition));
+        }
+        self.leases = leases;
+    }
+
+    /// The listed row of `partition`, if any.
+    fn listed(&self, partition: &PartitionId) -> Option<&Lease> {
+        self.leases
+            .binary_search_by(|l| l.key.partition.cmp(partition))
+            .ok()
+            .map(|i| &self.leases[i])
+    }
+
     /// Stops the workers whose lease is gone from a fresh listing (a retired stream's lease
     /// deleted by the leader): an idle worker would otherwise only notice at its next write.
     /// A row that is only unreadable (listed as malformed) does not count as deleted.
     fn stop_workers_of_deleted_leases(&mut self, malformed: &[LeaseError]) {
-        let listed: std::collections::HashSet<&PartitionId> =
-            self.leases.iter().map(|l| &l.key.partition).collect();
         let unreadable: std::collections::HashSet<&str> = malformed
             .iter()
             .filter_map(|e| match e {
@@ -754,10 +825,16 @@ impl Host {
                 _ => None,
             })
             .collect();
-        for (partition, slot) in &self.workers {
-            let key = format!("{}/{partition}", self.p.group);
-            if !listed.contains(partition) && !unreadable.contains(key.as_str()) {
-                info!(%partition, "lease deleted; stopping its worker");
+        let mut gone: Vec<&PartitionId> = self
+            .workers
+            .keys()
+            .filter(|p| self.listed(p).is_none())
+            .filter(|p| !unreadable.contains(format!("{}/{p}", self.p.group).as_str()))
+            .collect();
+        gone.sort_unstable();
+        for partition in gone {
+            info!(%partition, "lease deleted; stopping its worker");
+            if let Some(slot) = self.workers.get(partition) {
                 slot.cancel.cancel();
             }
         }
@@ -765,7 +842,20 @@ impl Host {
 
     /// Tells each worker about a newer row of its lease (a hand-off request, or a new owner).
     fn send_hints(&mut self) {
-        for lease in &self.leases {
+        // In partition order, not the map's: the order workers wake in must not depend on
+        // hashing (the simulator replays runs exactly).
+        let mut rows: Vec<usize> = self
+            .workers
+            .keys()
+            .filter_map(|p| {
+                self.leases
+                    .binary_search_by(|l| l.key.partition.cmp(p))
+                    .ok()
+            })
+            .collect();
+        rows.sort_unstable();
+        for i in rows {
+            let lease = &self.leases[i];
             if let Some(slot) = self.workers.get_mut(&lease.key.partition) {
                 if lease.version > slot.known_version {
                     slot.known_version = lease.version;
@@ -796,16 +886,13 @@ impl Host {
     }
 
     fn eligible(&self) -> Vec<bool> {
-        let by_id: HashMap<&PartitionId, &Lease> =
-            self.leases.iter().map(|l| (&l.key.partition, l)).collect();
         self.leases
             .iter()
             .map(|l| {
                 l.state != LeaseState::Finished
                     && (self.p.hooks.child_before_parent()
                         || l.parents.iter().all(|p| {
-                            by_id
-                                .get(p)
+                            self.listed(p)
                                 .is_none_or(|parent| parent.state == LeaseState::Finished)
                         }))
             })
@@ -859,8 +946,12 @@ impl Host {
         }
         debug!(?plan, "balance plan");
         let find = |leases: &[Lease], p: &PartitionId| {
-            leases.iter().find(|l| &l.key.partition == p).cloned()
+            leases
+                .binary_search_by(|l| l.key.partition.cmp(p))
+                .ok()
+                .map(|i| leases[i].clone())
         };
+        let mut retry: Vec<Lease> = Vec::new();
         for (partition, kind) in plan
             .take
             .iter()
@@ -886,8 +977,24 @@ impl Host {
                     self.asked_at.remove(partition);
                     self.start_worker(stored);
                 }
+                Err(LeaseError::Conflict { current, .. }) => {
+                    // The cached row is older than the store's. If only its checkpoint moved
+                    // (the owner wrote one before it died, after we listed), take it at the
+                    // current version once a fresh membership read still shows that owner
+                    // dead; otherwise plan again next cycle with the current row.
+                    debug!(lease = %lease.key, kind, "could not take lease: it changed");
+                    if kind == "take" && !current.ownership_differs(&lease) {
+                        retry.push(*current);
+                    } else {
+                        self.remember(*current);
+                        self.replan = true;
+                    }
+                }
                 Err(err) => debug!(lease = %lease.key, error = %err, kind, "could not take lease"),
             }
+        }
+        if !retry.is_empty() {
+            self.retry_takes(retry).await;
         }
         for req in &plan.request_handoff {
             let Some(mut lease) = find(&self.leases, &req.partition) else {
@@ -930,6 +1037,56 @@ impl Host {
             if let Some(slot) = self.workers.get(partition) {
                 info!(%partition, "releasing lease by plan");
                 slot.cancel.cancel();
+            }
+        }
+    }
+
+    /// Takes again, at their current version, leases whose take conflicted only because their
+    /// checkpoint had moved. The owner must still be judged dead by a membership read made
+    /// after the conflict: a host that came back registers before it writes a lease, so an
+    /// owner that re-adopted its lease shows a new heartbeat here and keeps it.
+    async fn retry_takes(&mut self, rows: Vec<Lease>) {
+        let membership = match self.p.store.membership(&self.p.group).await {
+            Ok(m) => m,
+            Err(err) => {
+                warn!(error = %err, "reading membership failed");
+                for row in rows {
+                    self.remember(row);
+                }
+                self.replan = true;
+                return;
+            }
+        };
+        let now = self.p.clock.now();
+        self.liveness.observe(&membership, now);
+        let live = self.liveness.live(now, self.p.settings.lease_expiry);
+        let me = self.p.host.clone();
+        for row in rows {
+            if row.owner.as_ref().is_some_and(|o| live.contains(o)) {
+                self.remember(row);
+                self.replan = true;
+                continue;
+            }
+            let mut next = row.clone();
+            next.state = LeaseState::Owned;
+            next.owner = Some(me.clone());
+            next.next_owner = None;
+            match self.p.store.replace(&next, row.version).await {
+                Ok(stored) => {
+                    info!(lease = %stored.key, previous = ?row.owner, kind = "take", "took lease");
+                    metrics::counter!("changefeed_leases_taken_total", "group" => self.group_label.clone()).increment(1);
+                    self.remember(stored.clone());
+                    self.start_worker(stored);
+                }
+                Err(LeaseError::Conflict { current, .. }) => {
+                    self.remember(*current);
+                    self.replan = true;
+                }
+                Err(err) => {
+                    debug!(lease = %row.key, error = %err, "could not take lease");
+                    self.remember(row);
+                    self.replan = true;
+                }
             }
         }
     }

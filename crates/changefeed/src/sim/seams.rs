@@ -526,6 +526,20 @@ impl LeaseStore for SimStore {
         self.inner.remove_heartbeat(group, host, expected).await
     }
 
+    async fn list_changes(
+        &self,
+        group: &GroupName,
+        since: u64,
+    ) -> Result<Option<crate::lease::Changes>, LeaseError> {
+        self.pre("list_changes").await?;
+        let at = self.world.now();
+        self.world.log().trace.push(
+            at,
+            format_args!("list_changes {} since {since}", self.ctl.name),
+        );
+        self.inner.list_changes(group, since).await
+    }
+
     async fn membership(&self, group: &GroupName) -> Result<Membership, LeaseError> {
         self.pre("membership").await?;
         let m = self.inner.membership(group).await?;

@@ -145,6 +145,14 @@ impl LeaseStore for Faulty {
         self.gate("get").await?;
         self.inner.get(key).await
     }
+    async fn list_changes(
+        &self,
+        group: &GroupName,
+        since: u64,
+    ) -> Result<Option<crate::lease::Changes>, LeaseError> {
+        self.gate("list_changes").await?;
+        self.inner.list_changes(group, since).await
+    }
     async fn create(&self, lease: &Lease) -> Result<Option<Lease>, LeaseError> {
         self.gate("create").await?;
         self.inner.create(lease).await

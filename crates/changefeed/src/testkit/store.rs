@@ -64,6 +64,7 @@ where
         malformed_rows_are_named_and_others_still_list,
         invalid_leases_are_refused,
         ten_thousand_leases_list,
+        changes_since_a_counter_hold_what_changed_hands,
     ];
     for (name, check) in all {
         let fixture = factory().await;
@@ -660,4 +661,86 @@ async fn ten_thousand_leases_list(f: &dyn LeaseStoreFixture) {
         assert_eq!(lease.key.partition.as_str(), format!("{i:05}"));
         assert_eq!(lease.owner.is_some(), i % 3 == 0);
     }
+}
+
+/// For a store that answers [`LeaseStore::list_changes`]: it returns exactly the leases
+/// created or changing hands after the counter asked about (not those only checkpointed), the
+/// keys deleted, and a counter matching the membership's; and `None` for a counter it has not
+/// reached. A store that answers `None` passes (the processor then lists in full).
+async fn changes_since_a_counter_hold_what_changed_hands(f: &dyn LeaseStoreFixture) {
+    let store = f.connect().await;
+    let g = group("changes");
+    let mut rows = Vec::new();
+    for p in ["a", "b", "c", "d"] {
+        rows.push(
+            must_create(
+                store.as_ref(),
+                &Lease::new(key("changes", p), Position::Beginning),
+            )
+            .await,
+        );
+    }
+    let since = store
+        .membership(&g)
+        .await
+        .expect("membership")
+        .change_counter;
+    let Some(none_yet) = store.list_changes(&g, since).await.expect("list_changes") else {
+        return;
+    };
+    assert!(
+        none_yet.leases.is_empty() && none_yet.deleted.is_empty(),
+        "nothing changed after {since}: {none_yet:?}"
+    );
+    assert_eq!(none_yet.counter, since);
+    // b changes hands; c only moves its checkpoint; d is deleted; e is created.
+    let b = store
+        .replace(&owned(rows[1].clone(), "h1"), rows[1].version)
+        .await
+        .expect("take b");
+    let mut c = rows[2].clone();
+    c.continuation = Some(Continuation::new("c-1"));
+    store.replace(&c, c.version).await.expect("checkpoint c");
+    store
+        .delete(&rows[3].key, rows[3].version)
+        .await
+        .expect("delete d");
+    let e = must_create(
+        store.as_ref(),
+        &Lease::new(key("changes", "e"), Position::Beginning),
+    )
+    .await;
+    let now = store
+        .membership(&g)
+        .await
+        .expect("membership")
+        .change_counter;
+    let changes = store
+        .list_changes(&g, since)
+        .await
+        .expect("list_changes")
+        .expect("a store that answered once answers again");
+    assert_eq!(changes.counter, now, "the counter as of the read");
+    let got: Vec<(String, Version)> = changes
+        .leases
+        .iter()
+        .map(|l| (l.key.partition.to_string(), l.version))
+        .collect();
+    assert_eq!(
+        got,
+        vec![("b".to_string(), b.version), ("e".to_string(), e.version)],
+        "changed hands or created, in partition order, at their current version"
+    );
+    assert_eq!(changes.deleted, vec![rows[3].key.clone()]);
+    assert!(changes.malformed.is_empty());
+    let later = store.list_changes(&g, now).await.expect("list_changes");
+    assert!(later.is_some_and(|c| c.leases.is_empty() && c.deleted.is_empty()));
+    assert!(
+        store
+            .list_changes(&g, now + 1000)
+            .await
+            .expect("list_changes")
+            .is_none(),
+        "a counter the store has not reached cannot be answered"
+    );
 }

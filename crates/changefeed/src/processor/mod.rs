@@ -550,8 +550,10 @@ impl Host {
     fn on_exit(&mut self, exit: worker::WorkerExit) {
         debug!(partition = %exit.partition, reason = ?exit.reason, "worker exited");
         self.workers.remove(&exit.partition);
-        // Whatever the reason, the lease changed hands or state: list next cycle.
-        self.listed_counter = None;
+        // Whatever the reason, the lease changed hands or state: plan next cycle. A hand-off,
+        // release or finish moved the change counter; a worker stopped by the fence left the
+        // lease ours, and `adopt_own_leases` resumes it.
+        self.replan = true;
     }
 
     fn fenced(&self) -> bool {
@@ -650,6 +652,8 @@ impl Host {
                 return;
             }
         }
+        // Set again below by anything that wants another look next cycle.
+        self.replan = false;
         self.send_hints();
         self.adopt_own_leases().await;
         self.balance(&live, now).await;
@@ -880,6 +884,13 @@ impl Host {
                     info!(lease = %stored.key, "resuming a lease this host owns");
                     self.start_worker(stored);
                 }
+                Err(LeaseError::Conflict { current, .. }) => {
+                    // Our own checkpoints moved it since it was listed: retry next cycle
+                    // with the current row, if it is still ours.
+                    debug!(lease = %lease.key, "could not resume lease: it changed");
+                    self.remember(*current);
+                    self.replan = true;
+                }
                 Err(err) => debug!(lease = %lease.key, error = %err, "could not resume lease"),
             }
         }
@@ -933,7 +944,6 @@ impl Host {
             live_hosts: live,
             leases: &views,
         });
-        self.replan = false;
         if now.saturating_duration_since(self.registered_at) < self.p.settings.renew_interval
             && !plan.request_handoff.is_empty()
         {
@@ -961,6 +971,12 @@ impl Host {
             let Some(lease) = find(&self.leases, partition) else {
                 continue;
             };
+            if self.workers.contains_key(partition) {
+                // Our worker of an earlier ownership has not stopped yet: it could adopt the
+                // new row as its own and write its stale position. Take it once it has.
+                self.replan = true;
+                continue;
+            }
             let mut next = lease.clone();
             next.state = LeaseState::Owned;
             next.owner = Some(me.clone());
@@ -1062,7 +1078,9 @@ impl Host {
         let live = self.liveness.live(now, self.p.settings.lease_expiry);
         let me = self.p.host.clone();
         for row in rows {
-            if row.owner.as_ref().is_some_and(|o| live.contains(o)) {
+            if row.owner.as_ref().is_some_and(|o| live.contains(o))
+                || self.workers.contains_key(&row.key.partition)
+            {
                 self.remember(row);
                 self.replan = true;
                 continue;

@@ -51,7 +51,7 @@ pub struct Args {
     #[arg(long)]
     trace: bool,
     /// Settings for large fleets: renew and acquire every 15 s, expiry 60 s, idle partitions
-    /// polled every 5 min, full lists every 30 min, no trace.
+    /// polled every 5 min, full lists every 30 min, partition sync every 5 min, no trace.
     #[arg(long)]
     large: bool,
 }

@@ -287,6 +287,9 @@ impl Census {
         let mut requestable = vec![0usize; hosts];
         let mut claimed = vec![0usize; hosts];
         let mut eligible = 0usize;
+        // Leases are mostly held in runs by one owner, whose name they share: remember the
+        // last name looked up and skip hashing it again.
+        let mut last: Option<(&HostName, Option<usize>)> = None;
         let status: Vec<Status> = leases
             .iter()
             .map(|view| {
@@ -295,8 +298,15 @@ impl Census {
                     return Status::Ignored;
                 }
                 eligible += 1;
-                let owner = match lease.state {
-                    LeaseState::Owned => lease.owner.as_ref().and_then(|o| fleet.index_of(o)),
+                let owner = match (lease.state, &lease.owner) {
+                    (LeaseState::Owned, Some(o)) => match last {
+                        Some((name, index)) if name.same_text(o) => index,
+                        _ => {
+                            let index = fleet.index_of(o);
+                            last = Some((o, index));
+                            index
+                        }
+                    },
                     _ => None,
                 };
                 let asker = lease.next_owner.as_ref().and_then(|n| fleet.index_of(n));

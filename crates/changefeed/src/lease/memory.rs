@@ -16,31 +16,24 @@ struct Group {
     leases: BTreeMap<PartitionId, Row>,
     hosts: BTreeMap<HostName, Heartbeat>,
     change_counter: u64,
-    /// The counter value of each lease's last ownership change (or creation).
-    changed_at: HashMap<PartitionId, u64>,
-    /// Recent deletions, oldest first, with the counter value each made.
-    deleted: VecDeque<(u64, PartitionId)>,
-    /// Deletions at or below this counter value are forgotten.
+    /// The partitions of the most recent moves of the change counter, oldest first, with the
+    /// counter value each made: a lease created, deleted, or changing hands.
+    changes: VecDeque<(u64, PartitionId)>,
+    /// Changes at or below this counter value are forgotten.
     forgotten: u64,
 }
 
-/// How many deletions a group remembers for [`LeaseStore::list_changes`].
-const DELETIONS_KEPT: usize = 4096;
+/// How many changes a group remembers for [`LeaseStore::list_changes`]; a host further behind
+/// lists in full.
+const CHANGES_KEPT: usize = 16_384;
 
 impl Group {
     fn bump(&mut self, partition: &PartitionId) {
         self.change_counter += 1;
-        self.changed_at
-            .insert(partition.clone(), self.change_counter);
-    }
-
-    fn removed(&mut self, partition: &PartitionId) {
-        self.change_counter += 1;
-        self.changed_at.remove(partition);
-        self.deleted
+        self.changes
             .push_back((self.change_counter, partition.clone()));
-        if self.deleted.len() > DELETIONS_KEPT {
-            if let Some((at, _)) = self.deleted.pop_front() {
+        if self.changes.len() > CHANGES_KEPT {
+            if let Some((at, _)) = self.changes.pop_front() {
                 self.forgotten = at;
             }
         }
@@ -213,7 +206,7 @@ impl LeaseStore for MemoryLeaseStore {
             return Err(malformed(key, "version mismatch on a malformed row"));
         }
         group.leases.remove(&key.partition);
-        group.removed(&key.partition);
+        group.bump(&key.partition);
         Ok(())
     }
 
@@ -290,29 +283,22 @@ impl LeaseStore for MemoryLeaseStore {
             counter: g.change_counter,
             ..Changes::default()
         };
-        let mut changed: Vec<&PartitionId> = g
-            .changed_at
-            .iter()
-            .filter(|(_, at)| **at > since)
-            .map(|(p, _)| p)
-            .collect();
-        changed.sort_unstable();
-        for partition in changed {
+        let first = g.changes.partition_point(|(at, _)| *at <= since);
+        let mut touched: Vec<&PartitionId> = g.changes.range(first..).map(|(_, p)| p).collect();
+        touched.sort_unstable();
+        touched.dedup();
+        for partition in touched {
             match g.leases.get(partition) {
                 Some(Row::Lease(l)) => changes.leases.push(l.clone()),
                 Some(Row::Corrupt { reason, .. }) => changes.malformed.push(malformed(
                     &LeaseKey::new(group.clone(), partition.clone()),
                     reason,
                 )),
-                None => {}
+                None => changes
+                    .deleted
+                    .push(LeaseKey::new(group.clone(), partition.clone())),
             }
         }
-        changes.deleted = g
-            .deleted
-            .iter()
-            .filter(|(at, _)| *at > since)
-            .map(|(_, p)| LeaseKey::new(group.clone(), p.clone()))
-            .collect();
         Ok(Some(changes))
     }
 

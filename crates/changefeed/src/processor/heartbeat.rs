@@ -6,7 +6,6 @@
 //! A host whose last successful heartbeat was *sent* `lease_expiry − safety_margin` ago fences
 //! itself: its workers stop before any observer can judge it dead (rule 3).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,7 +22,8 @@ use crate::model::{GroupName, Heartbeat, HostName, Membership, Version};
 /// What an observer remembers of each host's heartbeat.
 #[derive(Debug, Default, Clone)]
 pub struct Liveness {
-    seen: BTreeMap<HostName, Seen>,
+    /// Sorted by host name.
+    seen: Vec<(HostName, Seen)>,
 }
 
 #[derive(Debug, Clone)]
@@ -33,35 +33,55 @@ struct Seen {
     changed_at: Instant,
 }
 
+impl Seen {
+    fn new(hb: &Heartbeat, now: Instant) -> Self {
+        Self {
+            version: hb.version,
+            incarnation: hb.incarnation.clone(),
+            changed_at: now,
+        }
+    }
+
+    fn observe(&mut self, hb: &Heartbeat, now: Instant) {
+        if self.version != hb.version || self.incarnation != hb.incarnation {
+            self.version = hb.version;
+            self.incarnation.clone_from(&hb.incarnation);
+            self.changed_at = now;
+        }
+    }
+}
+
 impl Liveness {
     /// Takes in a membership read made at `now` (this host's monotonic clock).
     pub fn observe(&mut self, membership: &Membership, now: Instant) {
-        // Updated in place: every host observes every other every cycle.
-        for hb in &membership.hosts {
-            match self.seen.get_mut(&hb.host) {
-                Some(s) if s.version == hb.version && s.incarnation == hb.incarnation => {}
-                Some(s) => {
-                    s.version = hb.version;
-                    s.incarnation.clone_from(&hb.incarnation);
-                    s.changed_at = now;
-                }
-                None => {
-                    self.seen.insert(
-                        hb.host.clone(),
-                        Seen {
-                            version: hb.version,
-                            incarnation: hb.incarnation.clone(),
-                            changed_at: now,
-                        },
-                    );
-                }
+        // Every host observes every other every cycle, and the membership rarely changes:
+        // when it lists the same hosts in the same order, update in place.
+        let same_hosts = self.seen.len() == membership.hosts.len()
+            && self
+                .seen
+                .iter()
+                .zip(&membership.hosts)
+                .all(|((host, _), hb)| *host == hb.host);
+        if same_hosts {
+            for ((_, seen), hb) in self.seen.iter_mut().zip(&membership.hosts) {
+                seen.observe(hb, now);
             }
+            return;
         }
-        if self.seen.len() != membership.hosts.len() {
-            let listed: std::collections::BTreeSet<&HostName> =
-                membership.hosts.iter().map(|hb| &hb.host).collect();
-            self.seen.retain(|h, _| listed.contains(h));
+        let old = std::mem::take(&mut self.seen);
+        for hb in &membership.hosts {
+            let seen = match old.binary_search_by(|(h, _)| h.cmp(&hb.host)) {
+                Ok(i) => {
+                    let mut seen = old[i].1.clone();
+                    seen.observe(hb, now);
+                    seen
+                }
+                Err(_) => Seen::new(hb, now),
+            };
+            self.seen.push((hb.host.clone(), seen));
         }
+        self.seen.sort_by(|a, b| a.0.cmp(&b.0));
+        self.seen.dedup_by(|a, b| a.0 == b.0);
     }
 
     /// The hosts whose heartbeat changed less than `expiry` ago, sorted by name.
@@ -75,7 +95,10 @@ impl Liveness {
 
     /// When `host`'s heartbeat was last seen to change, if it is known.
     pub fn changed_at(&self, host: &HostName) -> Option<Instant> {
-        self.seen.get(host).map(|s| s.changed_at)
+        self.seen
+            .binary_search_by(|(h, _)| h.cmp(host))
+            .ok()
+            .map(|i| self.seen[i].1.changed_at)
     }
 }
 

@@ -47,9 +47,15 @@ fn check_text(kind: &'static str, value: &str, max: usize) -> Result<(), ModelEr
 macro_rules! text_id {
     ($(#[$doc:meta])* $name:ident, $kind:literal, $max:expr $(, extra = $extra:expr)?) => {
         $(#[$doc])*
-        #[derive(Clone, Eq, Hash, Serialize, Deserialize)]
+        #[derive(Clone, Eq, Serialize, Deserialize)]
         #[serde(try_from = "String", into = "String")]
         pub struct $name(Arc<str>);
+
+        impl std::hash::Hash for $name {
+            fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+                self.0.hash(state);
+            }
+        }
 
         // Clones share their text, so most comparisons of equal names are of one allocation:
         // those skip comparing bytes. Names of one fleet mostly differ in their last

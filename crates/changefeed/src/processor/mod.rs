@@ -44,7 +44,7 @@ pub use heartbeat::{Liveness, ProcessorError};
 #[doc(hidden)]
 pub use hooks::Broken;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -419,6 +419,10 @@ struct Host {
     group_label: String,
     liveness: Liveness,
     leases: Vec<Lease>,
+    /// The partitions `leases` lists as owned by this host.
+    mine: BTreeSet<PartitionId>,
+    /// The partitions `leases` lists with this host as `next_owner`.
+    asked: BTreeSet<PartitionId>,
     listed_counter: Option<u64>,
     listed_live: Vec<HostName>,
     last_full_list: Option<Instant>,
@@ -456,6 +460,8 @@ impl Host {
             p,
             liveness: Liveness::default(),
             leases: Vec::new(),
+            mine: BTreeSet::new(),
+            asked: BTreeSet::new(),
             listed_counter: None,
             listed_live: Vec::new(),
             last_full_list: None,
@@ -777,6 +783,8 @@ impl Host {
             {
                 self.leases.remove(i);
             }
+            self.mine.remove(&key.partition);
+            self.asked.remove(&key.partition);
             if let Some(slot) = self.workers.get(&key.partition) {
                 info!(partition = %key.partition, "lease deleted; stopping its worker");
                 slot.cancel.cancel();
@@ -790,13 +798,31 @@ impl Host {
 
     /// Puts a row newer than the cached one (or a new one) into the cached leases.
     fn remember(&mut self, lease: Lease) {
-        match self
+        let i = match self
             .leases
             .binary_search_by(|l| l.key.partition.cmp(&lease.key.partition))
         {
-            Ok(i) if self.leases[i].version < lease.version => self.leases[i] = lease,
-            Ok(_) => {}
-            Err(i) => self.leases.insert(i, lease),
+            Ok(i) if self.leases[i].version < lease.version => {
+                self.leases[i] = lease;
+                i
+            }
+            Ok(_) => return,
+            Err(i) => {
+                self.leases.insert(i, lease);
+                i
+            }
+        };
+        let lease = &self.leases[i];
+        let me = &self.p.host;
+        for (set, member) in [
+            (&mut self.mine, lease.is_owned_by(me)),
+            (&mut self.asked, lease.next_owner.as_ref() == Some(me)),
+        ] {
+            if member {
+                set.insert(lease.key.partition.clone());
+            } else {
+                set.remove(&lease.key.partition);
+            }
         }
     }
 
@@ -804,7 +830,24 @@ impl Host {
     /// check then), so a worker's lease is found by binary search: a host runs a handful of
     /// workers among thousands of leases.
     fn set_leases(&mut self, mut leases: Vec<Lease>) {
-        if !leases.is_sorted_by(|a, b| a.key.partition <= b.key.partition) {
+        // One pass: the rows are many, and each pass over them is a trip through memory.
+        let me = &self.p.host;
+        self.mine.clear();
+        self.asked.clear();
+        let mut sorted = true;
+        let mut previous: Option<&PartitionId> = None;
+        for l in &leases {
+            let partition = &l.key.partition;
+            sorted &= previous.is_none_or(|p| p <= partition);
+            previous = Some(partition);
+            if l.is_owned_by(me) {
+                self.mine.insert(partition.clone());
+            }
+            if l.next_owner.as_ref() == Some(me) {
+                self.asked.insert(partition.clone());
+            }
+        }
+        if !sorted {
             leases.sort_by(|a, b| a.key.partition.cmp(&b.key.partition));
         }
         self.leases = leases;
@@ -873,10 +916,10 @@ impl Host {
     /// fence that was lowered): claim them by CAS and start workers.
     async fn adopt_own_leases(&mut self) {
         let mine: Vec<Lease> = self
-            .leases
+            .mine
             .iter()
-            .filter(|l| l.is_owned_by(&self.p.host) && !self.workers.contains_key(&l.key.partition))
-            .cloned()
+            .filter(|p| !self.workers.contains_key(*p))
+            .filter_map(|p| self.listed(p).cloned())
             .collect();
         for lease in mine {
             match self.p.store.replace(&lease, lease.version).await {
@@ -896,18 +939,18 @@ impl Host {
         }
     }
 
-    fn eligible(&self) -> Vec<bool> {
-        self.leases
-            .iter()
-            .map(|l| {
-                l.state != LeaseState::Finished
-                    && (self.p.hooks.child_before_parent()
-                        || l.parents.iter().all(|p| {
-                            self.listed(p)
-                                .is_none_or(|parent| parent.state == LeaseState::Finished)
-                        }))
+    /// Whether a lease may be owned now: not finished, and every listed parent finished.
+    #[inline]
+    fn eligible(&self, l: &Lease) -> bool {
+        l.state != LeaseState::Finished && (l.parents.is_empty() || self.parents_finished(l))
+    }
+
+    fn parents_finished(&self, l: &Lease) -> bool {
+        self.p.hooks.child_before_parent()
+            || l.parents.iter().all(|p| {
+                self.listed(p)
+                    .is_none_or(|parent| parent.state == LeaseState::Finished)
             })
-            .collect()
     }
 
     async fn balance(&mut self, live: &[HostName], now: Instant) {
@@ -916,29 +959,29 @@ impl Host {
         // landed before that list returned).
         let seen = self.p.clock.now();
         let me = self.p.host.clone();
-        let asked: Vec<PartitionId> = self
-            .leases
-            .iter()
-            .filter(|l| l.next_owner.as_ref() == Some(&me))
-            .map(|l| l.key.partition.clone())
-            .collect();
-        self.asked_at.retain(|p, _| asked.contains(p));
-        for p in asked {
-            self.asked_at.entry(p).or_insert(seen);
+        self.asked_at.retain(|p, _| self.asked.contains(p));
+        for p in &self.asked {
+            self.asked_at.entry(p.clone()).or_insert(seen);
         }
-        let eligible = self.eligible();
-        let views: Vec<LeaseView<'_>> = self
+        let mut views: Vec<LeaseView<'_>> = self
             .leases
             .iter()
-            .zip(eligible)
-            .map(|(lease, eligible)| LeaseView {
+            .map(|lease| LeaseView {
                 lease,
-                eligible,
-                handoff_overdue: self.asked_at.get(&lease.key.partition).is_some_and(|t| {
-                    seen.saturating_duration_since(*t) >= self.p.settings.handoff_timeout
-                }),
+                eligible: self.eligible(lease),
+                handoff_overdue: false,
             })
             .collect();
+        for (partition, at) in &self.asked_at {
+            if seen.saturating_duration_since(*at) >= self.p.settings.handoff_timeout {
+                if let Ok(i) = self
+                    .leases
+                    .binary_search_by(|l| l.key.partition.cmp(partition))
+                {
+                    views[i].handoff_overdue = true;
+                }
+            }
+        }
         let mut plan = self.p.strategy.plan(&Snapshot {
             me: &me,
             live_hosts: live,

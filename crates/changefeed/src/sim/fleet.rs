@@ -471,6 +471,18 @@ impl SimFleet {
         self.hosts.get(name).is_some_and(|h| h.ctl.is_paused())
     }
 
+    /// For each of `names`: whether it is up, and whether it is stalled.
+    pub fn states(&self, names: &[String]) -> Vec<(bool, bool)> {
+        names
+            .iter()
+            .map(|name| {
+                self.hosts.get(name).map_or((false, false), |h| {
+                    (matches!(h.run, Run::Up(..)), h.ctl.is_paused())
+                })
+            })
+            .collect()
+    }
+
     /// The leases as stored (read without faults or counting).
     pub async fn leases(&self) -> Vec<Lease> {
         self.store

@@ -498,16 +498,15 @@ async fn scenario(mut cfg: SimConfig) -> SimOutcome {
         writes_carry -= n as f64;
         fleet.write(n, keys);
         let now = fleet.now();
-        let up_now: BTreeSet<String> = fleet.up().into_iter().collect();
-        for name in &names {
-            let up = up_now.contains(name);
+        let states = fleet.states(&names);
+        for (name, &(up, paused)) in names.iter().zip(&states) {
             if up && on(Fault::Crash) && fleet.rng().gen_bool(per_step(rate::CRASH)) {
                 fleet.crash(name);
             } else if up && on(Fault::Stop) && fleet.rng().gen_bool(per_step(rate::STOP)) {
                 fleet.stop(name);
             } else if up
                 && on(Fault::Pause)
-                && !fleet.is_paused(name)
+                && !paused
                 && fleet.rng().gen_bool(per_step(rate::PAUSE))
             {
                 let ms = fleet.rng().gen_range(1_000..=30_000);

@@ -346,7 +346,7 @@ pub fn hosts(args: HostsArgs) -> anyhow::Result<ExitCode> {
                 n.to_string(),
                 show_age(age),
                 h.version.to_string(),
-                h.incarnation.clone(),
+                h.incarnation.to_string(),
             ]);
             json_hosts.push(json!({
                 "host": h.host.as_str(), "leases": n, "heartbeat_age_ms": age,

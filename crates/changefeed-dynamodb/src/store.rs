@@ -654,7 +654,7 @@ fn parse_heartbeat(group: &GroupName, item: &Item) -> Result<Heartbeat, LeaseErr
         incarnation: text(item, A_INCARNATION)
             .map_err(bad)?
             .unwrap_or_default()
-            .to_string(),
+            .into(),
         version: Version(number(item, A_VERSION).map_err(bad)?),
         written_at: Timestamp(number(item, A_WRITTEN_AT).unwrap_or(0) as i64),
     })
@@ -891,7 +891,7 @@ impl LeaseStore for DynamoLeaseStore {
                 Ok(Heartbeat {
                     group: group.clone(),
                     host: host.clone(),
-                    incarnation: incarnation.to_string(),
+                    incarnation: incarnation.into(),
                     version,
                     written_at,
                 })

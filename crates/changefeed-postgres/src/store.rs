@@ -368,7 +368,7 @@ fn parse_heartbeat(group: &GroupName, row: &Row, offset: usize) -> Result<Heartb
     Ok(Heartbeat {
         group: group.clone(),
         host,
-        incarnation: col(row, offset + 1, "incarnation")?,
+        incarnation: col::<String>(row, offset + 1, "incarnation")?.into(),
         version: Version(version as u64),
         written_at: Timestamp(col(row, offset + 3, "written_at")?),
     })

@@ -290,7 +290,7 @@ fn parse_heartbeat(group: &GroupName, row: &Row<'_>) -> Result<Heartbeat, Sqlite
         Ok(Heartbeat {
             group: group.clone(),
             host,
-            incarnation,
+            incarnation: incarnation.into(),
             version,
             written_at,
         })
@@ -490,7 +490,7 @@ impl LeaseStore for SqliteLeaseStore {
             Ok(Heartbeat {
                 group,
                 host,
-                incarnation,
+                incarnation: incarnation.into(),
                 version,
                 written_at,
             })

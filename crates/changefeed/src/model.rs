@@ -601,8 +601,9 @@ pub struct Heartbeat {
     /// The host.
     pub host: HostName,
     /// Random per process start: tells a restart, or a second process with the same name,
-    /// from the host that wrote the row before.
-    pub incarnation: String,
+    /// from the host that wrote the row before. Shared text: every host reads every row each
+    /// cycle.
+    pub incarnation: Arc<str>,
     /// Bumped by every write; observers judge liveness by watching it change (design rule 2).
     pub version: Version,
     /// The writer's own wall clock at the write. For display only; never compared across hosts.

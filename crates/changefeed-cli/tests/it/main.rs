@@ -8,4 +8,5 @@ mod pg_failure;
 mod plan;
 mod postgres;
 mod run;
+mod simulate;
 mod support;

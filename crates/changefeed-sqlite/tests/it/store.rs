@@ -366,7 +366,7 @@ async fn heartbeats_are_compare_and_swap_and_read_with_the_counter() {
         .await
     {
         Err(LeaseError::HeartbeatConflict { current, .. }) => {
-            assert_eq!(current.unwrap().incarnation, "inc-1")
+            assert_eq!(&*current.unwrap().incarnation, "inc-1")
         }
         other => panic!("expected a heartbeat conflict, got {other:?}"),
     }

@@ -235,7 +235,7 @@ impl LeaseStore for MemoryLeaseStore {
         let row = Heartbeat {
             group: group.clone(),
             host: host.clone(),
-            incarnation: incarnation.to_string(),
+            incarnation: incarnation.into(),
             version,
             written_at,
         };

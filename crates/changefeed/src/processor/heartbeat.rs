@@ -29,7 +29,7 @@ pub struct Liveness {
 #[derive(Debug, Clone)]
 struct Seen {
     version: Version,
-    incarnation: String,
+    incarnation: Arc<str>,
     changed_at: Instant,
 }
 
@@ -45,7 +45,9 @@ impl Seen {
     fn observe(&mut self, hb: &Heartbeat, now: Instant) {
         if self.version != hb.version || self.incarnation != hb.incarnation {
             self.version = hb.version;
-            self.incarnation.clone_from(&hb.incarnation);
+            if self.incarnation != hb.incarnation {
+                self.incarnation = hb.incarnation.clone();
+            }
             self.changed_at = now;
         }
     }
@@ -170,7 +172,7 @@ pub(crate) async fn register(
                         return Err(ProcessorError::DuplicateHost {
                             group: group.to_string(),
                             host: host.to_string(),
-                            incarnation: cur.incarnation.clone(),
+                            incarnation: cur.incarnation.to_string(),
                         });
                     }
                     if watching.is_none() {
@@ -196,7 +198,7 @@ pub(crate) async fn register(
                     return Err(ProcessorError::DuplicateHost {
                         group: group.to_string(),
                         host: host.to_string(),
-                        incarnation: cur.incarnation.clone(),
+                        incarnation: cur.incarnation.to_string(),
                     });
                 }
                 Some(_) => {}

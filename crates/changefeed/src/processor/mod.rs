@@ -423,6 +423,9 @@ struct Host {
     mine: BTreeSet<PartitionId>,
     /// The partitions `leases` lists with this host as `next_owner`.
     asked: BTreeSet<PartitionId>,
+    /// Set when `leases` was replaced whole: every worker's row must be compared before the
+    /// next hints (rows taken in one by one are compared as they come).
+    hint_all: bool,
     listed_counter: Option<u64>,
     listed_live: Vec<HostName>,
     last_full_list: Option<Instant>,
@@ -462,6 +465,7 @@ impl Host {
             leases: Vec::new(),
             mine: BTreeSet::new(),
             asked: BTreeSet::new(),
+            hint_all: false,
             listed_counter: None,
             listed_live: Vec::new(),
             last_full_list: None,
@@ -719,6 +723,7 @@ impl Host {
                 &self.p.settings,
                 &self.leases,
                 now,
+                self.listed_counter,
             )
             .await;
         match report {
@@ -798,32 +803,40 @@ impl Host {
 
     /// Puts a row newer than the cached one (or a new one) into the cached leases.
     fn remember(&mut self, lease: Lease) {
-        let i = match self
+        let me = &self.p.host;
+        let marks = |l: &Lease| (l.is_owned_by(me), l.next_owner.as_ref() == Some(me));
+        let (i, before) = match self
             .leases
             .binary_search_by(|l| l.key.partition.cmp(&lease.key.partition))
         {
             Ok(i) if self.leases[i].version < lease.version => {
+                let before = marks(&self.leases[i]);
                 self.leases[i] = lease;
-                i
+                (i, before)
             }
             Ok(_) => return,
             Err(i) => {
                 self.leases.insert(i, lease);
-                i
+                (i, (false, false))
             }
         };
-        let lease = &self.leases[i];
-        let me = &self.p.host;
-        for (set, member) in [
-            (&mut self.mine, lease.is_owned_by(me)),
-            (&mut self.asked, lease.next_owner.as_ref() == Some(me)),
+        let after = marks(&self.leases[i]);
+        let partition = &self.leases[i].key.partition;
+        for (set, was, is) in [
+            (&mut self.mine, before.0, after.0),
+            (&mut self.asked, before.1, after.1),
         ] {
-            if member {
-                set.insert(lease.key.partition.clone());
-            } else {
-                set.remove(&lease.key.partition);
+            match (was, is) {
+                (false, true) => {
+                    set.insert(partition.clone());
+                }
+                (true, false) => {
+                    set.remove(partition);
+                }
+                _ => {}
             }
         }
+        self.hint(i);
     }
 
     /// Keeps a fresh listing, sorted by partition (stores list in key order; sorting is a
@@ -851,6 +864,7 @@ impl Host {
             leases.sort_by(|a, b| a.key.partition.cmp(&b.key.partition));
         }
         self.leases = leases;
+        self.hint_all = true;
     }
 
     /// The listed row of `partition`, if any.
@@ -887,8 +901,13 @@ impl Host {
         }
     }
 
-    /// Tells each worker about a newer row of its lease (a hand-off request, or a new owner).
+    /// Tells each worker about a newer row of its lease (a hand-off request, or a new owner)
+    /// that it has not been told of yet.
     fn send_hints(&mut self) {
+        if !std::mem::take(&mut self.hint_all) {
+            // Rows taken in one by one were hinted as they came (`remember`).
+            return;
+        }
         // In partition order, not the map's: the order workers wake in must not depend on
         // hashing (the simulator replays runs exactly).
         let mut rows: Vec<usize> = self
@@ -902,12 +921,18 @@ impl Host {
             .collect();
         rows.sort_unstable();
         for i in rows {
-            let lease = &self.leases[i];
-            if let Some(slot) = self.workers.get_mut(&lease.key.partition) {
-                if lease.version > slot.known_version {
-                    slot.known_version = lease.version;
-                    slot.hint.send_replace(Some(lease.clone()));
-                }
+            self.hint(i);
+        }
+    }
+
+    /// Tells the worker of the lease at `leases[i]`, if any, about that row if it is newer than
+    /// what the worker knows.
+    fn hint(&mut self, i: usize) {
+        let lease = &self.leases[i];
+        if let Some(slot) = self.workers.get_mut(&lease.key.partition) {
+            if lease.version > slot.known_version {
+                slot.known_version = lease.version;
+                slot.hint.send_replace(Some(lease.clone()));
             }
         }
     }

@@ -17,7 +17,7 @@ use super::config::Settings;
 use crate::error::{LeaseError, SourceError};
 use crate::lease::LeaseStore;
 use crate::lineage::{self, Input};
-use crate::model::{GroupName, Lease, LeaseKey, PartitionId};
+use crate::model::{GroupName, Lease, LeaseKey, Partition, PartitionId};
 use crate::source::FeedSource;
 
 /// What one sync did.
@@ -57,6 +57,10 @@ pub(crate) struct Syncer {
     deletable_since: BTreeMap<PartitionId, Instant>,
     /// Since when each lease has been [retired](FeedSource::retired) (its stream removed).
     retired_since: BTreeMap<PartitionId, Instant>,
+    /// The last creation plan, with the lease change counter and the partitions it was made
+    /// from: the plan reads only which leases exist and their state (both move the counter)
+    /// and the partitions, so while neither changed it is the same.
+    last_plan: Option<(u64, Vec<Partition>, lineage::Plan)>,
 }
 
 impl Syncer {
@@ -72,13 +76,16 @@ impl Syncer {
         self.last_run = None;
         self.deletable_since.clear();
         self.retired_since.clear();
+        self.last_plan = None;
     }
 
-    /// One sync against `leases` (the group's current lease list).
+    /// One sync against `leases` (the group's current lease list, as of the change counter
+    /// `counter` when known).
     ///
     /// # Errors
     /// [`SyncError`] if the source cannot be listed or a store call fails; what was written
     /// before stays written (every write is idempotent or conditional).
+    #[allow(clippy::too_many_arguments)]
     pub async fn run(
         &mut self,
         store: &dyn LeaseStore,
@@ -87,6 +94,7 @@ impl Syncer {
         settings: &Settings,
         leases: &[Lease],
         now: Instant,
+        counter: Option<u64>,
     ) -> Result<SyncReport, SyncError> {
         self.last_run = Some(now);
         let mut report = SyncReport::default();
@@ -99,10 +107,19 @@ impl Syncer {
             return Ok(report);
         }
         let partitions = source.partitions().await?;
-        let plan = lineage::plan(
-            &Input::new(&partitions, leases, &settings.start_position)
-                .with_missing_parents(settings.missing_parents),
-        );
+        let plan = match (&self.last_plan, counter) {
+            (Some((at, listed, plan)), Some(c)) if *at == c && *listed == partitions => {
+                plan.clone()
+            }
+            _ => {
+                let plan = lineage::plan(
+                    &Input::new(&partitions, leases, &settings.start_position)
+                        .with_missing_parents(settings.missing_parents),
+                );
+                self.last_plan = counter.map(|c| (c, partitions.clone(), plan.clone()));
+                plan
+            }
+        };
         for err in &plan.errors {
             warn!(partition = %err.partition(), error = %err, "corrupt partition data; no lease for it");
         }
@@ -243,8 +260,8 @@ mod tests {
         let now = Instant::now();
         let g = group();
         let (ra, rb) = tokio::join!(
-            a.run(&store, &feed, &g, &settings, &[], now),
-            b.run(&store, &feed, &g, &settings, &[], now),
+            a.run(&store, &feed, &g, &settings, &[], now, None),
+            b.run(&store, &feed, &g, &settings, &[], now, None),
         );
         let (ra, rb) = (ra.expect("sync a"), rb.expect("sync b"));
         let mut created: Vec<PartitionId> = ra.created.into_iter().chain(rb.created).collect();
@@ -264,16 +281,76 @@ mod tests {
         let settings = Settings::default();
         let mut s = Syncer::default();
         let first = s
-            .run(&store, &feed, &group(), &settings, &[], Instant::now())
+            .run(
+                &store,
+                &feed,
+                &group(),
+                &settings,
+                &[],
+                Instant::now(),
+                None,
+            )
             .await
             .expect("sync");
         assert_eq!(first.created.len(), 4);
         let leases = listed(&store).await;
         let again = s
-            .run(&store, &feed, &group(), &settings, &leases, Instant::now())
+            .run(
+                &store,
+                &feed,
+                &group(),
+                &settings,
+                &leases,
+                Instant::now(),
+                None,
+            )
             .await
             .expect("sync");
         assert!(again.skipped);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_changed_partition_list_is_planned_afresh_at_the_same_counter() {
+        // The creation plan is reused only while both the counter and the partitions stand.
+        let store = MemoryLeaseStore::new();
+        let feed = MemoryFeed::new(1);
+        let settings = Settings::default();
+        let mut s = Syncer::default();
+        let first = s
+            .run(
+                &store,
+                &feed,
+                &group(),
+                &settings,
+                &[],
+                Instant::now(),
+                Some(1),
+            )
+            .await
+            .expect("sync");
+        assert_eq!(first.created.len(), 1);
+        let p0 = PartitionId::new("0").expect("valid");
+        let (l, r) = feed.split(&p0).expect("split");
+        let mut parent = listed(&store).await.remove(0);
+        parent.state = LeaseState::Finished;
+        store
+            .replace(&parent, parent.version)
+            .await
+            .expect("finish");
+        let leases = listed(&store).await;
+        let second = s
+            .run(
+                &store,
+                &feed,
+                &group(),
+                &settings,
+                &leases,
+                Instant::now(),
+                Some(1),
+            )
+            .await
+            .expect("sync");
+        assert_eq!(second.created, vec![l, r]);
     }
 
     #[tokio::test(start_paused = true)]
@@ -286,9 +363,17 @@ mod tests {
             ..Settings::default()
         };
         let mut s = Syncer::default();
-        s.run(&store, &feed, &group(), &settings, &[], Instant::now())
-            .await
-            .expect("sync");
+        s.run(
+            &store,
+            &feed,
+            &group(),
+            &settings,
+            &[],
+            Instant::now(),
+            None,
+        )
+        .await
+        .expect("sync");
         let p0 = PartitionId::new("0").expect("valid");
         let (l, r) = feed.split(&p0).expect("split");
         let mut parent = listed(&store).await.remove(0);
@@ -305,6 +390,7 @@ mod tests {
                 &settings,
                 &listed(&store).await,
                 Instant::now(),
+                None,
             )
             .await
             .expect("sync");
@@ -317,7 +403,15 @@ mod tests {
         // Children exist but have not started: the parent stays.
         tokio::time::advance(Duration::from_secs(60)).await;
         let report = s
-            .run(&store, &feed, &group(), &settings, &leases, Instant::now())
+            .run(
+                &store,
+                &feed,
+                &group(),
+                &settings,
+                &leases,
+                Instant::now(),
+                None,
+            )
             .await
             .expect("sync");
         assert!(report.deleted.is_empty());
@@ -338,6 +432,7 @@ mod tests {
                 &settings,
                 &listed(&store).await,
                 Instant::now(),
+                None,
             )
             .await
             .expect("sync");
@@ -351,6 +446,7 @@ mod tests {
                 &settings,
                 &listed(&store).await,
                 Instant::now(),
+                None,
             )
             .await
             .expect("sync");
@@ -376,7 +472,15 @@ mod tests {
         };
         let mut s = Syncer::default();
         let report = s
-            .run(&store, &multi, &group(), &settings, &[], Instant::now())
+            .run(
+                &store,
+                &multi,
+                &group(),
+                &settings,
+                &[],
+                Instant::now(),
+                None,
+            )
             .await
             .expect("sync");
         assert_eq!(report.created.len(), 3);
@@ -402,6 +506,7 @@ mod tests {
                 &settings,
                 &listed(&store).await,
                 Instant::now(),
+                None,
             )
             .await
             .expect("sync");
@@ -415,6 +520,7 @@ mod tests {
                 &settings,
                 &listed(&store).await,
                 Instant::now(),
+                None,
             )
             .await
             .expect("sync");
@@ -438,9 +544,17 @@ mod tests {
             ..Settings::default()
         };
         let mut s = Syncer::default();
-        s.run(&store, &feed, &group(), &settings, &[], Instant::now())
-            .await
-            .expect("sync");
+        s.run(
+            &store,
+            &feed,
+            &group(),
+            &settings,
+            &[],
+            Instant::now(),
+            None,
+        )
+        .await
+        .expect("sync");
         let p0 = PartitionId::new("0").expect("valid");
         feed.split(&p0).expect("split");
         let mut parent = listed(&store).await.remove(0);
@@ -456,7 +570,15 @@ mod tests {
                 c.continuation = Some(crate::model::Continuation::new("x:0"));
             }
             let report = s
-                .run(&store, &feed, &group(), &settings, &started, Instant::now())
+                .run(
+                    &store,
+                    &feed,
+                    &group(),
+                    &settings,
+                    &started,
+                    Instant::now(),
+                    None,
+                )
                 .await
                 .expect("sync");
             assert!(report.deleted.is_empty());

@@ -506,12 +506,15 @@ async fn heartbeats_are_compare_and_swap(f: &dyn LeaseStoreFixture) {
         .await
         .expect("create");
     assert_eq!(first.version, Version::FIRST);
-    assert_eq!(first.incarnation, "inc-1");
+    assert_eq!(&*first.incarnation, "inc-1");
     // A second process with the same name sees the row and is refused.
     match store.heartbeat(&g, &a, "inc-2", Timestamp(11), None).await {
         Err(LeaseError::HeartbeatConflict { host, current, .. }) => {
             assert_eq!(host, "a");
-            assert_eq!(current.map(|c| c.incarnation), Some("inc-1".to_string()));
+            assert_eq!(
+                current.map(|c| c.incarnation.to_string()),
+                Some("inc-1".to_string())
+            );
         }
         other => panic!("creating an existing heartbeat must conflict, got {other:?}"),
     }

@@ -89,6 +89,7 @@ fn config(args: &Args, seed: u64) -> anyhow::Result<SimConfig> {
         cfg.settings.sync_interval = Duration::from_secs(300);
         cfg.trace = TraceMode::Off;
         cfg.drain_limit = Duration::from_secs(1800);
+        cfg.preset = Some("--large".to_string());
     }
     if args.trace {
         cfg.trace = TraceMode::Full;

@@ -289,6 +289,9 @@ pub struct SimConfig {
     /// Every host's settings; [`SimConfig::new`] uses short intervals. With faults on, the
     /// checkpoint mode is chosen by the seed.
     pub settings: Settings,
+    /// Flags of a settings preset the command line applied (such as `--large`), repeated in
+    /// [`SimConfig::repro`]: `settings` themselves have no flags.
+    pub preset: Option<String>,
 }
 
 impl SimConfig {
@@ -306,19 +309,33 @@ impl SimConfig {
             trace: TraceMode::Hash,
             drain_limit: Duration::from_secs(600),
             settings: sim_settings(),
+            preset: None,
         }
     }
 
     /// The one-line command that reruns this seed.
     pub fn repro(&self) -> String {
         let mut s = format!(
-            "changefeed simulate --seed {} --faults {} --hosts {} --partitions {} --duration {}s",
+            "changefeed simulate --seed {} --faults {} --hosts {} --partitions {} --duration {}",
             self.seed,
             self.faults,
             self.hosts,
             self.partitions,
-            self.duration.as_secs()
+            if self.duration.subsec_millis() == 0 {
+                format!("{}s", self.duration.as_secs())
+            } else {
+                format!("{}ms", self.duration.as_millis())
+            }
         );
+        if self.faults.rate != 1.0 {
+            s.push_str(&format!(" --fault-rate {}", self.faults.rate));
+        }
+        if self.records_per_sec != 20 {
+            s.push_str(&format!(" --records-per-sec {}", self.records_per_sec));
+        }
+        if let Some(preset) = &self.preset {
+            s.push_str(&format!(" {preset}"));
+        }
         if self.strategy != StrategyKind::Ours {
             s.push_str(&format!(" --strategy {}", self.strategy.name()));
         }

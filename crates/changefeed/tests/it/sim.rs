@@ -124,3 +124,25 @@ fn broken_child_before_parent_is_caught() {
     let (_, what) = caught.expect("child-before-parent not caught in 200 seeds");
     assert!(what.contains("parents-first"), "{what}");
 }
+
+#[test]
+fn the_reproduction_line_names_every_setting_that_differs() {
+    let mut cfg = all_faults(7);
+    assert_eq!(
+        cfg.repro(),
+        "changefeed simulate --seed 7 --faults all --hosts 4 --partitions 8 --duration 120s"
+    );
+    cfg.duration = Duration::from_millis(1500);
+    cfg.faults.rate = 0.5;
+    cfg.records_per_sec = 3;
+    cfg.preset = Some("--large".to_string());
+    let line = cfg.repro();
+    for part in [
+        "--duration 1500ms",
+        "--fault-rate 0.5",
+        "--records-per-sec 3",
+        " --large",
+    ] {
+        assert!(line.contains(part), "{line} lacks {part}");
+    }
+}

@@ -97,11 +97,23 @@ fn config(args: &Args, seed: u64) -> anyhow::Result<SimConfig> {
     Ok(cfg)
 }
 
-/// Runs the command.
+/// Runs the command. Exit status: 0 when every run kept every rule, 1 when some run broke one
+/// (violations), 2 when the runs could not be made (bad arguments, a file that cannot be
+/// written): a script can tell a found bug from a mistyped flag.
 ///
 /// # Errors
-/// Bad arguments, or a file that cannot be written.
+/// None: errors are printed and give exit status 2.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    match simulate(args) {
+        Ok(code) => Ok(code),
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            Ok(ExitCode::from(crate::config::USAGE_EXIT))
+        }
+    }
+}
+
+fn simulate(args: Args) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
     let count = args.seeds.unwrap_or(1).max(1);
     let first = config(&args, args.seed)?;
@@ -173,7 +185,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                         let lines: Vec<String> =
                             out.violations.iter().map(|v| format!("  {v}")).collect();
                         let text = format!("{}\n{}", cfg.repro(), lines.join("\n"));
-                        println!("{text}");
                         failures
                             .lock()
                             .unwrap_or_else(|p| p.into_inner())
@@ -192,7 +203,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(e) = errors.first() {
         anyhow::bail!("{e}");
     }
-    let failures = failures.into_inner().unwrap_or_else(|p| p.into_inner());
+    // Printed in seed order once all are done, so two runs of the same seeds print the same.
+    let mut failures = failures.into_inner().unwrap_or_else(|p| p.into_inner());
+    failures.sort_unstable_by_key(|(seed, _)| *seed);
+    for (_, text) in &failures {
+        println!("{text}");
+    }
     println!(
         "RESULT seeds={count} violations={} wall_s={:.1}",
         failures.len(),

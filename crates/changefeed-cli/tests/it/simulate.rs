@@ -90,6 +90,20 @@ fn simulate_broken_no_fencing_is_caught_and_its_reproduction_fails_the_same_way(
         violations,
         "one reproduction per failing seed:\n{stdout}"
     );
+    let seeds_in_order: Vec<u64> = repros
+        .iter()
+        .map(|&i| {
+            lines[i]
+                .split_whitespace()
+                .nth(3)
+                .and_then(|s| s.parse().ok())
+                .expect("a seed after --seed")
+        })
+        .collect();
+    assert!(
+        seeds_in_order.windows(2).all(|w| w[0] < w[1]),
+        "failing seeds printed in seed order: {seeds_in_order:?}"
+    );
     let first = repros[0];
     let repro = lines[first];
     assert!(repro.contains("--broken no-fencing"), "{repro}");
@@ -173,7 +187,11 @@ fn simulate_svg_refuses_many_seeds() {
         .output()
         .expect("run changefeed simulate");
     let (stdout, stderr) = text(&out);
-    assert!(!out.status.success(), "{stdout}");
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "a usage error, not a violation:\n{stdout}"
+    );
     assert!(stderr.contains("--svg"), "stderr: {stderr}");
     assert!(!stdout.contains("RESULT"), "ran anyway:\n{stdout}");
     assert!(!path.exists(), "SVG written for many seeds");
@@ -183,7 +201,11 @@ fn simulate_svg_refuses_many_seeds() {
 fn simulate_rejects_unknown_faults() {
     let out = simulate(&["--faults", "nonsense", "--seeds", "2"]);
     let (stdout, stderr) = text(&out);
-    assert!(!out.status.success(), "{stdout}");
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "a usage error, not a violation:\n{stdout}"
+    );
     assert!(stderr.contains("--faults"), "stderr: {stderr}");
     assert!(stderr.contains("nonsense"), "stderr: {stderr}");
     assert!(!stdout.contains("RESULT"), "ran anyway:\n{stdout}");

@@ -250,6 +250,28 @@ mod tests {
         store.list(&group()).await.expect("list").leases
     }
 
+    /// One sync of the test group now, which must succeed.
+    async fn sync(
+        s: &mut Syncer,
+        store: &MemoryLeaseStore,
+        source: &dyn FeedSource,
+        settings: &Settings,
+        leases: &[Lease],
+        counter: Option<u64>,
+    ) -> SyncReport {
+        s.run(
+            store,
+            source,
+            &group(),
+            settings,
+            leases,
+            Instant::now(),
+            counter,
+        )
+        .await
+        .expect("sync")
+    }
+
     #[tokio::test(start_paused = true)]
     async fn two_concurrent_syncs_create_each_lease_exactly_once() {
         // DESIGN "Partition lineage": two leaders are harmless, creation is create-if-absent.
@@ -280,32 +302,10 @@ mod tests {
         let feed = MemoryFeed::new(4);
         let settings = Settings::default();
         let mut s = Syncer::default();
-        let first = s
-            .run(
-                &store,
-                &feed,
-                &group(),
-                &settings,
-                &[],
-                Instant::now(),
-                None,
-            )
-            .await
-            .expect("sync");
+        let first = sync(&mut s, &store, &feed, &settings, &[], None).await;
         assert_eq!(first.created.len(), 4);
         let leases = listed(&store).await;
-        let again = s
-            .run(
-                &store,
-                &feed,
-                &group(),
-                &settings,
-                &leases,
-                Instant::now(),
-                None,
-            )
-            .await
-            .expect("sync");
+        let again = sync(&mut s, &store, &feed, &settings, &leases, None).await;
         assert!(again.skipped);
     }
 
@@ -316,18 +316,7 @@ mod tests {
         let feed = MemoryFeed::new(1);
         let settings = Settings::default();
         let mut s = Syncer::default();
-        let first = s
-            .run(
-                &store,
-                &feed,
-                &group(),
-                &settings,
-                &[],
-                Instant::now(),
-                Some(1),
-            )
-            .await
-            .expect("sync");
+        let first = sync(&mut s, &store, &feed, &settings, &[], Some(1)).await;
         assert_eq!(first.created.len(), 1);
         let p0 = PartitionId::new("0").expect("valid");
         let (l, r) = feed.split(&p0).expect("split");
@@ -338,18 +327,7 @@ mod tests {
             .await
             .expect("finish");
         let leases = listed(&store).await;
-        let second = s
-            .run(
-                &store,
-                &feed,
-                &group(),
-                &settings,
-                &leases,
-                Instant::now(),
-                Some(1),
-            )
-            .await
-            .expect("sync");
+        let second = sync(&mut s, &store, &feed, &settings, &leases, Some(1)).await;
         assert_eq!(second.created, vec![l, r]);
     }
 
@@ -363,17 +341,7 @@ mod tests {
             ..Settings::default()
         };
         let mut s = Syncer::default();
-        s.run(
-            &store,
-            &feed,
-            &group(),
-            &settings,
-            &[],
-            Instant::now(),
-            None,
-        )
-        .await
-        .expect("sync");
+        sync(&mut s, &store, &feed, &settings, &[], None).await;
         let p0 = PartitionId::new("0").expect("valid");
         let (l, r) = feed.split(&p0).expect("split");
         let mut parent = listed(&store).await.remove(0);
@@ -382,18 +350,15 @@ mod tests {
             .replace(&parent, parent.version)
             .await
             .expect("finish");
-        let report = s
-            .run(
-                &store,
-                &feed,
-                &group(),
-                &settings,
-                &listed(&store).await,
-                Instant::now(),
-                None,
-            )
-            .await
-            .expect("sync");
+        let report = sync(
+            &mut s,
+            &store,
+            &feed,
+            &settings,
+            &listed(&store).await,
+            None,
+        )
+        .await;
         assert_eq!(report.created, vec![l.clone(), r.clone()]);
         let leases = listed(&store).await;
         assert!(leases
@@ -402,18 +367,7 @@ mod tests {
             .all(|x| x.parents == vec![p0.clone()] && x.start == Position::Beginning));
         // Children exist but have not started: the parent stays.
         tokio::time::advance(Duration::from_secs(60)).await;
-        let report = s
-            .run(
-                &store,
-                &feed,
-                &group(),
-                &settings,
-                &leases,
-                Instant::now(),
-                None,
-            )
-            .await
-            .expect("sync");
+        let report = sync(&mut s, &store, &feed, &settings, &leases, None).await;
         assert!(report.deleted.is_empty());
         for child in [&l, &r] {
             let mut c = leases
@@ -424,32 +378,26 @@ mod tests {
             c.continuation = Some(crate::model::Continuation::new(format!("{child}:0")));
             store.replace(&c, c.version).await.expect("checkpoint");
         }
-        let report = s
-            .run(
-                &store,
-                &feed,
-                &group(),
-                &settings,
-                &listed(&store).await,
-                Instant::now(),
-                None,
-            )
-            .await
-            .expect("sync");
+        let report = sync(
+            &mut s,
+            &store,
+            &feed,
+            &settings,
+            &listed(&store).await,
+            None,
+        )
+        .await;
         assert!(report.deleted.is_empty(), "the delay starts now");
         tokio::time::advance(Duration::from_secs(31)).await;
-        let report = s
-            .run(
-                &store,
-                &feed,
-                &group(),
-                &settings,
-                &listed(&store).await,
-                Instant::now(),
-                None,
-            )
-            .await
-            .expect("sync");
+        let report = sync(
+            &mut s,
+            &store,
+            &feed,
+            &settings,
+            &listed(&store).await,
+            None,
+        )
+        .await;
         assert_eq!(report.deleted, vec![p0.clone()]);
     }
 
@@ -471,18 +419,7 @@ mod tests {
             ..Settings::default()
         };
         let mut s = Syncer::default();
-        let report = s
-            .run(
-                &store,
-                &multi,
-                &group(),
-                &settings,
-                &[],
-                Instant::now(),
-                None,
-            )
-            .await
-            .expect("sync");
+        let report = sync(&mut s, &store, &multi, &settings, &[], None).await;
         assert_eq!(report.created.len(), 3);
         let trimmed = Lease::new(
             LeaseKey::new(group(), PartitionId::new("a:trimmed").expect("valid")),
@@ -498,32 +435,26 @@ mod tests {
         owned.state = LeaseState::Owned;
         store.replace(&owned, owned.version).await.expect("own");
         assert!(multi.remove_stream("b"));
-        let report = s
-            .run(
-                &store,
-                &multi,
-                &group(),
-                &settings,
-                &listed(&store).await,
-                Instant::now(),
-                None,
-            )
-            .await
-            .expect("sync");
+        let report = sync(
+            &mut s,
+            &store,
+            &multi,
+            &settings,
+            &listed(&store).await,
+            None,
+        )
+        .await;
         assert!(report.deleted.is_empty(), "the delay starts now");
         tokio::time::advance(Duration::from_secs(11)).await;
-        let report = s
-            .run(
-                &store,
-                &multi,
-                &group(),
-                &settings,
-                &listed(&store).await,
-                Instant::now(),
-                None,
-            )
-            .await
-            .expect("sync");
+        let report = sync(
+            &mut s,
+            &store,
+            &multi,
+            &settings,
+            &listed(&store).await,
+            None,
+        )
+        .await;
         assert_eq!(report.deleted.len(), 2, "{report:?}");
         let left: Vec<String> = listed(&store)
             .await
@@ -544,17 +475,7 @@ mod tests {
             ..Settings::default()
         };
         let mut s = Syncer::default();
-        s.run(
-            &store,
-            &feed,
-            &group(),
-            &settings,
-            &[],
-            Instant::now(),
-            None,
-        )
-        .await
-        .expect("sync");
+        sync(&mut s, &store, &feed, &settings, &[], None).await;
         let p0 = PartitionId::new("0").expect("valid");
         feed.split(&p0).expect("split");
         let mut parent = listed(&store).await.remove(0);
@@ -569,18 +490,7 @@ mod tests {
             for c in started.iter_mut().filter(|x| x.key.partition != p0) {
                 c.continuation = Some(crate::model::Continuation::new("x:0"));
             }
-            let report = s
-                .run(
-                    &store,
-                    &feed,
-                    &group(),
-                    &settings,
-                    &started,
-                    Instant::now(),
-                    None,
-                )
-                .await
-                .expect("sync");
+            let report = sync(&mut s, &store, &feed, &settings, &started, None).await;
             assert!(report.deleted.is_empty());
         }
         assert_eq!(listed(&store).await.len(), 3);

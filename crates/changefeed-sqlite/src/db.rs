@@ -66,6 +66,23 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (partition, seq)
     ) WITHOUT ROWID;
     "#,
+    // 2: change stamps, so `list_changes` reads what changed hands since a counter value in
+    // O(changes). Rows from before have no stamp (NULL), so each group answers only from its
+    // counter as of this migration on (`changes_from`). See the store module for the meaning.
+    r#"
+    ALTER TABLE changefeed_leases ADD COLUMN changed_at INTEGER;
+    CREATE INDEX changefeed_leases_changed_at ON changefeed_leases (group_name, changed_at);
+    CREATE TABLE changefeed_deletions (
+        group_name TEXT NOT NULL,
+        partition  TEXT NOT NULL,
+        deleted_at INTEGER NOT NULL,
+        PRIMARY KEY (group_name, partition)
+    ) WITHOUT ROWID;
+    CREATE INDEX changefeed_deletions_deleted_at ON changefeed_deletions (group_name, deleted_at);
+    ALTER TABLE changefeed_groups ADD COLUMN changes_from INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE changefeed_groups ADD COLUMN stamped_counter INTEGER NOT NULL DEFAULT 0;
+    UPDATE changefeed_groups SET changes_from = change_counter, stamped_counter = change_counter;
+    "#,
 ];
 
 /// The schema version this build creates and understands.

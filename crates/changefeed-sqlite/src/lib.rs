@@ -6,6 +6,13 @@
 //! (created on first open and versioned, see [`SCHEMA_VERSION`]) and the mapping of rows to
 //! the core's model; the lease protocol, balancing and lineage stay in the core.
 //!
+//! Schema version 2 adds the change stamps behind
+//! [`LeaseStore::list_changes`](changefeed::lease::LeaseStore::list_changes): a `changed_at`
+//! counter value on each lease row, a bounded table of recent deletions (see
+//! [`CHANGE_HORIZON`]) and, per group, the oldest counter value it can answer from. A file of
+//! version 1 is migrated on open; its groups answer from their counter as of the migration on.
+//! [`SqliteLeaseStore`] says what it answers.
+//!
 //! # Why rusqlite on the blocking pool
 //!
 //! SQLite is a synchronous C library: an "async" driver (sqlx) runs it on a worker thread
@@ -62,4 +69,4 @@ mod store;
 pub use db::SCHEMA_VERSION;
 pub use error::SqliteError;
 pub use feed::SqliteFeed;
-pub use store::SqliteLeaseStore;
+pub use store::{SqliteLeaseStore, CHANGE_HORIZON};

@@ -1,22 +1,56 @@
 //! [`SqliteLeaseStore`]: the lease store seam on a SQLite file.
 //!
-//! It owns the tables `changefeed_leases`, `changefeed_heartbeats` and `changefeed_groups` (the
-//! per-group change counter). Every write is one `BEGIN IMMEDIATE` transaction that reads the
-//! row, checks the expected version and writes, so compare-and-swap holds across every
-//! connection and process sharing the file. What the leases mean is the core's business.
+//! It owns the tables `changefeed_leases`, `changefeed_heartbeats`, `changefeed_groups` (the
+//! per-group change counter) and `changefeed_deletions`. Every write is one `BEGIN IMMEDIATE`
+//! transaction that reads the row, checks the expected version and writes, so compare-and-swap
+//! holds across every connection and process sharing the file. What the leases mean is the
+//! core's business.
+//!
+//! # Listing changes
+//!
+//! [`LeaseStore::list_changes`] reads what changed hands after a counter value in O(changes),
+//! from stamps written in the same transaction as the counter bump (schema version 2):
+//!
+//! - `changefeed_leases.changed_at`: the counter value at which the row was created or last
+//!   changed state, owner or next_owner (a checkpoint keeps it). Indexed by
+//!   `(group_name, changed_at)`; the read finds `changed_at > since` through that index and
+//!   sorts the few rows by partition. NULL on rows from before the migration.
+//! - `changefeed_deletions (group_name, partition, deleted_at)`: the counter value of the
+//!   latest deletion of each key, indexed by `(group_name, deleted_at)`. A key deleted and
+//!   created again after `since` is listed both as deleted and with its new row, so a reader
+//!   that applies the deletions first ends up with the new row.
+//! - `changefeed_groups.changes_from`: the oldest `since` the group can answer; `None` below it
+//!   (and above the counter). It starts at the counter as of the migration (older rows carry no
+//!   stamp) and rises when deletions are forgotten.
+//! - `changefeed_groups.stamped_counter`: the counter as of the last stamped write. A writer
+//!   that moves the counter without stamping (a process of the previous version still running
+//!   on a migrated file, a hand edit) leaves it behind: the group then answers `None` until this
+//!   store's next write, which raises `changes_from` to the counter that write found.
+//!
+//! Deletion records are bounded by a counter horizon, [`CHANGE_HORIZON`] (16,384 moves, as
+//! the core's in-memory store): each delete forgets the deletions more than that many counter
+//! moves older than itself, in the same transaction, and raises `changes_from` to the newest it
+//! forgot. Every deletion moves the counter, so the table holds at most [`CHANGE_HORIZON`]
+//! rows per group (at most one per key), and a host less than that far behind is answered.
+//! Lease rows need no pruning: each holds only its latest stamp.
+//!
+//! The counter row and the rows listed are read in one read transaction, one snapshot: every
+//! change up to the counter returned is included, none after it.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use async_trait::async_trait;
-use changefeed::lease::{LeaseStore, Listing};
+use changefeed::lease::{Changes, LeaseStore, Listing};
 use changefeed::model::{
     Continuation, GroupName, Heartbeat, HostName, Lease, LeaseKey, LeaseState, Membership,
     PartitionId, Position, Timestamp, Version,
 };
 use changefeed::LeaseError;
 use rusqlite::types::ValueRef;
-use rusqlite::{params, Connection, OptionalExtension, Row, Transaction, TransactionBehavior};
+use rusqlite::{
+    params, Connection, OptionalExtension, Row, Rows, Transaction, TransactionBehavior,
+};
 
 use crate::db::Db;
 use crate::error::SqliteError;
@@ -28,6 +62,13 @@ use crate::error::SqliteError;
 /// blocking pool and is one short transaction, so the async runtime is never blocked, even
 /// while another writer holds the file's lock (calls wait up to 5 s for it, then fail with a
 /// retryable [`LeaseError::Store`]).
+///
+/// It answers [`LeaseStore::list_changes`] from change stamps, in one read transaction that
+/// costs O(changes): `Some` for any `since` from the group's oldest answerable counter value
+/// up to its current counter, `None` otherwise. The oldest answerable value is the counter as
+/// of the migration to schema version 2 (rows from before carry no stamp), raised when a
+/// deletion more than [`CHANGE_HORIZON`] counter moves old is forgotten, or when a writer that
+/// does not stamp (a process of the previous version, a hand edit) moved the counter.
 #[derive(Debug, Clone)]
 pub struct SqliteLeaseStore {
     db: Db,
@@ -60,6 +101,15 @@ impl From<SqliteError> for Fail {
 
 const LEASE_COLUMNS: &str =
     "partition, state, owner, next_owner, continuation, start, parents, properties, version";
+
+/// How many change-counter moves back a group's deletions are remembered for
+/// [`LeaseStore::list_changes`]: a host further behind than that when a deletion is forgotten
+/// gets `None` and lists in full. The same bound as the core's in-memory store; it keeps at
+/// most this many rows per group in `changefeed_deletions` (about a megabyte).
+pub const CHANGE_HORIZON: u64 = 16_384;
+
+/// [`CHANGE_HORIZON`] as SQLite's integer.
+const HORIZON_SQL: i64 = CHANGE_HORIZON as i64;
 
 impl SqliteLeaseStore {
     /// Opens the database at `path`, creating the file and the schema if needed.
@@ -150,13 +200,111 @@ fn to_sql_version(v: Version) -> Result<i64, Fail> {
     })
 }
 
-fn bump_counter(tx: &Transaction<'_>, group: &str) -> rusqlite::Result<()> {
+/// Moves `group`'s change counter on by one and returns the new value, the stamp of the write
+/// that moved it. Also keeps `stamped_counter` at the counter: if they differed, a writer that
+/// does not stamp (an older build, a hand edit) moved the counter, so what changed up to here
+/// cannot be told and the group answers `list_changes` only from here on (`changes_from`).
+///
+/// `DO UPDATE SET` expressions read the row as it was, so all three see the old counter.
+fn bump_counter(tx: &Transaction<'_>, group: &str) -> rusqlite::Result<i64> {
     tx.prepare_cached(
-        "INSERT INTO changefeed_groups (group_name, change_counter) VALUES (?1, 1)
-         ON CONFLICT (group_name) DO UPDATE SET change_counter = change_counter + 1",
+        "INSERT INTO changefeed_groups (group_name, change_counter, changes_from, stamped_counter)
+         VALUES (?1, 1, 0, 1)
+         ON CONFLICT (group_name) DO UPDATE SET
+           changes_from = CASE WHEN stamped_counter = change_counter THEN changes_from
+                               ELSE change_counter END,
+           change_counter = change_counter + 1,
+           stamped_counter = change_counter + 1
+         RETURNING change_counter",
     )?
-    .execute([group])?;
+    .query_row([group], |r| r.get(0))
+}
+
+/// Remembers that `group`/`partition` was deleted by the write stamped `at`, and forgets the
+/// deletions more than [`CHANGE_HORIZON`] counter moves old, raising the group's
+/// `changes_from` past them: a `since` older than a forgotten deletion cannot be answered.
+///
+/// Each call forgets what fell behind since the previous one, so the table holds at most
+/// [`CHANGE_HORIZON`] rows per group (every deletion moves the counter), and each call costs
+/// O(log n) plus the rows it forgets.
+fn record_deletion(
+    tx: &Transaction<'_>,
+    group: &str,
+    partition: &str,
+    at: i64,
+) -> rusqlite::Result<()> {
+    tx.prepare_cached(
+        "INSERT INTO changefeed_deletions (group_name, partition, deleted_at) VALUES (?1, ?2, ?3)
+         ON CONFLICT (group_name, partition) DO UPDATE SET deleted_at = excluded.deleted_at",
+    )?
+    .execute(params![group, partition, at])?;
+    let horizon = at.saturating_sub(HORIZON_SQL);
+    if horizon <= 0 {
+        return Ok(());
+    }
+    let newest_forgotten: Option<i64> = tx
+        .prepare_cached(
+            "SELECT deleted_at FROM changefeed_deletions
+             INDEXED BY changefeed_deletions_deleted_at
+             WHERE group_name = ?1 AND deleted_at <= ?2 ORDER BY deleted_at DESC LIMIT 1",
+        )?
+        .query_row(params![group, horizon], |r| r.get(0))
+        .optional()?;
+    if let Some(forgotten) = newest_forgotten {
+        tx.prepare_cached(
+            "DELETE FROM changefeed_deletions WHERE group_name = ?1 AND deleted_at <= ?2",
+        )?
+        .execute(params![group, forgotten])?;
+        tx.prepare_cached(
+            "UPDATE changefeed_groups SET changes_from = MAX(changes_from, ?2)
+             WHERE group_name = ?1",
+        )?
+        .execute(params![group, forgotten])?;
+    }
     Ok(())
+}
+
+/// A group's change counter and how far back `list_changes` can answer from.
+#[derive(Default)]
+struct CounterRow {
+    change_counter: i64,
+    changes_from: i64,
+    stamped_counter: i64,
+}
+
+impl CounterRow {
+    fn read(conn: &Connection, group: &GroupName) -> rusqlite::Result<Self> {
+        Ok(conn
+            .prepare_cached(
+                "SELECT change_counter, changes_from, stamped_counter FROM changefeed_groups
+                 WHERE group_name = ?1",
+            )?
+            .query_row([group.as_str()], |r| {
+                Ok(CounterRow {
+                    change_counter: r.get(0)?,
+                    changes_from: r.get(1)?,
+                    stamped_counter: r.get(2)?,
+                })
+            })
+            .optional()?
+            .unwrap_or_default())
+    }
+
+    /// The counter as the core sees it (a negative value, only from a hand edit, reads as 0).
+    fn counter(&self) -> u64 {
+        u64::try_from(self.change_counter).unwrap_or(0)
+    }
+
+    /// Whether every change after `since` is stamped and remembered, so they can be listed.
+    fn answers(&self, since: u64) -> bool {
+        let (Ok(counter), Ok(from)) = (
+            u64::try_from(self.change_counter),
+            u64::try_from(self.changes_from),
+        ) else {
+            return false;
+        };
+        self.stamped_counter == self.change_counter && from <= since && since <= counter
+    }
 }
 
 /// Text of column `i`, or why it is not text.
@@ -238,6 +386,23 @@ fn parse_lease_fields(group: &GroupName, row: &Row<'_>) -> Result<Lease, String>
     };
     lease.validate().map_err(|e| e.to_string())?;
     Ok(lease)
+}
+
+/// Reads every row of `rows` (columns in [`LEASE_COLUMNS`] order) into `leases`, or into
+/// `malformed` when it cannot be read: one bad row never hides the others.
+fn read_lease_rows(
+    group: &GroupName,
+    mut rows: Rows<'_>,
+    leases: &mut Vec<Lease>,
+    malformed: &mut Vec<LeaseError>,
+) -> rusqlite::Result<()> {
+    while let Some(row) = rows.next()? {
+        match parse_lease(group, row) {
+            Ok(lease) => leases.push(lease),
+            Err(e) => malformed.push(e),
+        }
+    }
+    Ok(())
 }
 
 /// What is stored under a key: nothing, a lease, or a row that cannot be read (with its raw
@@ -325,14 +490,13 @@ impl LeaseStore for SqliteLeaseStore {
                 "SELECT {LEASE_COLUMNS} FROM changefeed_leases WHERE group_name = ?1
                  ORDER BY partition"
             ))?;
-            let mut rows = stmt.query([group.as_str()])?;
             let mut listing = Listing::default();
-            while let Some(row) = rows.next()? {
-                match parse_lease(&group, row) {
-                    Ok(lease) => listing.leases.push(lease),
-                    Err(e) => listing.malformed.push(e),
-                }
-            }
+            read_lease_rows(
+                &group,
+                stmt.query([group.as_str()])?,
+                &mut listing.leases,
+                &mut listing.malformed,
+            )?;
             Ok(listing)
         })
         .await
@@ -376,7 +540,11 @@ impl LeaseStore for SqliteLeaseStore {
             if inserted == 0 {
                 return Ok(None); // dropping `tx` rolls back nothing
             }
-            bump_counter(&tx, &encoded.group)?;
+            let at = bump_counter(&tx, &encoded.group)?;
+            tx.prepare_cached(
+                "UPDATE changefeed_leases SET changed_at = ?3 WHERE group_name = ?1 AND partition = ?2",
+            )?
+            .execute(params![encoded.group, encoded.partition, at])?;
             tx.commit()?;
             Ok(Some(stored))
         })
@@ -398,9 +566,17 @@ impl LeaseStore for SqliteLeaseStore {
             }
             let mut stored = lease;
             stored.version = expected.next();
+            // A change of hands is stamped with the counter value it moved to; a checkpoint
+            // keeps the row's stamp.
+            let changed_at = if current.ownership_differs(&stored) {
+                Some(bump_counter(&tx, &encoded.group)?)
+            } else {
+                None
+            };
             tx.prepare_cached(
                 "UPDATE changefeed_leases SET state = ?3, owner = ?4, next_owner = ?5,
-                 continuation = ?6, start = ?7, parents = ?8, properties = ?9, version = ?10
+                 continuation = ?6, start = ?7, parents = ?8, properties = ?9, version = ?10,
+                 changed_at = COALESCE(?11, changed_at)
                  WHERE group_name = ?1 AND partition = ?2",
             )?
             .execute(params![
@@ -414,10 +590,8 @@ impl LeaseStore for SqliteLeaseStore {
                 encoded.parents,
                 encoded.properties,
                 to_sql_version(stored.version)?,
+                changed_at,
             ])?;
-            if current.ownership_differs(&stored) {
-                bump_counter(&tx, &encoded.group)?;
-            }
             tx.commit()?;
             Ok(stored)
         })
@@ -442,7 +616,8 @@ impl LeaseStore for SqliteLeaseStore {
                 "DELETE FROM changefeed_leases WHERE group_name = ?1 AND partition = ?2",
             )?
             .execute(params![key.group.as_str(), key.partition.as_str()])?;
-            bump_counter(&tx, key.group.as_str())?;
+            let at = bump_counter(&tx, key.group.as_str())?;
+            record_deletion(&tx, key.group.as_str(), key.partition.as_str(), at)?;
             tx.commit()?;
             Ok(())
         })
@@ -545,17 +720,72 @@ impl LeaseStore for SqliteLeaseStore {
                     hosts.push(parse_heartbeat(&group, row)?);
                 }
             }
-            let counter: Option<i64> = tx
-                .prepare_cached(
-                    "SELECT change_counter FROM changefeed_groups WHERE group_name = ?1",
-                )?
-                .query_row([group.as_str()], |r| r.get(0))
-                .optional()?;
+            let counter = CounterRow::read(&tx, &group)?;
             tx.commit()?;
             Ok(Membership {
                 hosts,
-                change_counter: counter.unwrap_or(0).max(0) as u64,
+                change_counter: counter.counter(),
             })
+        })
+        .await
+    }
+
+    async fn list_changes(
+        &self,
+        group: &GroupName,
+        since: u64,
+    ) -> Result<Option<Changes>, LeaseError> {
+        let group = group.clone();
+        self.run("list_changes", group.to_string(), move |conn| {
+            // One read transaction: the counter and the rows are one snapshot, so every change
+            // up to the counter returned is in them, and none after it.
+            let tx = conn.transaction()?;
+            let counter = CounterRow::read(&tx, &group)?;
+            if !counter.answers(since) {
+                return Ok(None);
+            }
+            // `since` is at most the counter, an i64.
+            let Ok(since) = i64::try_from(since) else {
+                return Ok(None);
+            };
+            let mut changes = Changes {
+                counter: counter.counter(),
+                ..Changes::default()
+            };
+            {
+                // INDEXED BY: the read must grow with the changes, never scan the group's
+                // leases (which the planner might pick to save the sort).
+                let mut stmt = tx.prepare_cached(&format!(
+                    "SELECT {LEASE_COLUMNS} FROM changefeed_leases
+                     INDEXED BY changefeed_leases_changed_at
+                     WHERE group_name = ?1 AND changed_at > ?2 ORDER BY partition"
+                ))?;
+                read_lease_rows(
+                    &group,
+                    stmt.query(params![group.as_str(), since])?,
+                    &mut changes.leases,
+                    &mut changes.malformed,
+                )?;
+                let mut stmt = tx.prepare_cached(
+                    "SELECT partition FROM changefeed_deletions
+                     INDEXED BY changefeed_deletions_deleted_at
+                     WHERE group_name = ?1 AND deleted_at > ?2 ORDER BY partition",
+                )?;
+                let mut rows = stmt.query(params![group.as_str(), since])?;
+                while let Some(row) = rows.next()? {
+                    let partition = text(row, 0, "partition")
+                        .and_then(|p| PartitionId::new(p).map_err(|e| e.to_string()));
+                    match partition {
+                        Ok(p) => changes.deleted.push(LeaseKey::new(group.clone(), p)),
+                        Err(reason) => changes.malformed.push(LeaseError::Malformed {
+                            key: format!("{group}/{}", raw_text(row, 0)),
+                            reason: format!("deletion record: {reason}"),
+                        }),
+                    }
+                }
+            }
+            tx.commit()?;
+            Ok(Some(changes))
         })
         .await
     }

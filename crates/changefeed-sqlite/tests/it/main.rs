@@ -5,6 +5,7 @@
 // A failed unwrap in a test is a failed test with its cause: that is what we want here.
 #![allow(clippy::unwrap_used)]
 
+mod changes;
 mod feed;
 mod processor;
 mod store;

@@ -17,7 +17,7 @@ use tempfile::TempDir;
 /// A fresh database file; every `connect` opens a new connection to it.
 pub struct Fixture {
     _dir: TempDir,
-    path: PathBuf,
+    pub path: PathBuf,
 }
 
 impl Fixture {
@@ -27,12 +27,12 @@ impl Fixture {
         Self { _dir: dir, path }
     }
 
-    async fn store(&self) -> SqliteLeaseStore {
+    pub async fn store(&self) -> SqliteLeaseStore {
         SqliteLeaseStore::open(&self.path).await.unwrap()
     }
 
     /// Runs `sql` with `params` on a connection of its own, as a person editing the file would.
-    async fn edit(&self, sql: &'static str, params: Vec<String>) -> usize {
+    pub async fn edit(&self, sql: &'static str, params: Vec<String>) -> usize {
         let path = self.path.clone();
         tokio::task::spawn_blocking(move || {
             let conn = rusqlite::Connection::open(path).unwrap();
@@ -76,18 +76,18 @@ impl LeaseStoreFixture for Fixture {
     }
 }
 
-fn key(group: &str, partition: &str) -> LeaseKey {
+pub fn key(group: &str, partition: &str) -> LeaseKey {
     LeaseKey::new(
         GroupName::new(group).unwrap(),
         PartitionId::new(partition).unwrap(),
     )
 }
 
-fn host(name: &str) -> HostName {
+pub fn host(name: &str) -> HostName {
     HostName::new(name).unwrap()
 }
 
-fn owned_by(mut lease: Lease, owner: &str) -> Lease {
+pub fn owned_by(mut lease: Lease, owner: &str) -> Lease {
     lease.state = LeaseState::Owned;
     lease.owner = Some(host(owner));
     lease

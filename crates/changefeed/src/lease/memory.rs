@@ -17,8 +17,8 @@ struct Group {
     hosts: BTreeMap<HostName, Heartbeat>,
     change_counter: u64,
     /// The partitions of the most recent moves of the change counter, oldest first, with the
-    /// counter value each made: a lease created, deleted, or changing hands.
-    changes: VecDeque<(u64, PartitionId)>,
+    /// counter value each made: a lease created, deleted (`true`), or changing hands.
+    changes: VecDeque<(u64, PartitionId, bool)>,
     /// Changes at or below this counter value are forgotten.
     forgotten: u64,
 }
@@ -28,12 +28,12 @@ struct Group {
 const CHANGES_KEPT: usize = 16_384;
 
 impl Group {
-    fn bump(&mut self, partition: &PartitionId) {
+    fn bump(&mut self, partition: &PartitionId, deleted: bool) {
         self.change_counter += 1;
         self.changes
-            .push_back((self.change_counter, partition.clone()));
+            .push_back((self.change_counter, partition.clone(), deleted));
         if self.changes.len() > CHANGES_KEPT {
-            if let Some((at, _)) = self.changes.pop_front() {
+            if let Some((at, _, _)) = self.changes.pop_front() {
                 self.forgotten = at;
             }
         }
@@ -144,7 +144,7 @@ impl LeaseStore for MemoryLeaseStore {
         group
             .leases
             .insert(lease.key.partition.clone(), Row::Lease(stored.clone()));
-        group.bump(&lease.key.partition);
+        group.bump(&lease.key.partition, false);
         Ok(Some(stored))
     }
 
@@ -179,7 +179,7 @@ impl LeaseStore for MemoryLeaseStore {
         stored.version = expected.next();
         *current = stored.clone();
         if bump {
-            group.bump(&lease.key.partition);
+            group.bump(&lease.key.partition, false);
         }
         Ok(stored)
     }
@@ -206,7 +206,7 @@ impl LeaseStore for MemoryLeaseStore {
             return Err(malformed(key, "version mismatch on a malformed row"));
         }
         group.leases.remove(&key.partition);
-        group.bump(&key.partition);
+        group.bump(&key.partition, true);
         Ok(())
     }
 
@@ -274,7 +274,8 @@ impl LeaseStore for MemoryLeaseStore {
     ) -> Result<Option<Changes>, LeaseError> {
         let groups = self.lock();
         let Some(g) = groups.get(group) else {
-            return Ok(Some(Changes::default()));
+            // A group never written to is at counter 0.
+            return Ok((since == 0).then(Changes::default));
         };
         if since < g.forgotten || since > g.change_counter {
             return Ok(None);
@@ -283,20 +284,32 @@ impl LeaseStore for MemoryLeaseStore {
             counter: g.change_counter,
             ..Changes::default()
         };
-        let first = g.changes.partition_point(|(at, _)| *at <= since);
-        let mut touched: Vec<&PartitionId> = g.changes.range(first..).map(|(_, p)| p).collect();
+        let first = g.changes.partition_point(|(at, _, _)| *at <= since);
+        // Per partition touched: whether it was deleted at some point in the window.
+        let mut touched: Vec<(&PartitionId, bool)> = g
+            .changes
+            .range(first..)
+            .map(|(_, p, deleted)| (p, *deleted))
+            .collect();
         touched.sort_unstable();
-        touched.dedup();
-        for partition in touched {
+        // Sorted by (partition, deleted): the last entry of a partition says whether any was a
+        // deletion.
+        touched.reverse();
+        touched.dedup_by_key(|(p, _)| *p);
+        touched.reverse();
+        for (partition, was_deleted) in touched {
+            let key = || LeaseKey::new(group.clone(), partition.clone());
+            if was_deleted && g.leases.contains_key(partition) {
+                // Deleted and created again: the new row restarts its versions, so a reader
+                // must drop its cached row before taking this one.
+                changes.deleted.push(key());
+            }
             match g.leases.get(partition) {
                 Some(Row::Lease(l)) => changes.leases.push(l.clone()),
-                Some(Row::Corrupt { reason, .. }) => changes.malformed.push(malformed(
-                    &LeaseKey::new(group.clone(), partition.clone()),
-                    reason,
-                )),
-                None => changes
-                    .deleted
-                    .push(LeaseKey::new(group.clone(), partition.clone())),
+                Some(Row::Corrupt { reason, .. }) => {
+                    changes.malformed.push(malformed(&key(), reason));
+                }
+                None => changes.deleted.push(key()),
             }
         }
         Ok(Some(changes))

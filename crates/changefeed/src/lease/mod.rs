@@ -39,7 +39,9 @@ pub struct Changes {
     /// The current row of every lease created, or whose state, owner or next_owner changed,
     /// after the value asked about; ordered by partition id.
     pub leases: Vec<Lease>,
-    /// The keys of the leases deleted after it.
+    /// The keys of the leases deleted after it, ordered by partition id. A lease deleted and
+    /// created again is in both lists (its new row restarts its versions): apply the
+    /// deletions first.
     pub deleted: Vec<LeaseKey>,
     /// One [`LeaseError::Malformed`] per such row that cannot be read.
     pub malformed: Vec<LeaseError>,

@@ -738,6 +738,31 @@ async fn changes_since_a_counter_hold_what_changed_hands(f: &dyn LeaseStoreFixtu
     assert!(changes.malformed.is_empty());
     let later = store.list_changes(&g, now).await.expect("list_changes");
     assert!(later.is_some_and(|c| c.leases.is_empty() && c.deleted.is_empty()));
+    // A lease deleted and created again restarts its versions: a reader holding the old row
+    // must see the deletion too, or it would keep its higher-versioned stale copy.
+    store.delete(&b.key, b.version).await.expect("delete b");
+    let b_again = must_create(
+        store.as_ref(),
+        &Lease::new(key("changes", "b"), Position::Beginning),
+    )
+    .await;
+    let both = store
+        .list_changes(&g, now)
+        .await
+        .expect("list_changes")
+        .expect("answers");
+    assert_eq!(both.deleted, vec![b.key.clone()], "{both:?}");
+    let got: Vec<(String, Version)> = both
+        .leases
+        .iter()
+        .map(|l| (l.key.partition.to_string(), l.version))
+        .collect();
+    assert_eq!(got, vec![("b".to_string(), b_again.version)]);
+    let now = store
+        .membership(&g)
+        .await
+        .expect("membership")
+        .change_counter;
     assert!(
         store
             .list_changes(&g, now + 1000)
@@ -745,5 +770,13 @@ async fn changes_since_a_counter_hold_what_changed_hands(f: &dyn LeaseStoreFixtu
             .expect("list_changes")
             .is_none(),
         "a counter the store has not reached cannot be answered"
+    );
+    assert!(
+        store
+            .list_changes(&group("changes-never-written"), 5)
+            .await
+            .expect("list_changes")
+            .is_none(),
+        "a group never written to is at counter 0"
     );
 }

@@ -1,0 +1,502 @@
+//! `list_changes` on a real SQLite file: what it answers, from which counter on (a database
+//! migrated from schema 1, deletions forgotten past the horizon, writers that do not stamp),
+//! and across connections.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use changefeed::lease::{Changes, LeaseStore};
+use changefeed::model::{Continuation, GroupName, Lease, LeaseKey, Position, Version};
+use changefeed::testkit::{Corruption, LeaseStoreFixture};
+use changefeed::LeaseError;
+use changefeed_sqlite::{SqliteLeaseStore, CHANGE_HORIZON, SCHEMA_VERSION};
+
+use crate::store::{host, key, owned_by, Fixture};
+
+fn group(name: &str) -> GroupName {
+    GroupName::new(name).unwrap()
+}
+
+/// Runs `sql` (several statements) in one transaction on a connection of its own, as another
+/// program writing the file would.
+async fn batch(path: &Path, sql: &'static str) {
+    let path = path.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let mut conn = rusqlite::Connection::open(path).unwrap();
+        conn.busy_timeout(std::time::Duration::from_secs(5))
+            .unwrap();
+        let tx = conn.transaction().unwrap();
+        tx.execute_batch(sql).unwrap();
+        tx.commit().unwrap();
+    })
+    .await
+    .unwrap()
+}
+
+async fn count(path: &Path, sql: &'static str) -> i64 {
+    let path = path.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let conn = rusqlite::Connection::open(path).unwrap();
+        conn.query_row(sql, [], |r| r.get(0)).unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+async fn counter(store: &dyn LeaseStore, g: &GroupName) -> u64 {
+    store.membership(g).await.unwrap().change_counter
+}
+
+/// `list_changes` must answer: the conformance check passes a store that says `None`.
+async fn answered(store: &dyn LeaseStore, g: &GroupName, since: u64) -> Changes {
+    store
+        .list_changes(g, since)
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("list_changes({g}, {since}) answered None"))
+}
+
+async fn unanswered(store: &dyn LeaseStore, g: &GroupName, since: u64) {
+    let got = store.list_changes(g, since).await.unwrap();
+    assert!(
+        got.is_none(),
+        "list_changes({g}, {since}) must be None: {got:?}"
+    );
+}
+
+/// A changed lease as (partition, version, owner).
+type Row = (String, u64, Option<String>);
+
+/// The changed leases, and the deleted partitions.
+fn summary(c: &Changes) -> (Vec<Row>, Vec<String>) {
+    assert!(c.malformed.is_empty(), "{:?}", c.malformed);
+    (
+        c.leases
+            .iter()
+            .map(|l| {
+                (
+                    l.key.partition.to_string(),
+                    l.version.0,
+                    l.owner.as_ref().map(|h| h.to_string()),
+                )
+            })
+            .collect(),
+        c.deleted.iter().map(|k| k.partition.to_string()).collect(),
+    )
+}
+
+fn row(p: &str, version: u64, owner: Option<&str>) -> Row {
+    (p.to_string(), version, owner.map(str::to_string))
+}
+
+fn names(ps: &[&str]) -> Vec<String> {
+    ps.iter().map(|p| p.to_string()).collect()
+}
+
+async fn create(store: &dyn LeaseStore, k: LeaseKey) -> Lease {
+    store
+        .create(&Lease::new(k, Position::Beginning))
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+async fn take(store: &dyn LeaseStore, lease: &Lease, by: &str) -> Lease {
+    store
+        .replace(&owned_by(lease.clone(), by), lease.version)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn list_changes_answers_with_exactly_what_changed_hands() {
+    // The store answers (a `None` here fails), with the leases created or changing hands and
+    // the keys deleted after `since`, at their current rows, in partition order.
+    let fx = Fixture::new();
+    let store = fx.store().await;
+    let g = group("g");
+    let empty = answered(&store, &g, 0).await;
+    assert_eq!((empty.counter, summary(&empty)), (0, (vec![], vec![])));
+    unanswered(&store, &g, 1).await;
+
+    let c = create(&store, key("g", "c")).await;
+    let a = create(&store, key("g", "a")).await;
+    let b = create(&store, key("g", "b")).await;
+    let x = create(&store, key("g", "x")).await;
+    let all = answered(&store, &g, 0).await;
+    assert_eq!(all.counter, 4);
+    assert_eq!(
+        summary(&all),
+        (
+            vec![
+                row("a", 1, None),
+                row("b", 1, None),
+                row("c", 1, None),
+                row("x", 1, None)
+            ],
+            vec![]
+        )
+    );
+
+    let c = take(&store, &c, "h0").await;
+    let since = counter(&store, &g).await;
+    let a = take(&store, &a, "h1").await; // changes hands
+    let after_a = counter(&store, &g).await;
+    let mut b_moved = b.clone(); // only checkpoints and changes a property
+    b_moved.continuation = Some(Continuation::new("b-9"));
+    b_moved.properties.insert("note".into(), "x".into());
+    store.replace(&b_moved, b.version).await.unwrap();
+    let mut c_asked = c.clone(); // a hand-off request: next_owner changes
+    c_asked.next_owner = Some(host("h2"));
+    let c_asked = store.replace(&c_asked, c.version).await.unwrap();
+    let d = create(&store, key("g", "d")).await; // created and deleted: deleted only
+    store.delete(&d.key, d.version).await.unwrap();
+    // Deleted and created again: deleted, and its new row, so a reader applying deletions
+    // first ends up with the new row even though its version went back to 1.
+    store.delete(&x.key, x.version).await.unwrap();
+    create(&store, key("g", "x")).await;
+    // Another group's changes stay there.
+    create(&store, key("other", "a")).await;
+
+    let now = counter(&store, &g).await;
+    let changes = answered(&store, &g, since).await;
+    assert_eq!(changes.counter, now, "the counter as of the read");
+    assert_eq!(
+        summary(&changes),
+        (
+            vec![
+                row("a", 2, Some("h1")),
+                row("c", 3, Some("h0")),
+                row("x", 1, None)
+            ],
+            names(&["d", "x"])
+        )
+    );
+    assert_eq!(changes.leases[0], a);
+    assert_eq!(changes.leases[1], c_asked);
+
+    let later = answered(&store, &g, after_a).await;
+    assert_eq!(
+        summary(&later),
+        (
+            vec![row("c", 3, Some("h0")), row("x", 1, None)],
+            names(&["d", "x"])
+        )
+    );
+    let none = answered(&store, &g, now).await;
+    assert_eq!((none.counter, summary(&none)), (now, (vec![], vec![])));
+    unanswered(&store, &g, now + 1).await;
+    unanswered(&store, &g, u64::MAX).await;
+    let other = answered(&store, &group("other"), 0).await;
+    assert_eq!(summary(&other), (vec![row("a", 1, None)], vec![]));
+}
+
+#[tokio::test]
+async fn unreadable_changed_rows_are_named_by_key_and_never_hide_the_others() {
+    let fx = Fixture::new();
+    let store = fx.store().await;
+    let g = group("g");
+    let mut rows = Vec::new();
+    for p in ["a", "b", "c", "d"] {
+        rows.push(create(&store, key("g", p)).await);
+    }
+    let since = counter(&store, &g).await;
+    for lease in &rows[..3] {
+        take(&store, lease, "h1").await;
+    }
+    store.delete(&rows[3].key, rows[3].version).await.unwrap();
+    fx.corrupt(&key("g", "a"), Corruption::BadPropertiesJson)
+        .await;
+    fx.edit(
+        "UPDATE changefeed_leases SET partition = ' bad id' WHERE partition = 'b'",
+        vec![],
+    )
+    .await;
+    fx.edit(
+        "UPDATE changefeed_deletions SET partition = ' gone' WHERE partition = 'd'",
+        vec![],
+    )
+    .await;
+
+    let changes = answered(&store, &g, since).await;
+    let got: Vec<_> = changes
+        .leases
+        .iter()
+        .map(|l| l.key.partition.to_string())
+        .collect();
+    assert_eq!(got, ["c"], "the readable row is still there");
+    assert!(changes.deleted.is_empty());
+    let mut bad: Vec<(String, String)> = changes
+        .malformed
+        .iter()
+        .map(|e| match e {
+            LeaseError::Malformed { key, reason } => (key.clone(), reason.clone()),
+            other => panic!("expected Malformed, got {other:?}"),
+        })
+        .collect();
+    bad.sort();
+    let keys: Vec<&str> = bad.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(keys, ["g/ bad id", "g/ gone", "g/a"]);
+    assert!(bad[1].1.contains("deletion record"), "{:?}", bad[1]);
+    assert!(bad[2].1.contains("properties"), "{:?}", bad[2]);
+}
+
+/// Migration 1 as version 1 of this crate ran it, with the version table it kept: a file from
+/// before change stamps.
+const SCHEMA_1: &str = r#"
+    CREATE TABLE changefeed_schema_version (version INTEGER NOT NULL);
+    INSERT INTO changefeed_schema_version (version) VALUES (1);
+    CREATE TABLE changefeed_leases (
+        group_name   TEXT NOT NULL,
+        partition    TEXT NOT NULL,
+        state        TEXT NOT NULL,
+        owner        TEXT,
+        next_owner   TEXT,
+        continuation TEXT,
+        start        TEXT NOT NULL,
+        parents      TEXT NOT NULL,
+        properties   TEXT NOT NULL,
+        version      INTEGER NOT NULL,
+        PRIMARY KEY (group_name, partition)
+    ) WITHOUT ROWID;
+    CREATE TABLE changefeed_heartbeats (
+        group_name  TEXT NOT NULL,
+        host        TEXT NOT NULL,
+        incarnation TEXT NOT NULL,
+        version     INTEGER NOT NULL,
+        written_at  INTEGER NOT NULL,
+        PRIMARY KEY (group_name, host)
+    ) WITHOUT ROWID;
+    CREATE TABLE changefeed_groups (
+        group_name     TEXT NOT NULL PRIMARY KEY,
+        change_counter INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    CREATE TABLE changefeed_partitions (
+        id          TEXT NOT NULL PRIMARY KEY,
+        parents     TEXT NOT NULL,
+        closed      INTEGER NOT NULL,
+        range_start TEXT NOT NULL,
+        range_end   TEXT NOT NULL
+    ) WITHOUT ROWID;
+    CREATE TABLE changefeed_records (
+        partition    TEXT NOT NULL,
+        seq          INTEGER NOT NULL,
+        key          TEXT NOT NULL,
+        data         BLOB NOT NULL,
+        timestamp_ms INTEGER NOT NULL,
+        PRIMARY KEY (partition, seq)
+    ) WITHOUT ROWID;
+    INSERT INTO changefeed_leases
+        (group_name, partition, state, owner, start, parents, properties, version) VALUES
+        ('old', 'a', 'owned', 'h1', 'beginning', '[]', '{}', 3),
+        ('old', 'b', 'available', NULL, 'beginning', '[]', '{}', 1),
+        ('old', 'c', 'available', NULL, 'beginning', '[]', '{}', 1),
+        ('other', 'z', 'available', NULL, 'beginning', '[]', '{}', 1);
+    INSERT INTO changefeed_groups (group_name, change_counter) VALUES ('old', 7), ('other', 1);
+"#;
+
+#[tokio::test]
+async fn a_schema_1_database_answers_from_its_counter_at_migration_on() {
+    // Rows written before the migration carry no stamp: what changed before the counter value
+    // at migration cannot be told, so `since` below it is `None`; from it on the store answers.
+    let fx = Fixture::new();
+    batch(&fx.path, SCHEMA_1).await;
+    let store = fx.store().await;
+    assert_eq!(SCHEMA_VERSION, 2);
+    assert_eq!(
+        count(&fx.path, "SELECT version FROM changefeed_schema_version").await,
+        SCHEMA_VERSION
+    );
+    let g = group("old");
+    assert_eq!(store.list(&g).await.unwrap().leases.len(), 3);
+    assert_eq!(counter(&store, &g).await, 7);
+    for since in [0, 6] {
+        unanswered(&store, &g, since).await;
+    }
+    let at_migration = answered(&store, &g, 7).await;
+    assert_eq!(
+        (at_migration.counter, summary(&at_migration)),
+        (7, (vec![], vec![]))
+    );
+    unanswered(&store, &g, 8).await;
+
+    let [a, b, c]: [Lease; 3] = store.list(&g).await.unwrap().leases.try_into().unwrap();
+    let b = take(&store, &b, "h2").await; // counter 8
+    let mut c_moved = c.clone(); // a checkpoint of an unstamped row stays unstamped
+    c_moved.continuation = Some(Continuation::new("c-1"));
+    store.replace(&c_moved, c.version).await.unwrap();
+    store.delete(&a.key, a.version).await.unwrap(); // counter 9
+
+    let changes = answered(&store, &g, 7).await;
+    assert_eq!(changes.counter, 9);
+    assert_eq!(
+        summary(&changes),
+        (vec![row("b", 2, Some("h2"))], names(&["a"]))
+    );
+    assert_eq!(changes.leases[0], b);
+    let since_8 = answered(&store, &g, 8).await;
+    assert_eq!(summary(&since_8), (vec![], names(&["a"])));
+    unanswered(&store, &g, 6).await;
+
+    // Another group keeps its own counter at migration; a group born after it answers from 0.
+    unanswered(&store, &group("other"), 0).await;
+    assert!(answered(&store, &group("other"), 1).await.leases.is_empty());
+    create(&store, key("new", "0")).await;
+    let new = answered(&store, &group("new"), 0).await;
+    assert_eq!(summary(&new), (vec![row("0", 1, None)], vec![]));
+
+    // Opening again does not migrate again: the same answers.
+    let again = SqliteLeaseStore::open(&fx.path).await.unwrap();
+    assert_eq!(summary(&answered(&again, &g, 7).await), summary(&changes));
+    unanswered(&again, &g, 6).await;
+}
+
+#[tokio::test]
+async fn a_writer_that_does_not_stamp_makes_earlier_counters_unanswerable() {
+    // A process of the previous version still running on a migrated file (or a hand edit)
+    // moves the counter without stamping what it changed: from then the store answers `None`
+    // until one of its own writes, and afterwards only from the counter that write found.
+    let fx = Fixture::new();
+    let store = fx.store().await;
+    let g = group("g");
+    let a = create(&store, key("g", "a")).await; // counter 1
+                                                 // What version 1 of this crate wrote for a create: the row, then the counter.
+    batch(
+        &fx.path,
+        "INSERT INTO changefeed_leases (group_name, partition, state, start, parents,
+             properties, version) VALUES ('g', 'old', 'available', 'beginning', '[]', '{}', 1);
+         UPDATE changefeed_groups SET change_counter = change_counter + 1
+             WHERE group_name = 'g';",
+    )
+    .await;
+    assert_eq!(counter(&store, &g).await, 2);
+    for since in [0, 1, 2] {
+        unanswered(&store, &g, since).await;
+    }
+    take(&store, &a, "h1").await; // counter 3
+    unanswered(&store, &g, 1).await;
+    let changes = answered(&store, &g, 2).await;
+    assert_eq!(changes.counter, 3);
+    assert_eq!(summary(&changes), (vec![row("a", 2, Some("h1"))], vec![]));
+
+    // Its delete: the row goes, the counter moves, nothing is recorded.
+    batch(
+        &fx.path,
+        "DELETE FROM changefeed_leases WHERE group_name = 'g' AND partition = 'a';
+         UPDATE changefeed_groups SET change_counter = change_counter + 1
+             WHERE group_name = 'g';",
+    )
+    .await;
+    unanswered(&store, &g, 3).await;
+    create(&store, key("g", "b")).await; // counter 5
+    unanswered(&store, &g, 3).await;
+    let changes = answered(&store, &g, 4).await;
+    assert_eq!(summary(&changes), (vec![row("b", 1, None)], vec![]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deletions_are_kept_for_the_horizon_then_forgotten() {
+    // Deletion records stay bounded: those more than CHANGE_HORIZON counter moves old are
+    // forgotten, and a `since` older than a forgotten one is answered `None`.
+    let fx = Fixture::new();
+    let store = fx.store().await;
+    let g = group("churn");
+    // Each round is a create (one move) and a delete (one move) of a new key, so deletions are
+    // at the even counter values 2, 4, .., 2 * rounds.
+    let rounds = CHANGE_HORIZON / 2 + 8;
+    for i in 0..rounds {
+        let lease = create(&store, key("churn", &format!("{i:05}"))).await;
+        store.delete(&lease.key, lease.version).await.unwrap();
+    }
+    let now = counter(&store, &g).await;
+    assert_eq!(now, 2 * rounds);
+    let kept = count(
+        &fx.path,
+        "SELECT COUNT(*) FROM changefeed_deletions WHERE group_name = 'churn'",
+    )
+    .await;
+    assert_eq!(
+        u64::try_from(kept).unwrap(),
+        CHANGE_HORIZON / 2,
+        "deletions in the last CHANGE_HORIZON moves are kept, no more"
+    );
+
+    let horizon = now - CHANGE_HORIZON; // the newest deletion forgotten
+    for since in [0, 1, horizon - 1] {
+        unanswered(&store, &g, since).await;
+    }
+    let from_horizon = answered(&store, &g, horizon).await;
+    assert!(from_horizon.leases.is_empty());
+    assert_eq!(
+        u64::try_from(from_horizon.deleted.len()).unwrap(),
+        CHANGE_HORIZON / 2
+    );
+    let first_kept = (horizon / 2) as usize; // round i deleted at 2 * (i + 1)
+    assert_eq!(
+        from_horizon.deleted.first().unwrap().partition.as_str(),
+        format!("{first_kept:05}")
+    );
+    let last = answered(&store, &g, now - 1).await;
+    assert_eq!(
+        summary(&last),
+        (vec![], names(&[&format!("{:05}", rounds - 1)]))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_connection_sees_the_changes_of_the_first_in_one_snapshot() {
+    let fx = Fixture::new();
+    let (one, two) = (fx.store().await, fx.store().await);
+    let g = group("g");
+    let mut rows = Vec::new();
+    for p in ["0", "1", "2", "3"] {
+        rows.push(create(&one, key("g", p)).await);
+    }
+    let seen = answered(&two, &g, 0).await;
+    assert_eq!(seen.counter, 4);
+    assert_eq!(seen.leases, rows);
+
+    let taken = take(&one, &rows[1], "h1").await;
+    let seen = answered(&two, &g, 4).await;
+    assert_eq!((seen.counter, seen.leases), (5, vec![taken]));
+    let taken = take(&two, &rows[2], "h2").await;
+    two.delete(&rows[3].key, rows[3].version).await.unwrap();
+    let seen = answered(&one, &g, 5).await;
+    assert_eq!(seen.counter, 7);
+    assert_eq!(seen.leases, vec![taken]);
+    assert_eq!(seen.deleted, vec![rows[3].key.clone()]);
+
+    // While the first connection hands a lease from host to host, every answer read on the
+    // second is one snapshot: the n-th hand-over moves the counter to base + n, so the row
+    // returned must be the one that hand-over wrote.
+    let base = counter(&one, &g).await;
+    let one = Arc::new(one);
+    let writer = tokio::spawn({
+        let one = Arc::clone(&one);
+        let mut lease = rows[0].clone();
+        async move {
+            for n in 1..=200 {
+                lease = take(one.as_ref(), &lease, &format!("h{n}")).await;
+            }
+        }
+    });
+    let mut reads = 0;
+    loop {
+        let seen = answered(&two, &g, base).await;
+        let n = seen.counter - base;
+        if n == 0 {
+            assert!(seen.leases.is_empty());
+        } else {
+            assert_eq!(seen.leases.len(), 1, "{seen:?}");
+            let lease = &seen.leases[0];
+            assert_eq!(lease.owner, Some(host(&format!("h{n}"))), "at counter {n}");
+            assert_eq!(lease.version, Version(n + 1));
+        }
+        reads += 1;
+        if n == 200 {
+            break;
+        }
+    }
+    writer.await.unwrap();
+    assert!(reads > 1);
+}

@@ -91,4 +91,4 @@ mod store;
 pub use db::{validate_prefix, PgOptions, DEFAULT_PREFIX, MAX_PREFIX_LEN};
 pub use error::PostgresError;
 pub use outbox::{append, append_to, Appended, OutboxTable, PostgresOutbox, OUTBOX_SCHEMA_VERSION};
-pub use store::{PostgresLeaseStore, LEASE_SCHEMA_VERSION};
+pub use store::{PostgresLeaseStore, DEFAULT_CHANGES_KEPT, LEASE_SCHEMA_VERSION};

@@ -8,6 +8,7 @@
 // A failed unwrap in a test is a failed test with its cause: that is what we want here.
 #![allow(clippy::unwrap_used)]
 
+mod changes;
 mod common;
 mod feed;
 mod fleet;

@@ -40,6 +40,7 @@ pub struct Args {
 struct Figures {
     replace_per_s: f64,
     list_ms: f64,
+    changes_ms: f64,
     heartbeat_ms: f64,
 }
 
@@ -98,25 +99,29 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
         args.ops, args.leases
     );
     println!(
-        "{:<40} {:>14} {:>12} {:>14}",
-        "store", "replace/s", "list ms", "heartbeat ms"
+        "{:<40} {:>14} {:>12} {:>16} {:>14}",
+        "store", "replace/s", "list ms", "10 changes ms", "heartbeat ms"
     );
     for (name, f) in [(label.as_str(), &sq), ("memory", &mem)] {
         println!(
-            "{name:<40} {:>14.0} {:>12.2} {:>14.3}",
-            f.replace_per_s, f.list_ms, f.heartbeat_ms
+            "{name:<40} {:>14.0} {:>12.2} {:>16.3} {:>14.3}",
+            f.replace_per_s, f.list_ms, f.changes_ms, f.heartbeat_ms
         );
     }
     println!(
         "RESULT {backend}_replace_per_s={:.0} memory_replace_per_s={:.0} {backend}_list_ms={:.3} \
-         memory_list_ms={:.3} replace_ratio={:.1} {backend}_heartbeat_ms={:.3} memory_heartbeat_ms={:.4}",
+         memory_list_ms={:.3} replace_ratio={:.1} {backend}_heartbeat_ms={:.3} memory_heartbeat_ms={:.4} \
+         {backend}_changes_ms={:.3} memory_changes_ms={:.4} {backend}_list_vs_changes={:.0}",
         sq.replace_per_s,
         mem.replace_per_s,
         sq.list_ms,
         mem.list_ms,
         mem.replace_per_s / sq.replace_per_s,
         sq.heartbeat_ms,
-        mem.heartbeat_ms
+        mem.heartbeat_ms,
+        sq.changes_ms,
+        mem.changes_ms,
+        sq.list_ms / sq.changes_ms,
     );
     Ok(())
 }
@@ -125,6 +130,7 @@ async fn measure(store: &dyn LeaseStore, args: &Args) -> anyhow::Result<Figures>
     Ok(Figures {
         replace_per_s: replace_per_s(store, args.ops).await?,
         list_ms: list_ms(store, args.leases).await?,
+        changes_ms: changes_ms(store, args.leases).await?,
         heartbeat_ms: heartbeat_ms(store).await?,
     })
 }
@@ -207,6 +213,48 @@ async fn list_ms(store: &dyn LeaseStore, n: usize) -> anyhow::Result<f64> {
             "listed {} leases and {} malformed rows, expected {n}",
             listing.leases.len(),
             listing.malformed.len()
+        );
+    }
+    times.sort();
+    Ok(ms(times[times.len() / 2]))
+}
+
+/// Median time of 5 `list_changes` calls that each find 10 leases (or `n`, if fewer) changed
+/// hands among the `n` that [`list_ms`] left in its group: what a host reads when the change
+/// counter moved, where it used to list all `n`.
+async fn changes_ms(store: &dyn LeaseStore, n: usize) -> anyhow::Result<f64> {
+    let group = GroupName::new("bench-list")?;
+    let mut times = Vec::with_capacity(5);
+    for round in 0..5 {
+        // A new owner each round, so every replace changes hands even when `n` is small.
+        let owner = HostName::new(format!("bench-taker-{round}"))?;
+        let since = store.membership(&group).await?.change_counter;
+        for i in 0..10 {
+            let key = LeaseKey::new(
+                group.clone(),
+                PartitionId::new(format!(
+                    "{:0width$}",
+                    (round * 10 + i) % n,
+                    width = n.to_string().len()
+                ))?,
+            );
+            let mut lease = store.get(&key).await?.context("a bench lease vanished")?;
+            let expected = lease.version;
+            lease.state = LeaseState::Owned;
+            lease.owner = Some(owner.clone());
+            lease.next_owner = None;
+            store.replace(&lease, expected).await?;
+        }
+        let start = Instant::now();
+        let changes = store.list_changes(&group, since).await?;
+        times.push(start.elapsed());
+        let changes = changes
+            .with_context(|| format!("the store cannot list the changes since counter {since}"))?;
+        ensure!(
+            changes.leases.len() == 10.min(n),
+            "listed {} changed leases, expected {}",
+            changes.leases.len(),
+            10.min(n)
         );
     }
     times.sort();

@@ -427,7 +427,26 @@ struct Encoded {
     properties: String,
 }
 
+/// A statement parameter.
+type Param<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
+
 impl Encoded {
+    /// The lease as statement parameters: `$1` the group, then `$2`…`$9` the columns of
+    /// [`COLS`] but the version.
+    fn params(&self) -> [Param<'_>; 9] {
+        [
+            &self.group,
+            &self.partition,
+            &self.state,
+            &self.owner,
+            &self.next_owner,
+            &self.continuation,
+            &self.start,
+            &self.parents,
+            &self.properties,
+        ]
+    }
+
     fn new(lease: &Lease) -> Result<Self, LeaseError> {
         lease.validate()?;
         let key = || Some(lease.key.to_string());
@@ -582,22 +601,7 @@ impl LeaseStore for PostgresLeaseStore {
             .run("create", |mut client| async move {
                 let tx = client.transaction().await?;
                 let insert = tx.prepare_cached(&sql.create).await?;
-                let rows = tx
-                    .query(
-                        &insert,
-                        &[
-                            &e.group,
-                            &e.partition,
-                            &e.state,
-                            &e.owner,
-                            &e.next_owner,
-                            &e.continuation,
-                            &e.start,
-                            &e.parents,
-                            &e.properties,
-                        ],
-                    )
-                    .await?;
+                let rows = tx.query(&insert, &e.params()).await?;
                 if let Some(row) = rows.first() {
                     let counter: i64 = row.try_get(COLS_LEN)?;
                     let stamp = tx.prepare_cached(&sql.create_stamp).await?;
@@ -622,18 +626,7 @@ impl LeaseStore for PostgresLeaseStore {
                 "replace",
                 lease.key.to_string(),
                 &self.sql.replace,
-                &[
-                    &e.group,
-                    &e.partition,
-                    &e.state,
-                    &e.owner,
-                    &e.next_owner,
-                    &e.continuation,
-                    &e.start,
-                    &e.parents,
-                    &e.properties,
-                    &v,
-                ],
+                &[&e.params()[..], &[&v]].concat(),
             )
             .await?;
         let Some(row) = rows.first() else {

@@ -272,6 +272,17 @@ mod tests {
         .expect("sync")
     }
 
+    /// One sync now on the store's current leases, which must succeed.
+    async fn sync_listed(
+        s: &mut Syncer,
+        store: &MemoryLeaseStore,
+        source: &dyn FeedSource,
+        settings: &Settings,
+    ) -> SyncReport {
+        let leases = listed(store).await;
+        sync(s, store, source, settings, &leases, None).await
+    }
+
     #[tokio::test(start_paused = true)]
     async fn two_concurrent_syncs_create_each_lease_exactly_once() {
         // DESIGN "Partition lineage": two leaders are harmless, creation is create-if-absent.
@@ -350,15 +361,7 @@ mod tests {
             .replace(&parent, parent.version)
             .await
             .expect("finish");
-        let report = sync(
-            &mut s,
-            &store,
-            &feed,
-            &settings,
-            &listed(&store).await,
-            None,
-        )
-        .await;
+        let report = sync_listed(&mut s, &store, &feed, &settings).await;
         assert_eq!(report.created, vec![l.clone(), r.clone()]);
         let leases = listed(&store).await;
         assert!(leases
@@ -378,26 +381,10 @@ mod tests {
             c.continuation = Some(crate::model::Continuation::new(format!("{child}:0")));
             store.replace(&c, c.version).await.expect("checkpoint");
         }
-        let report = sync(
-            &mut s,
-            &store,
-            &feed,
-            &settings,
-            &listed(&store).await,
-            None,
-        )
-        .await;
+        let report = sync_listed(&mut s, &store, &feed, &settings).await;
         assert!(report.deleted.is_empty(), "the delay starts now");
         tokio::time::advance(Duration::from_secs(31)).await;
-        let report = sync(
-            &mut s,
-            &store,
-            &feed,
-            &settings,
-            &listed(&store).await,
-            None,
-        )
-        .await;
+        let report = sync_listed(&mut s, &store, &feed, &settings).await;
         assert_eq!(report.deleted, vec![p0.clone()]);
     }
 
@@ -435,26 +422,10 @@ mod tests {
         owned.state = LeaseState::Owned;
         store.replace(&owned, owned.version).await.expect("own");
         assert!(multi.remove_stream("b"));
-        let report = sync(
-            &mut s,
-            &store,
-            &multi,
-            &settings,
-            &listed(&store).await,
-            None,
-        )
-        .await;
+        let report = sync_listed(&mut s, &store, &multi, &settings).await;
         assert!(report.deleted.is_empty(), "the delay starts now");
         tokio::time::advance(Duration::from_secs(11)).await;
-        let report = sync(
-            &mut s,
-            &store,
-            &multi,
-            &settings,
-            &listed(&store).await,
-            None,
-        )
-        .await;
+        let report = sync_listed(&mut s, &store, &multi, &settings).await;
         assert_eq!(report.deleted.len(), 2, "{report:?}");
         let left: Vec<String> = listed(&store)
             .await

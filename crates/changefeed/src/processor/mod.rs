@@ -1045,22 +1045,8 @@ impl Host {
                 self.replan = true;
                 continue;
             }
-            let mut next = lease.clone();
-            next.state = LeaseState::Owned;
-            next.owner = Some(me.clone());
-            next.next_owner = None;
-            match self.p.store.replace(&next, lease.version).await {
-                Ok(stored) => {
-                    info!(lease = %stored.key, previous = ?lease.owner, kind, "took lease");
-                    let counter = if kind == "take" {
-                        "changefeed_leases_taken_total"
-                    } else {
-                        "changefeed_leases_stolen_total"
-                    };
-                    metrics::counter!(counter, "group" => self.group_label.clone()).increment(1);
-                    self.asked_at.remove(partition);
-                    self.start_worker(stored);
-                }
+            match self.take(&lease, kind).await {
+                Ok(()) => {}
                 Err(LeaseError::Conflict { current, .. }) => {
                     // The cached row is older than the store's. If only its checkpoint moved
                     // (the owner wrote one before it died, after we listed), take it at the
@@ -1144,7 +1130,6 @@ impl Host {
         let now = self.p.clock.now();
         self.liveness.observe(&membership, now);
         let live = self.liveness.live(now, self.p.settings.lease_expiry);
-        let me = self.p.host.clone();
         for row in rows {
             if row.owner.as_ref().is_some_and(|o| live.contains(o))
                 || self.workers.contains_key(&row.key.partition)
@@ -1153,17 +1138,8 @@ impl Host {
                 self.replan = true;
                 continue;
             }
-            let mut next = row.clone();
-            next.state = LeaseState::Owned;
-            next.owner = Some(me.clone());
-            next.next_owner = None;
-            match self.p.store.replace(&next, row.version).await {
-                Ok(stored) => {
-                    info!(lease = %stored.key, previous = ?row.owner, kind = "take", "took lease");
-                    metrics::counter!("changefeed_leases_taken_total", "group" => self.group_label.clone()).increment(1);
-                    self.remember(stored.clone());
-                    self.start_worker(stored);
-                }
+            match self.take(&row, "take").await {
+                Ok(()) => {}
                 Err(LeaseError::Conflict { current, .. }) => {
                     self.remember(*current);
                     self.replan = true;
@@ -1175,6 +1151,28 @@ impl Host {
                 }
             }
         }
+    }
+
+    /// Takes `row` for this host by CAS at its version (`kind`: "take" of a free or expired
+    /// lease, or "steal" of an unhonoured hand-off), then caches the new row and starts its
+    /// worker. The caller decides what a failure means.
+    async fn take(&mut self, row: &Lease, kind: &'static str) -> Result<(), LeaseError> {
+        let mut next = row.clone();
+        next.state = LeaseState::Owned;
+        next.owner = Some(self.p.host.clone());
+        next.next_owner = None;
+        let stored = self.p.store.replace(&next, row.version).await?;
+        info!(lease = %stored.key, previous = ?row.owner, kind, "took lease");
+        let counter = if kind == "steal" {
+            "changefeed_leases_stolen_total"
+        } else {
+            "changefeed_leases_taken_total"
+        };
+        metrics::counter!(counter, "group" => self.group_label.clone()).increment(1);
+        self.asked_at.remove(&row.key.partition);
+        self.remember(stored.clone());
+        self.start_worker(stored);
+        Ok(())
     }
 
     fn start_worker(&mut self, lease: Lease) {

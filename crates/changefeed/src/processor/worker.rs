@@ -410,12 +410,18 @@ impl Worker {
     async fn apply_hint(&mut self) -> Option<CloseReason> {
         let listed = self.args.hint.borrow_and_update().clone();
         let listed = listed?;
-        if !self.cell.observe(&listed).await {
-            info!(lease = %listed.key, owner = ?listed.owner, "lease now belongs to another host");
+        self.react(&listed).await
+    }
+
+    /// Reacts to a newer row of this worker's lease, listed or read: stops if the lease
+    /// belongs to another host now, hands it off if a hand-off is requested.
+    async fn react(&mut self, row: &Lease) -> Option<CloseReason> {
+        if !self.cell.observe(row).await {
+            info!(lease = %row.key, owner = ?row.owner, "lease now belongs to another host");
             metrics::counter!("changefeed_leases_lost_total", "group" => self.args.group_label.clone()).increment(1);
             return Some(CloseReason::LeaseLost);
         }
-        if listed.next_owner.is_some() {
+        if row.next_owner.is_some() {
             return Some(self.hand_off().await);
         }
         None
@@ -474,13 +480,8 @@ impl Worker {
             };
             match read {
                 Ok(Some(row)) => {
-                    if !self.cell.observe(&row).await {
-                        info!(lease = %row.key, owner = ?row.owner, "lease now belongs to another host");
-                        metrics::counter!("changefeed_leases_lost_total", "group" => self.args.group_label.clone()).increment(1);
-                        return Some(CloseReason::LeaseLost);
-                    }
-                    if row.next_owner.is_some() {
-                        return Some(self.hand_off().await);
+                    if let Some(reason) = self.react(&row).await {
+                        return Some(reason);
                     }
                     self.confirmed_at = Some(sent);
                     return None;

@@ -28,6 +28,10 @@ impl LeaseStoreFixture for Fixture {
         )
     }
 
+    fn answers_changes(&self) -> bool {
+        true
+    }
+
     async fn corrupt(&self, key: &LeaseKey, how: Corruption) {
         let client = raw_client().await;
         let t = format!("\"{}_leases\"", self.prefix);

@@ -52,6 +52,10 @@ impl LeaseStoreFixture for Fixture {
         Arc::new(self.store().await)
     }
 
+    fn answers_changes(&self) -> bool {
+        true
+    }
+
     async fn corrupt(&self, key: &LeaseKey, how: Corruption) {
         let params = vec![key.group.to_string(), key.partition.to_string()];
         // A row that is not there yet is inserted first, so there is something to break.

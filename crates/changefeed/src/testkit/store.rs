@@ -30,6 +30,12 @@ pub trait LeaseStoreFixture: Send + Sync {
     /// Makes the stored row of `key` unreadable in the way `how` says, by writing the backend
     /// directly (as a person editing the table by hand would).
     async fn corrupt(&self, key: &LeaseKey, how: Corruption);
+    /// Whether the store answers [`LeaseStore::list_changes`] (`Some`). A store that says so
+    /// fails the suite when it answers `None`; one that does not (the default) passes the
+    /// check of what the answer holds vacuously, and its hosts list in full on every move.
+    fn answers_changes(&self) -> bool {
+        false
+    }
 }
 
 type Check = for<'a> fn(
@@ -689,6 +695,11 @@ async fn changes_since_a_counter_hold_what_changed_hands(f: &dyn LeaseStoreFixtu
         .expect("membership")
         .change_counter;
     let Some(none_yet) = store.list_changes(&g, since).await.expect("list_changes") else {
+        assert!(
+            !f.answers_changes(),
+            "the fixture says the store answers list_changes, but it answered None at its \
+             current counter {since}"
+        );
         return;
     };
     assert!(

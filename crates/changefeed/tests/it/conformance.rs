@@ -19,6 +19,10 @@ impl LeaseStoreFixture for MemoryStoreFixture {
         Arc::new(self.0.clone())
     }
 
+    fn answers_changes(&self) -> bool {
+        true
+    }
+
     async fn corrupt(&self, key: &LeaseKey, how: Corruption) {
         self.0.corrupt(key, &format!("{how:?}"));
     }

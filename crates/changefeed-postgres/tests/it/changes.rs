@@ -321,16 +321,7 @@ async fn a_schema_1_database_answers_from_its_counter_at_migration_on() {
         .unwrap();
 
     let store = connect(&prefixes, &prefix).await;
-    let version: i32 = client
-        .query_one(
-            &format!(
-                "SELECT version FROM \"{prefix}_schema_versions\" WHERE component = 'lease_store'"
-            ),
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let version = crate::common::lease_schema_version(&client, &prefix).await;
     assert_eq!(version, LEASE_SCHEMA_VERSION);
     let g = group("g");
     let listing = store.list(&g).await.unwrap();

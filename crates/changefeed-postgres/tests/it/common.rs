@@ -35,6 +35,20 @@ pub async fn raw_client() -> tokio_postgres::Client {
     }
 }
 
+/// The lease store's schema version recorded under `prefix`.
+pub async fn lease_schema_version(client: &tokio_postgres::Client, prefix: &str) -> i32 {
+    client
+        .query_one(
+            &format!(
+                "SELECT version FROM \"{prefix}_schema_versions\" WHERE component = 'lease_store'"
+            ),
+            &[],
+        )
+        .await
+        .expect("reading the schema version")
+        .get(0)
+}
+
 /// Names unique to one test run: `t{millis}{pid}`, and `…_{n}` for each fixture in it.
 #[derive(Debug)]
 pub struct Prefixes {

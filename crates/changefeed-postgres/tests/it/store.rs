@@ -84,16 +84,7 @@ async fn concurrent_starters_migrate_once_and_a_newer_schema_is_refused() {
         s.await.unwrap().expect("every concurrent starter connects");
     }
     let client = raw_client().await;
-    let v: i32 = client
-        .query_one(
-            &format!(
-                "SELECT version FROM \"{prefix}_schema_versions\" WHERE component = 'lease_store'"
-            ),
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let v = crate::common::lease_schema_version(&client, &prefix).await;
     assert_eq!(v, LEASE_SCHEMA_VERSION);
     client
         .execute(

@@ -272,6 +272,23 @@ mod tests {
         .expect("sync")
     }
 
+    /// Splits partition "0" of `feed` and finishes its lease (the only one in `store`), as
+    /// its reader would at the end of the parent. Returns the parent and the two children.
+    async fn split_and_finish(
+        feed: &MemoryFeed,
+        store: &MemoryLeaseStore,
+    ) -> (PartitionId, PartitionId, PartitionId) {
+        let p0 = PartitionId::new("0").expect("valid");
+        let (l, r) = feed.split(&p0).expect("split");
+        let mut parent = listed(store).await.remove(0);
+        parent.state = LeaseState::Finished;
+        store
+            .replace(&parent, parent.version)
+            .await
+            .expect("finish");
+        (p0, l, r)
+    }
+
     /// One sync now on the store's current leases, which must succeed.
     async fn sync_listed(
         s: &mut Syncer,
@@ -329,14 +346,7 @@ mod tests {
         let mut s = Syncer::default();
         let first = sync(&mut s, &store, &feed, &settings, &[], Some(1)).await;
         assert_eq!(first.created.len(), 1);
-        let p0 = PartitionId::new("0").expect("valid");
-        let (l, r) = feed.split(&p0).expect("split");
-        let mut parent = listed(&store).await.remove(0);
-        parent.state = LeaseState::Finished;
-        store
-            .replace(&parent, parent.version)
-            .await
-            .expect("finish");
+        let (_, l, r) = split_and_finish(&feed, &store).await;
         let leases = listed(&store).await;
         let second = sync(&mut s, &store, &feed, &settings, &leases, Some(1)).await;
         assert_eq!(second.created, vec![l, r]);
@@ -353,14 +363,7 @@ mod tests {
         };
         let mut s = Syncer::default();
         sync(&mut s, &store, &feed, &settings, &[], None).await;
-        let p0 = PartitionId::new("0").expect("valid");
-        let (l, r) = feed.split(&p0).expect("split");
-        let mut parent = listed(&store).await.remove(0);
-        parent.state = LeaseState::Finished;
-        store
-            .replace(&parent, parent.version)
-            .await
-            .expect("finish");
+        let (p0, l, r) = split_and_finish(&feed, &store).await;
         let report = sync_listed(&mut s, &store, &feed, &settings).await;
         assert_eq!(report.created, vec![l.clone(), r.clone()]);
         let leases = listed(&store).await;
@@ -447,14 +450,7 @@ mod tests {
         };
         let mut s = Syncer::default();
         sync(&mut s, &store, &feed, &settings, &[], None).await;
-        let p0 = PartitionId::new("0").expect("valid");
-        feed.split(&p0).expect("split");
-        let mut parent = listed(&store).await.remove(0);
-        parent.state = LeaseState::Finished;
-        store
-            .replace(&parent, parent.version)
-            .await
-            .expect("finish");
+        let (p0, _, _) = split_and_finish(&feed, &store).await;
         for _ in 0..2 {
             let leases = listed(&store).await;
             let mut started: Vec<Lease> = leases.clone();

@@ -50,7 +50,24 @@ pub struct Settings {
     /// When checkpoints are written. Default [`CheckpointMode::EveryBatch`].
     pub checkpoint_mode: CheckpointMode,
     /// How many times a failing batch is retried before the lease is released. Default 5.
+    ///
+    /// The failures are counted in the lease's properties (`changefeed.failures`), so the host
+    /// that takes the lease next waits out the backoff they earned instead of starting over.
     pub handler_max_retries: u32,
+    /// Longest a handler call may run (optional). A call that runs longer is cancelled (its
+    /// future dropped, [`super::Context::cancelled`] signalled) and counts as a failure,
+    /// retried with backoff. Default none: a call runs until it ends, the fence rises or the
+    /// stop deadline passes.
+    pub handler_timeout: Option<Duration>,
+    /// How long a graceful stop may take in all. The batch in flight may run for the first
+    /// half; then it is cancelled, every lease is released at its last checkpoint and the
+    /// heartbeat row is removed. Default 5 s; at most `lease_expiry`.
+    pub shutdown_timeout: Duration,
+    /// After this many failures of one batch (counted across hosts), hand it to the
+    /// dead-letter sink and checkpoint past it (optional; needs
+    /// [`super::ProcessorBuilder::dead_letter`]). Default none: a failing batch is never
+    /// skipped.
+    pub dead_letter_after: Option<u32>,
     /// First backoff after a source, store or handler error; doubles up to `max_backoff`.
     /// Default 100 ms.
     pub min_backoff: Duration,
@@ -84,6 +101,9 @@ impl Default for Settings {
             handoff_timeout: Duration::from_secs(10),
             checkpoint_mode: CheckpointMode::EveryBatch,
             handler_max_retries: 5,
+            handler_timeout: None,
+            shutdown_timeout: Duration::from_secs(5),
+            dead_letter_after: None,
             min_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(10),
             sync_interval: Duration::from_secs(60),
@@ -114,6 +134,10 @@ pub enum ConfigError {
 /// Largest accepted `max_batch_size`.
 pub const MAX_BATCH_LIMIT: usize = 1_000_000;
 
+/// Longest accepted duration of any setting: 365 days. Longer ones would overflow the
+/// monotonic clock's arithmetic and mean nothing in practice.
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
 impl Settings {
     /// Checks every rule, returning the first broken one.
     ///
@@ -122,9 +146,12 @@ impl Settings {
     /// `renew_interval: 15s must be below lease_expiry − safety_margin (8s)`.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |setting, rule: String| Err(ConfigError::Invalid { setting, rule });
-        let positive = [
+        let mut positive = vec![
             ("lease_expiry", self.lease_expiry),
             ("renew_interval", self.renew_interval),
+            ("safety_margin", self.safety_margin),
+            ("shutdown_timeout", self.shutdown_timeout),
+            ("cleanup_delay", self.cleanup_delay),
             ("acquire_interval", self.acquire_interval),
             ("full_list_interval", self.full_list_interval),
             ("poll_delay", self.poll_delay),
@@ -133,11 +160,24 @@ impl Settings {
             ("max_backoff", self.max_backoff),
             ("sync_interval", self.sync_interval),
         ];
+        if let Some(d) = self.handler_timeout {
+            positive.push(("handler_timeout", d));
+        }
+        if let CheckpointMode::Interval(d) = self.checkpoint_mode {
+            positive.push(("checkpoint_mode", d));
+        }
         for (setting, value) in positive {
             if value.is_zero() {
                 return bad(setting, "must be greater than zero".into());
             }
+            if value > MAX_DURATION {
+                return bad(
+                    setting,
+                    format!("{value:?} is longer than the longest accepted duration, 365 days"),
+                );
+            }
         }
+        // Sums below cannot overflow: every term is at most MAX_DURATION.
         if self.safety_margin >= self.lease_expiry {
             return bad(
                 "safety_margin",
@@ -185,6 +225,22 @@ impl Settings {
                 ),
             );
         }
+        if self.shutdown_timeout > self.lease_expiry {
+            return bad(
+                "shutdown_timeout",
+                format!(
+                    "{:?} must not exceed lease_expiry ({:?}): a stopping host would hold its leases longer than a dead one",
+                    self.shutdown_timeout, self.lease_expiry
+                ),
+            );
+        }
+        if self.dead_letter_after == Some(0) {
+            return bad(
+                "dead_letter_after",
+                "must be at least 1 (the number of failures before a batch is dead-lettered)"
+                    .into(),
+            );
+        }
         if self.min_backoff > self.max_backoff {
             return bad(
                 "min_backoff",
@@ -194,19 +250,17 @@ impl Settings {
                 ),
             );
         }
-        if let CheckpointMode::Interval(d) = self.checkpoint_mode {
-            if d.is_zero() {
-                return bad(
-                    "checkpoint_mode",
-                    "the interval must be greater than zero".into(),
-                );
-            }
-        }
         Ok(())
     }
 
     /// How long after its last successful heartbeat was sent a host fences itself.
     pub fn fence_after(&self) -> Duration {
         self.lease_expiry.saturating_sub(self.safety_margin)
+    }
+
+    /// How long the batch in flight may still run once a graceful stop has begun: half the
+    /// shutdown timeout, leaving the other half to release the leases and remove the heartbeat.
+    pub fn stop_grace(&self) -> Duration {
+        self.shutdown_timeout / 2
     }
 }

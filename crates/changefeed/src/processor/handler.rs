@@ -4,6 +4,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use super::worker::LeaseCell;
 use crate::error::LeaseError;
@@ -36,6 +37,9 @@ pub struct Context {
     pub(crate) key: LeaseKey,
     pub(crate) host: HostName,
     pub(crate) cell: Arc<LeaseCell>,
+    pub(crate) fencing_token: u64,
+    /// Cancelled when the current call must end (fence, lease lost, timeout, stop deadline).
+    pub(crate) cancel: CancellationToken,
 }
 
 impl Context {
@@ -52,6 +56,34 @@ impl Context {
     /// This host's name.
     pub fn host(&self) -> &HostName {
         &self.host
+    }
+
+    /// A number that stays the same for this host's whole tenure of the lease and is strictly
+    /// greater for every later owner: the lease's version when this worker started on it.
+    ///
+    /// Pass it to a sink that keeps the highest token it has seen per partition and refuses
+    /// writes with a lower one (for example `… ON CONFLICT … DO UPDATE … WHERE stored.token <=
+    /// EXCLUDED.token`): a deposed owner's late writes, even from a process that was frozen
+    /// mid-batch, are then rejected by the sink itself (see `docs/protocol.md`, "Fencing").
+    pub fn fencing_token(&self) -> u64 {
+        self.fencing_token
+    }
+
+    /// Completes when the current call must stop: the host was fenced, the lease was lost,
+    /// `handler_timeout` passed, or the stop deadline passed. The call's future is dropped
+    /// right after; use this to stop work the handler spawned (writes on other tasks).
+    pub fn cancelled(&self) -> WaitForCancellationFuture<'_> {
+        self.cancel.cancelled()
+    }
+
+    /// Whether the current call must stop (see [`Context::cancelled`]).
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+
+    /// The current call's cancellation token, to hand to tasks the handler spawns.
+    pub fn cancellation_token(&self) -> CancellationToken {
+        self.cancel.clone()
     }
 
     /// Writes `continuation` as the lease's checkpoint now (for
@@ -78,6 +110,24 @@ impl Context {
 ///   and after `handler_max_retries` failures the lease is released (never skipped).
 /// - Records may be delivered again after an ownership change (at-least-once): at most the
 ///   batches after the last checkpoint.
+///
+/// # Cancel safety
+///
+/// The future `handle` returns may be dropped at any await point: when this host is fenced
+/// (its heartbeat could not be renewed for `lease_expiry − safety_margin`), when the lease
+/// was lost or a hand-off request would otherwise be stolen from under the call, when
+/// `handler_timeout` passes, or when a graceful stop has waited its grace for the batch. The
+/// processor races the call against those deadlines and, biased towards the fence, drops it
+/// the moment one passes, before anyone else may deliver the partition; nothing of the batch
+/// is checkpointed then. So:
+///
+/// - Do the batch's effects so that a cut-short call leaves them retryable (idempotent
+///   writes, or one transaction per batch), since the batch will be delivered again.
+/// - Work the handler spawned on other tasks is not dropped with the future: stop it on
+///   [`Context::cancelled`].
+/// - A process or machine that can be frozen mid-write (a stalled VM, SIGSTOP) can still
+///   have a write in flight on the network when it wakes; only the sink can refuse it. Pass
+///   [`Context::fencing_token`] with every write and have the sink reject lower tokens.
 #[async_trait]
 pub trait Handler: Send + Sync + 'static {
     /// Called once before the first batch of a partition on this host.
@@ -129,4 +179,34 @@ where
     async fn handle(&self, ctx: &Context, batch: &Batch) -> Result<(), HandlerError> {
         (self.0)(ctx.clone(), Arc::new(batch.clone())).await
     }
+}
+
+/// A batch that failed `dead_letter_after` times, handed to the [`DeadLetterSink`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct DeadLetter {
+    /// The lease's key (group and partition).
+    pub key: LeaseKey,
+    /// The host that gave up on the batch.
+    pub host: HostName,
+    /// The batch's records.
+    pub batch: Batch,
+    /// The checkpoint the batch started after (`None`: the partition's start position).
+    pub after: Option<Continuation>,
+    /// The last error, as text.
+    pub error: String,
+    /// How many times the batch failed, across hosts.
+    pub failures: u32,
+}
+
+/// Where batches that keep failing go so that their partition can move on (opt-in: see
+/// [`super::Settings::dead_letter_after`]). Once `dead_letter` returns `Ok`, the checkpoint
+/// moves past the batch.
+///
+/// # Errors
+/// An error keeps the batch where it is: it is retried with backoff, as a failed call is.
+#[async_trait]
+pub trait DeadLetterSink: Send + Sync + std::fmt::Debug + 'static {
+    /// Stores `letter` durably.
+    async fn dead_letter(&self, letter: &DeadLetter) -> Result<(), HandlerError>;
 }

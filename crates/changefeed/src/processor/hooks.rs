@@ -15,6 +15,10 @@ pub enum Broken {
     CheckpointWithoutCas,
     /// Children are read without waiting for their parents to finish.
     ChildBeforeParent,
+    /// The handler call is not raced against the fence: a host that stalls during a call
+    /// finishes the call after another host has taken the lease (the bug the fence over the
+    /// batch in flight fixes).
+    NoHandlerFence,
 }
 
 /// The broken variant a processor runs with; zero-sized and inert without feature `sim`.
@@ -42,6 +46,18 @@ impl Hooks {
         #[cfg(feature = "sim")]
         {
             self.broken == Broken::CheckpointWithoutCas
+        }
+        #[cfg(not(feature = "sim"))]
+        {
+            false
+        }
+    }
+
+    /// The handler call runs to its end whatever the fence says.
+    pub(crate) fn no_handler_fence(self) -> bool {
+        #[cfg(feature = "sim")]
+        {
+            self.broken == Broken::NoHandlerFence
         }
         #[cfg(not(feature = "sim"))]
         {

@@ -37,8 +37,10 @@ mod hooks;
 mod sync;
 mod worker;
 
-pub use config::{CheckpointMode, ConfigError, Settings, MAX_BATCH_LIMIT};
-pub use handler::{handler_fn, CloseReason, Context, FnHandler, Handler, HandlerError};
+pub use config::{CheckpointMode, ConfigError, Settings, MAX_BATCH_LIMIT, MAX_DURATION};
+pub use handler::{
+    handler_fn, CloseReason, Context, DeadLetter, DeadLetterSink, FnHandler, Handler, HandlerError,
+};
 pub use heartbeat::{Liveness, ProcessorError};
 #[cfg(feature = "sim")]
 #[doc(hidden)]
@@ -72,6 +74,7 @@ pub struct ProcessorBuilder {
     store: Option<Arc<dyn LeaseStore>>,
     source: Option<Arc<dyn FeedSource>>,
     handler: Option<Arc<dyn Handler>>,
+    dead_letter: Option<Arc<dyn DeadLetterSink>>,
     strategy: Option<Arc<dyn BalanceStrategy>>,
     clock: Option<Arc<dyn Clock>>,
     seed: Option<u64>,
@@ -133,6 +136,14 @@ impl ProcessorBuilder {
     /// The handler, already shared.
     pub fn shared_handler(mut self, handler: Arc<dyn Handler>) -> Self {
         self.handler = Some(handler);
+        self
+    }
+
+    /// Hands a batch that failed `after` times (counted across hosts) to `sink` and moves the
+    /// checkpoint past it. Without this, a failing batch is retried forever, never skipped.
+    pub fn dead_letter(mut self, sink: Arc<dyn DeadLetterSink>, after: u32) -> Self {
+        self.dead_letter = Some(sink);
+        self.settings.dead_letter_after = Some(after);
         self
     }
 
@@ -215,6 +226,14 @@ impl ProcessorBuilder {
         handler_max_retries: u32
     );
     setting!(
+        /// See [`Settings::handler_timeout`].
+        handler_timeout: Option<Duration>
+    );
+    setting!(
+        /// See [`Settings::shutdown_timeout`].
+        shutdown_timeout: Duration
+    );
+    setting!(
         /// See [`Settings::sync_interval`].
         sync_interval: Duration
     );
@@ -253,6 +272,12 @@ impl ProcessorBuilder {
         let source = self.source.ok_or(ConfigError::Missing("source"))?;
         let handler = self.handler.ok_or(ConfigError::Missing("handler"))?;
         self.settings.validate()?;
+        if self.settings.dead_letter_after.is_some() && self.dead_letter.is_none() {
+            return Err(ConfigError::Invalid {
+                setting: "dead_letter_after",
+                rule: "needs a dead-letter sink: call ProcessorBuilder::dead_letter".into(),
+            });
+        }
         let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock));
         static STARTS: AtomicU64 = AtomicU64::new(0);
         let seed = self.seed.unwrap_or_else(|| {
@@ -270,6 +295,7 @@ impl ProcessorBuilder {
             stats,
             source,
             handler,
+            dead_letter: self.dead_letter,
             strategy: self.strategy.unwrap_or_else(|| Arc::new(EqualShare)),
             clock,
             rng: SmallRng::seed_from_u64(seed),
@@ -287,6 +313,7 @@ pub struct Processor {
     stats: Arc<crate::lease::StoreStats>,
     source: Arc<dyn FeedSource>,
     handler: Arc<dyn Handler>,
+    dead_letter: Option<Arc<dyn DeadLetterSink>>,
     strategy: Arc<dyn BalanceStrategy>,
     clock: Arc<dyn Clock>,
     rng: SmallRng,
@@ -312,8 +339,9 @@ pub struct ProcessorHandle {
 }
 
 impl ProcessorHandle {
-    /// Stops gracefully: every worker finishes or abandons its batch, checkpoints and releases
-    /// its lease; the heartbeat row is removed. Returns once every task has ended.
+    /// Stops gracefully within `shutdown_timeout`: the batch in flight may finish for half of
+    /// it, then is cancelled; every worker checkpoints what was done and releases its lease;
+    /// the heartbeat row is removed. Returns once every task has ended.
     ///
     /// # Errors
     /// What the processor failed with, if it had already stopped on an error.
@@ -530,10 +558,28 @@ impl Host {
                 }
             }
         }
-        // Graceful stop: workers release their leases first, then the heartbeat goes.
+        // Graceful stop, bounded by shutdown_timeout: workers release their leases first (the
+        // batch in flight may run for half of it), then the heartbeat goes.
+        let stop_at = self.p.clock.now() + self.p.settings.shutdown_timeout;
         info!("stopping: releasing leases");
         self.worker_cancel.cancel();
-        while self.worker_tasks.join_next().await.is_some() {}
+        let workers_by = stop_at - self.p.settings.shutdown_timeout / 4;
+        let drained = {
+            let tasks = &mut self.worker_tasks;
+            let wait = async { while tasks.join_next().await.is_some() {} };
+            let limit = self
+                .p
+                .clock
+                .sleep(workers_by.saturating_duration_since(self.p.clock.now()));
+            tokio::select! {
+                _ = wait => true,
+                _ = limit => false,
+            }
+        };
+        if !drained {
+            warn!(workers = self.worker_tasks.len(), "workers did not release their leases within shutdown_timeout; abandoning them (their leases expire with this host)");
+            self.worker_tasks.shutdown().await;
+        }
         while let Ok(exit) = self.exits_rx.try_recv() {
             self.on_exit(exit);
         }
@@ -543,18 +589,49 @@ impl Host {
             _ => None,
         };
         if let (Some(row), true) = (row, outcome.is_ok()) {
-            if let Err(err) = self
-                .p
-                .store
-                .remove_heartbeat(&row.group, &row.host, row.version)
-                .await
-            {
-                warn!(error = %err, "could not remove the heartbeat row; it will expire");
+            let left = stop_at.saturating_duration_since(self.p.clock.now());
+            let remove = self.remove_own_heartbeat(row);
+            tokio::select! {
+                _ = remove => {}
+                _ = self.p.clock.sleep(left.max(Duration::from_millis(100))) => {
+                    warn!("removing the heartbeat row took longer than shutdown_timeout; it will expire");
+                }
             }
         }
         metrics::gauge!("changefeed_leases_owned", "group" => self.group_label.clone()).set(0.0);
         info!("stopped");
         outcome
+    }
+
+    /// Removes this host's heartbeat row. A renewal cut short by the stop may still have
+    /// landed and moved the row's version: the removal then retries at the version the store
+    /// reports, as long as the row is still this incarnation's.
+    async fn remove_own_heartbeat(&self, mut row: crate::model::Heartbeat) {
+        for _ in 0..5 {
+            match self
+                .p
+                .store
+                .remove_heartbeat(&row.group, &row.host, row.version)
+                .await
+            {
+                Ok(()) => return,
+                Err(LeaseError::HeartbeatConflict {
+                    current: Some(cur), ..
+                }) if cur.incarnation == row.incarnation => {
+                    debug!(version = %cur.version, "heartbeat moved while stopping; removing it at its current version");
+                    row = *cur;
+                }
+                Err(err) if err.is_retryable() => {
+                    warn!(error = %err, "removing the heartbeat row failed; retrying");
+                    self.p.clock.sleep(self.p.settings.min_backoff).await;
+                }
+                Err(err) => {
+                    warn!(error = %err, "could not remove the heartbeat row; it will expire");
+                    return;
+                }
+            }
+        }
+        warn!("could not remove the heartbeat row after 5 attempts; it will expire");
     }
 
     fn on_exit(&mut self, exit: worker::WorkerExit) {
@@ -1217,6 +1294,7 @@ impl Host {
             group_label: self.group_label.clone(),
             hooks: self.p.hooks,
             lag: self.lag.clone(),
+            dead_letter: self.p.dead_letter.clone(),
         };
         self.worker_tasks.spawn(worker::run(args).in_current_span());
     }

@@ -7,6 +7,7 @@
 //! someone else means the lease was lost.
 
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use rand::rngs::SmallRng;
@@ -16,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Instrument};
 
 use super::config::{CheckpointMode, Settings};
-use super::handler::{CloseReason, Context, Handler};
+use super::handler::{CloseReason, Context, DeadLetter, DeadLetterSink, Handler};
 use crate::clock::Clock;
 use crate::error::{LeaseError, SourceError};
 use crate::lease::LeaseStore;
@@ -120,8 +121,12 @@ impl LeaseCell {
         &self,
         continuation: Continuation,
     ) -> Result<WriteOutcome, LeaseError> {
-        self.write(|l| l.continuation = Some(continuation.clone()))
-            .await
+        self.write(|l| {
+            l.continuation = Some(continuation.clone());
+            // A checkpoint means the batches before it succeeded.
+            l.properties.remove(FAILURES_PROPERTY);
+        })
+        .await
     }
 
     /// Marks the lease finished at `continuation` (its partition ended).
@@ -138,14 +143,21 @@ impl LeaseCell {
     }
 
     /// Gives the lease up at `continuation` (or its last checkpoint): to its `next_owner` if
-    /// one asked, otherwise to nobody.
+    /// one asked, otherwise to nobody. `failures` of the batch after it are recorded in the
+    /// row, so the next owner keeps backing off.
     async fn release(
         &self,
         continuation: Option<Continuation>,
+        failures: u32,
     ) -> Result<WriteOutcome, LeaseError> {
         self.write(|l| {
             if let Some(c) = &continuation {
                 l.continuation = Some(c.clone());
+                l.properties.remove(FAILURES_PROPERTY);
+            }
+            if failures > 0 {
+                l.properties
+                    .insert(FAILURES_PROPERTY.to_string(), failures.to_string());
             }
             if l.next_owner.is_none() {
                 l.state = LeaseState::Available;
@@ -153,6 +165,26 @@ impl LeaseCell {
             }
         })
         .await
+    }
+
+    /// Whether `row` is newer than the row this cell holds and owned by another host. When the
+    /// cell is busy writing, a newer-looking row owned by another host is taken as lost.
+    fn shows_lost(&self, row: &Lease) -> bool {
+        if row.is_owned_by(&self.host) {
+            return false;
+        }
+        self.lease
+            .try_lock()
+            .map_or(true, |lease| row.version > lease.version)
+    }
+
+    /// Whether `row` is newer than the row this cell holds and carries a hand-off request.
+    fn shows_request(&self, row: &Lease) -> bool {
+        row.next_owner.is_some()
+            && self
+                .lease
+                .try_lock()
+                .map_or(true, |lease| row.version > lease.version)
     }
 
     /// Takes in a newer row the host loop listed. Returns false if it shows the lease is no
@@ -178,6 +210,18 @@ impl Lease {
     fn continuation_not_behind(&self, other: &Lease) -> bool {
         other.continuation.is_none() || self.continuation == other.continuation
     }
+}
+
+/// The lease property counting failed calls of the batch after the checkpoint, across hosts.
+pub(crate) const FAILURES_PROPERTY: &str = "changefeed.failures";
+
+/// The failures recorded in `lease` by an earlier owner (0 if none or unreadable).
+fn carried_failures(lease: &Lease) -> u32 {
+    lease
+        .properties
+        .get(FAILURES_PROPERTY)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// How often a worker refreshes its partition's lag estimate, at most.
@@ -222,6 +266,7 @@ pub(crate) struct WorkerArgs {
     pub group_label: String,
     pub hooks: super::hooks::Hooks,
     pub lag: Arc<LagBook>,
+    pub dead_letter: Option<Arc<dyn DeadLetterSink>>,
 }
 
 /// Sent to the host loop when a worker stops.
@@ -234,6 +279,55 @@ pub(crate) struct WorkerExit {
 enum Step {
     Continue,
     Stop(CloseReason),
+}
+
+/// How a handler call raced against the worker's deadlines ended.
+enum CallEnd {
+    /// The call returned.
+    Returned(Result<(), super::HandlerError>),
+    /// The call ran past `handler_timeout` and was cancelled.
+    TimedOut(Duration),
+    /// The call was cancelled: the worker must stop for this reason.
+    Stop(CloseReason),
+    /// The call was cancelled before a known hand-off request could be stolen: hand off.
+    HandOff,
+}
+
+/// How delivering a batch ended.
+enum Delivered {
+    /// The handler accepted it.
+    Done,
+    /// It was handed to the dead-letter sink: checkpoint past it.
+    DeadLettered,
+    /// The worker must stop.
+    Stop(CloseReason),
+}
+
+/// What a handler call in progress has confirmed of its lease, and its deadlines. Shared by
+/// the check polled in the race and the race's branches, hence the interior mutability.
+#[derive(Debug, Clone, Copy)]
+struct CallGuard {
+    /// Latest time by which every hand-off request written before it is known.
+    confirmed: tokio::time::Instant,
+    /// A hand-off request is known: `confirmed` no longer moves.
+    frozen: bool,
+    /// When a graceful stop cancels the call.
+    stop_at: Option<tokio::time::Instant>,
+    /// When `handler_timeout` cancels the call.
+    timeout_at: Option<tokio::time::Instant>,
+}
+
+/// A [`CallGuard`] behind a lock that is only ever held for plain copies.
+struct SharedGuard(std::sync::Mutex<CallGuard>);
+
+impl SharedGuard {
+    fn get(&self) -> CallGuard {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn update(&self, f: impl FnOnce(&mut CallGuard)) {
+        f(&mut self.0.lock().unwrap_or_else(|p| p.into_inner()));
+    }
 }
 
 struct Worker {
@@ -249,6 +343,10 @@ struct Worker {
     /// When this worker's own lease write or read last showed no hand-off request (the time
     /// it was sent).
     confirmed_at: Option<tokio::time::Instant>,
+    /// Failed calls of the batch after the checkpoint, by every owner (from the lease row).
+    failures: u32,
+    /// The last checkpoint this worker knows of.
+    checkpointed: Option<Continuation>,
 }
 
 /// Runs one worker to its end and reports why it stopped.
@@ -265,9 +363,13 @@ pub(crate) async fn run(args: WorkerArgs) {
             key: args.lease.key.clone(),
             host: args.host.clone(),
             cell: cell.clone(),
+            fencing_token: args.lease.version.0,
+            cancel: CancellationToken::new(),
         };
         let now = args.clock.now();
         let fence_lapses = args.fence_deadline.lapses();
+        let failures = carried_failures(&args.lease);
+        let checkpointed = args.lease.continuation.clone();
         let mut worker = Worker {
             args,
             cell,
@@ -277,6 +379,8 @@ pub(crate) async fn run(args: WorkerArgs) {
             last_lag_at: None,
             lapses: fence_lapses,
             confirmed_at: None,
+            failures,
+            checkpointed,
         };
         let reason = worker.run().await;
         worker
@@ -440,15 +544,9 @@ impl Worker {
     /// lease row and does not deliver until a read succeeds. Then it applies any hint.
     /// Returns a reason to stop, if any.
     async fn ensure_current(&mut self) -> Option<CloseReason> {
-        let horizon = self
-            .args
-            .settings
-            .handoff_timeout
-            .saturating_sub(self.args.settings.safety_margin);
-        let confirmed = self
-            .confirmed_at
-            .map_or(self.args.view.get(), |c| c.max(self.args.view.get()));
-        if self.args.clock.now() >= confirmed + horizon {
+        // Half the horizon: a call started now may run for the other half before it must
+        // see a newer confirmation (the host loop makes one every acquire cycle).
+        if self.args.clock.now() >= self.confirmed() + self.handoff_horizon() / 2 {
             if let Some(reason) = self.refresh().await {
                 return Some(reason);
             }
@@ -527,11 +625,13 @@ impl Worker {
             if let Some(reason) = self.ensure_current().await {
                 return Step::Stop(reason);
             }
-            if let Some(reason) = self.deliver(&batch).await {
-                return Step::Stop(reason);
-            }
+            let force = match self.deliver(&batch).await {
+                Delivered::Done => false,
+                Delivered::DeadLettered => true,
+                Delivered::Stop(reason) => return Step::Stop(reason),
+            };
             self.pending = batch.continuation.clone();
-            if let Some(reason) = self.maybe_checkpoint().await {
+            if let Some(reason) = self.maybe_checkpoint(force).await {
                 return Step::Stop(reason);
             }
         }
@@ -578,57 +678,241 @@ impl Worker {
         }
     }
 
-    /// Delivers a batch, retrying failures with backoff. Returns a reason to stop, if any.
-    async fn deliver(&mut self, batch: &Batch) -> Option<CloseReason> {
-        let mut attempt = 0;
+    /// Delivers a batch, retrying failures with backoff (the failures of earlier owners
+    /// included), and hands it to the dead-letter sink once it has failed
+    /// `dead_letter_after` times.
+    async fn deliver(&mut self, batch: &Batch) -> Delivered {
+        let mut calls = 0u32;
         loop {
-            match self.args.handler.handle(&self.ctx, batch).await {
-                Ok(()) => {
+            if self.failures > 0 {
+                // Back off by every failure of this batch so far, on any host.
+                let d = self.backoff(self.failures - 1);
+                // A retry is a new delivery: the host may have been fenced meanwhile, and a
+                // hand-off asked for is honoured at the last checkpoint instead.
+                if !self.pause(d).await || self.fenced() {
+                    return Delivered::Stop(self.stop_reason());
+                }
+                if let Some(reason) = self.ensure_current().await {
+                    return Delivered::Stop(reason);
+                }
+            }
+            calls += 1;
+            let error = match self.call(batch).await {
+                CallEnd::Returned(Ok(())) => {
                     let g = self.args.group_label.clone();
                     metrics::counter!("changefeed_batches_total", "group" => g.clone())
                         .increment(1);
                     metrics::counter!("changefeed_records_total", "group" => g)
                         .increment(batch.records.len() as u64);
-                    return None;
+                    self.failures = 0;
+                    return Delivered::Done;
                 }
-                Err(err) => {
-                    metrics::counter!("changefeed_handler_errors_total", "group" => self.args.group_label.clone()).increment(1);
-                    warn!(lease = %self.ctx.key, error = %err, attempt, "handler failed; the batch will be retried");
-                    if attempt >= self.args.settings.handler_max_retries {
-                        // Give the lease back at its last checkpoint; nothing is skipped.
-                        let pending = self.pending.take();
-                        return Some(
-                            self.release_or_lost(pending, CloseReason::HandlerFailed)
-                                .await,
-                        );
-                    }
-                    let d = self.backoff(attempt);
-                    attempt += 1;
-                    // A retry is a new delivery: the host may have been fenced meanwhile, and
-                    // a hand-off asked for is honoured at the last checkpoint instead.
-                    if !self.pause(d).await || self.fenced() {
-                        return Some(self.stop_reason());
-                    }
-                    if let Some(reason) = self.ensure_current().await {
-                        return Some(reason);
-                    }
+                CallEnd::Returned(Err(err)) => err.to_string(),
+                CallEnd::TimedOut(d) => {
+                    metrics::counter!("changefeed_handler_timeouts_total", "group" => self.args.group_label.clone()).increment(1);
+                    format!("the call ran longer than handler_timeout ({d:?}) and was cancelled")
                 }
+                CallEnd::Stop(reason) => return Delivered::Stop(reason),
+                CallEnd::HandOff => return Delivered::Stop(self.hand_off().await),
+            };
+            metrics::counter!("changefeed_handler_errors_total", "group" => self.args.group_label.clone()).increment(1);
+            self.failures = self.failures.saturating_add(1);
+            warn!(lease = %self.ctx.key, %error, failures = self.failures, "handler failed; the batch will be retried");
+            if let Some(reason) = self.dead_letter(batch, &error).await {
+                return reason;
+            }
+            if calls > self.args.settings.handler_max_retries {
+                // Give the lease back at its last checkpoint; nothing is skipped.
+                let pending = self.pending.take();
+                return Delivered::Stop(
+                    self.release_or_lost(pending, CloseReason::HandlerFailed)
+                        .await,
+                );
             }
         }
     }
 
-    async fn maybe_checkpoint(&mut self) -> Option<CloseReason> {
-        let due = match self.args.settings.checkpoint_mode {
-            CheckpointMode::EveryBatch => true,
-            CheckpointMode::Interval(d) => {
-                self.args
-                    .clock
-                    .now()
-                    .saturating_duration_since(self.last_checkpoint_at)
-                    >= d
-            }
-            CheckpointMode::Manual => false,
+    /// Hands `batch` to the dead-letter sink if it has failed often enough. Returns
+    /// [`Delivered::DeadLettered`] once the sink took it.
+    async fn dead_letter(&mut self, batch: &Batch, error: &str) -> Option<Delivered> {
+        let after = self.args.settings.dead_letter_after?;
+        let sink = self.args.dead_letter.clone()?;
+        if self.failures < after || self.fenced() {
+            return None;
+        }
+        let letter = DeadLetter {
+            key: self.ctx.key.clone(),
+            host: self.args.host.clone(),
+            batch: batch.clone(),
+            after: self.pending.clone().or_else(|| self.checkpointed.clone()),
+            error: error.to_string(),
+            failures: self.failures,
         };
+        match sink.dead_letter(&letter).await {
+            Ok(()) => {
+                warn!(lease = %self.ctx.key, failures = self.failures, records = batch.records.len(), "batch dead-lettered; the checkpoint moves past it");
+                metrics::counter!("changefeed_dead_letters_total", "group" => self.args.group_label.clone()).increment(1);
+                self.failures = 0;
+                Some(Delivered::DeadLettered)
+            }
+            Err(err) => {
+                warn!(lease = %self.ctx.key, error = %err, "writing the dead letter failed; the batch stays and is retried");
+                None
+            }
+        }
+    }
+
+    /// Calls the handler, racing the call against the fence, the loss of the lease, a hand-off
+    /// request that could be stolen, `handler_timeout` and the stop deadline. Biased towards
+    /// those: every time the worker wakes, they are checked before the call is polled, so a
+    /// host woken from a stall drops the call before it can do anything more.
+    async fn call(&mut self, batch: &Batch) -> CallEnd {
+        let token = CancellationToken::new();
+        self.ctx.cancel = token.clone();
+        let handler = self.args.handler.clone();
+        let ctx = self.ctx.clone();
+        let mut call = handler.handle(&ctx, batch);
+        if self.args.hooks.no_handler_fence() {
+            // Broken on purpose (simulator): the call runs to its end.
+            return CallEnd::Returned(call.await);
+        }
+        let now = self.args.clock.now();
+        let guard = SharedGuard(std::sync::Mutex::new(CallGuard {
+            confirmed: self.confirmed(),
+            frozen: false,
+            stop_at: self
+                .args
+                .cancel
+                .is_cancelled()
+                .then(|| now + self.args.settings.stop_grace()),
+            timeout_at: self.args.settings.handler_timeout.map(|d| now + d),
+        }));
+        let mut fenced = self.args.fenced.clone();
+        let mut fence_open = !self.args.hooks.no_fencing();
+        let mut hint = self.args.hint.clone();
+        let mut hint_open = true;
+        let cancel = self.args.cancel.clone();
+        let clock = self.args.clock.clone();
+        let end = loop {
+            if let Some(end) = self.check_call(&guard) {
+                break end;
+            }
+            let wake = self.next_check(&guard);
+            let sleep = clock.sleep(wake.saturating_duration_since(clock.now()));
+            let check = std::future::poll_fn(|_| match self.check_call(&guard) {
+                Some(end) => Poll::Ready(end),
+                None => Poll::Pending,
+            });
+            tokio::select! {
+                biased;
+                end = check => break end,
+                r = fenced.wait_for(|f| *f), if fence_open => fence_open = r.is_ok(),
+                r = hint.changed(), if hint_open => hint_open = r.is_ok(),
+                _ = cancel.cancelled(), if guard.get().stop_at.is_none() => {
+                    let at = clock.now() + self.args.settings.stop_grace();
+                    guard.update(|g| g.stop_at = Some(at));
+                }
+                _ = sleep => {}
+                r = &mut call => break CallEnd::Returned(r),
+            }
+        };
+        if !matches!(end, CallEnd::Returned(_)) {
+            // Tell work the handler spawned, then drop the call (when `call` goes out of scope).
+            token.cancel();
+            debug!(lease = %self.ctx.key, "handler call cancelled");
+        }
+        end
+    }
+
+    /// Latest confirmation that this worker knows of every hand-off request.
+    fn confirmed(&self) -> tokio::time::Instant {
+        self.confirmed_at
+            .map_or(self.args.view.get(), |c| c.max(self.args.view.get()))
+    }
+
+    /// After this much time from a confirmation, a hand-off request unknown to this worker may
+    /// have been stolen.
+    fn handoff_horizon(&self) -> Duration {
+        self.args
+            .settings
+            .handoff_timeout
+            .saturating_sub(self.args.settings.safety_margin)
+    }
+
+    /// Whether the call in progress must end now, and how.
+    fn check_call(&self, shared: &SharedGuard) -> Option<CallEnd> {
+        if self.fenced() {
+            warn!(lease = %self.ctx.key, "host fenced during a handler call; cancelling it");
+            return Some(CallEnd::Stop(CloseReason::LeaseLost));
+        }
+        // Read the view stamp before the hint: the host sends hints before it moves the stamp,
+        // so a stamp that saw a request comes with a hint that shows it.
+        let view = self.args.view.get();
+        let mut guard = shared.get();
+        if self.args.hint.has_changed().unwrap_or(false) {
+            if let Some(row) = self.args.hint.borrow().as_ref() {
+                if self.cell.shows_lost(row) {
+                    info!(lease = %self.ctx.key, owner = ?row.owner, "lease now belongs to another host; cancelling the handler call");
+                    return Some(CallEnd::Stop(CloseReason::LeaseLost));
+                }
+                if self.cell.shows_request(row) {
+                    guard.frozen = true;
+                }
+            }
+        }
+        if !guard.frozen && view > guard.confirmed {
+            guard.confirmed = view;
+        }
+        shared.update(|g| *g = guard);
+        let now = self.args.clock.now();
+        if now >= guard.confirmed + self.handoff_horizon() {
+            if guard.frozen {
+                info!(lease = %self.ctx.key, "a hand-off request is pending and the call ran until the asker may steal; cancelling it and handing off");
+                return Some(CallEnd::HandOff);
+            }
+            warn!(lease = %self.ctx.key, "could not confirm the lease during a handler call; cancelling it");
+            return Some(CallEnd::Stop(CloseReason::LeaseLost));
+        }
+        if guard.stop_at.is_some_and(|at| now >= at) {
+            info!(lease = %self.ctx.key, "stopping: the batch in flight ran out of its grace; cancelling it");
+            return Some(CallEnd::Stop(CloseReason::Shutdown));
+        }
+        if let (Some(at), Some(d)) = (guard.timeout_at, self.args.settings.handler_timeout) {
+            if now >= at {
+                return Some(CallEnd::TimedOut(d));
+            }
+        }
+        None
+    }
+
+    /// When the next deadline of the call in progress falls.
+    fn next_check(&self, guard: &SharedGuard) -> tokio::time::Instant {
+        let guard = guard.get();
+        let mut at = guard.confirmed + self.handoff_horizon();
+        if !self.args.hooks.no_fencing() {
+            at = at.min(self.args.fence_deadline.get());
+        }
+        for t in [guard.stop_at, guard.timeout_at].into_iter().flatten() {
+            at = at.min(t);
+        }
+        at
+    }
+
+    /// Writes the pending checkpoint if the mode says it is due, or if `force`d (a batch
+    /// handed to the dead-letter sink is checkpointed past in every mode).
+    async fn maybe_checkpoint(&mut self, force: bool) -> Option<CloseReason> {
+        let due = force
+            || match self.args.settings.checkpoint_mode {
+                CheckpointMode::EveryBatch => true,
+                CheckpointMode::Interval(d) => {
+                    self.args
+                        .clock
+                        .now()
+                        .saturating_duration_since(self.last_checkpoint_at)
+                        >= d
+                }
+                CheckpointMode::Manual => false,
+            };
         if !due {
             return None;
         }
@@ -641,6 +925,7 @@ impl Worker {
                     // The CAS found no request on the row: as good as a read.
                     self.confirmed_at = Some(sent);
                     self.pending = None;
+                    self.checkpointed = Some(c.clone());
                     self.last_checkpoint_at = self.args.clock.now();
                     self.refresh_lag(&c).await;
                     return None;
@@ -726,7 +1011,7 @@ impl Worker {
             _ => pending,
         };
         for attempt in 0..3 {
-            match self.cell.release(pending.clone()).await {
+            match self.cell.release(pending.clone(), self.failures).await {
                 Ok(WriteOutcome::HandedOff) => {
                     metrics::counter!("changefeed_handoffs_given_total", "group" => self.args.group_label.clone()).increment(1);
                     return CloseReason::HandedOff;

@@ -19,7 +19,8 @@ pub enum CloseReason {
     /// The processor is stopping; the lease was checkpointed and released.
     Shutdown,
     /// Another host owns the lease now (taken after this host was judged dead, or the host
-    /// fenced itself); nothing more was checkpointed.
+    /// fenced itself), or this host could not confirm in time that nobody may steal it (a
+    /// call cut short); nothing more was checkpointed.
     LeaseLost,
     /// The partition is closed and fully processed; the lease is marked finished.
     PartitionEnded,
@@ -28,6 +29,9 @@ pub enum CloseReason {
     /// The handler failed more times than allowed; the lease was released at its last
     /// checkpoint so another host may try.
     HandlerFailed,
+    /// The source cannot read the partition from the lease's checkpoint (an unknown
+    /// continuation or partition); the lease was released with its checkpoint unchanged.
+    SourceFailed,
 }
 
 /// What a handler knows about the partition it is called for.

@@ -479,6 +479,17 @@ struct Host {
     syncer: sync::Syncer,
     /// Lag per owned partition, for the `changefeed_lag_records` gauge.
     lag: Arc<worker::LagBook>,
+    /// Keys of lease rows the store could not read, for the `changefeed_malformed_leases`
+    /// gauge (published every cycle).
+    malformed: BTreeSet<String>,
+}
+
+/// The key a [`LeaseError::Malformed`] names.
+fn malformed_key(err: &LeaseError) -> Option<String> {
+    match err {
+        LeaseError::Malformed { key, .. } => Some(key.clone()),
+        _ => None,
+    }
 }
 
 impl Host {
@@ -510,6 +521,7 @@ impl Host {
             replan: false,
             syncer: sync::Syncer::default(),
             lag: Arc::default(),
+            malformed: BTreeSet::new(),
         }
     }
 
@@ -831,16 +843,19 @@ impl Host {
     fn publish_gauges(&self) {
         metrics::gauge!("changefeed_leases_owned", "group" => self.group_label.clone())
             .set(self.workers.len() as f64);
+        metrics::gauge!("changefeed_malformed_leases", "group" => self.group_label.clone())
+            .set(self.malformed.len() as f64);
     }
 
     /// Lists every lease. Returns the change counter the listing is at least as new as.
     async fn full_list(&mut self, counter: u64) -> Result<u64, LeaseError> {
         let listing = self.p.store.list(&self.p.group).await?;
+        // Repeated at every full list while the rows stay unreadable: an operator fixes them
+        // with `changefeed reset --force`.
         for bad in &listing.malformed {
-            warn!(error = %bad, "unreadable lease row skipped");
+            warn!(error = %bad, "unreadable lease row skipped; fix it with `changefeed reset --force`");
         }
-        metrics::gauge!("changefeed_malformed_leases", "group" => self.group_label.clone())
-            .set(listing.malformed.len() as f64);
+        self.malformed = listing.malformed.iter().filter_map(malformed_key).collect();
         self.set_leases(listing.leases);
         self.stop_workers_of_deleted_leases(&listing.malformed);
         Ok(counter)
@@ -856,9 +871,15 @@ impl Host {
             return self.full_list(counter).await;
         };
         for bad in &changes.malformed {
-            warn!(error = %bad, "unreadable lease row skipped");
+            warn!(error = %bad, "unreadable lease row skipped; fix it with `changefeed reset --force`");
+        }
+        self.malformed
+            .extend(changes.malformed.iter().filter_map(malformed_key));
+        for lease in &changes.leases {
+            self.malformed.remove(lease.key.to_string().as_str());
         }
         for key in &changes.deleted {
+            self.malformed.remove(key.to_string().as_str());
             if let Ok(i) = self
                 .leases
                 .binary_search_by(|l| l.key.partition.cmp(&key.partition))

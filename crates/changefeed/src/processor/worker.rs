@@ -484,7 +484,7 @@ impl Worker {
                     // checkpoint as it is, and give the lease back.
                     tracing::error!(lease = %self.args.lease.key, error = %err, "cannot read the partition; releasing the lease with its checkpoint unchanged");
                     metrics::counter!("changefeed_source_errors_total", "group" => self.args.group_label.clone()).increment(1);
-                    return Err(self.release_or_lost(None, CloseReason::HandlerFailed).await);
+                    return Err(self.release_or_lost(None, CloseReason::SourceFailed).await);
                 }
             }
         }

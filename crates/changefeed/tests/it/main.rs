@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod conformance;
+mod fence;
 mod handler;
 mod lineage;
 mod multistream;

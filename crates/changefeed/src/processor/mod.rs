@@ -565,7 +565,13 @@ impl Host {
                 }
                 Some(exit) = self.exits_rx.recv() => self.on_exit(exit),
                 _ = sleep => {
-                    self.cycle().await;
+                    // A stop must not wait for a cycle stuck on a hung store: the cycle is
+                    // dropped, and whatever it took is released or expires with this host.
+                    tokio::select! {
+                        biased;
+                        _ = cancel.cancelled() => break,
+                        _ = self.cycle() => {}
+                    }
                     next_cycle = self.p.clock.now() + self.p.settings.acquire_interval;
                 }
             }

@@ -504,3 +504,31 @@ async fn dead_letter_after_without_a_sink_is_refused() {
         .unwrap_err();
     assert!(err.to_string().contains("dead_letter_after"), "{err}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn stop_ends_within_shutdown_timeout_even_when_the_store_hangs() {
+    // A stop that always ends: with every store call hanging (cycle, release, heartbeat
+    // removal), stop still returns within shutdown_timeout; the lease then expires.
+    let (store, feed) = setup().await;
+    feed.append_to(&p0(), "k", "r0").unwrap();
+    let faulty = Faulty::new(Arc::new(store.clone()));
+    let a = builder(Arc::new(faulty.clone()), &feed, "a")
+        .handler(handler_fn(|_, _| async { Ok(()) }))
+        .shutdown_timeout(Duration::from_secs(4))
+        .build()
+        .unwrap()
+        .start();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(lease(&store)
+        .await
+        .is_owned_by(&HostName::new("a").unwrap()));
+    faulty.set(FaultMode::Hang);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let started = Instant::now();
+    tokio::time::timeout(Duration::from_secs(60), a.stop())
+        .await
+        .expect("stop ended")
+        .unwrap();
+    let took = started.elapsed();
+    assert!(took <= Duration::from_secs(4), "stop took {took:?}");
+}

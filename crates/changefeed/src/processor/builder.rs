@@ -1,0 +1,394 @@
+//! Building, starting and stopping a processor: [`ProcessorBuilder`], [`Processor`] and
+//! [`ProcessorHandle`]. The host loop they run is in [`super::host`].
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, Instrument};
+
+use super::config::{CheckpointMode, ConfigError, Settings};
+use super::handler::{DeadLetterSink, Handler};
+use super::heartbeat::{self, ProcessorError};
+use super::hooks;
+#[cfg(feature = "sim")]
+use super::hooks::Broken;
+use super::host::Host;
+use crate::balance::{BalanceStrategy, EqualShare};
+use crate::clock::{Clock, SystemClock};
+use crate::lease::{CountingStore, LeaseStore};
+use crate::model::{GroupName, HostName};
+use crate::source::FeedSource;
+
+/// Builds a [`Processor`]; every setting is validated by [`ProcessorBuilder::build`].
+#[derive(Default)]
+pub struct ProcessorBuilder {
+    host: Option<String>,
+    group: Option<String>,
+    store: Option<Arc<dyn LeaseStore>>,
+    source: Option<Arc<dyn FeedSource>>,
+    handler: Option<Arc<dyn Handler>>,
+    dead_letter: Option<Arc<dyn DeadLetterSink>>,
+    strategy: Option<Arc<dyn BalanceStrategy>>,
+    clock: Option<Arc<dyn Clock>>,
+    seed: Option<u64>,
+    settings: Settings,
+    hooks: hooks::Hooks,
+}
+
+impl std::fmt::Debug for ProcessorBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcessorBuilder")
+            .field("host", &self.host)
+            .field("group", &self.group)
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+macro_rules! setting {
+    ($(#[$doc:meta])* $name:ident: $ty:ty) => {
+        $(#[$doc])*
+        pub fn $name(mut self, value: $ty) -> Self {
+            self.settings.$name = value;
+            self
+        }
+    };
+}
+
+impl ProcessorBuilder {
+    /// This host's name, unique in the group (required).
+    pub fn host(mut self, name: impl Into<String>) -> Self {
+        self.host = Some(name.into());
+        self
+    }
+
+    /// The group: the hosts sharing this feed (required).
+    pub fn group(mut self, name: impl Into<String>) -> Self {
+        self.group = Some(name.into());
+        self
+    }
+
+    /// The lease store (required).
+    pub fn store(mut self, store: Arc<dyn LeaseStore>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// The feed source (required).
+    pub fn source(mut self, source: Arc<dyn FeedSource>) -> Self {
+        self.source = Some(source);
+        self
+    }
+
+    /// The handler (required).
+    pub fn handler(mut self, handler: impl Handler) -> Self {
+        self.handler = Some(Arc::new(handler));
+        self
+    }
+
+    /// The handler, already shared.
+    pub fn shared_handler(mut self, handler: Arc<dyn Handler>) -> Self {
+        self.handler = Some(handler);
+        self
+    }
+
+    /// Hands a batch that failed `after` times (counted across hosts) to `sink` and moves the
+    /// checkpoint past it. Without this, a failing batch is retried forever, never skipped.
+    pub fn dead_letter(mut self, sink: Arc<dyn DeadLetterSink>, after: u32) -> Self {
+        self.dead_letter = Some(sink);
+        self.settings.dead_letter_after = Some(after);
+        self
+    }
+
+    /// The balancing strategy. Default [`EqualShare`].
+    pub fn strategy(mut self, strategy: Arc<dyn BalanceStrategy>) -> Self {
+        self.strategy = Some(strategy);
+        self
+    }
+
+    /// The clock. Default [`SystemClock`].
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// Seeds every random choice (incarnation id, backoff jitter). Default: derived from the
+    /// clock's wall time and the process id.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// Runs a deliberately broken variant (simulator builds only), so the simulator can show
+    /// its checker catches it.
+    #[cfg(feature = "sim")]
+    #[doc(hidden)]
+    pub fn broken(mut self, broken: Broken) -> Self {
+        self.hooks.broken = broken;
+        self
+    }
+
+    /// Replaces all timing settings at once.
+    pub fn settings(mut self, settings: Settings) -> Self {
+        self.settings = settings;
+        self
+    }
+
+    setting!(
+        /// Where a new lease without a checkpoint starts.
+        start_position: crate::model::Position
+    );
+    setting!(
+        /// See [`Settings::lease_expiry`].
+        lease_expiry: Duration
+    );
+    setting!(
+        /// See [`Settings::renew_interval`].
+        renew_interval: Duration
+    );
+    setting!(
+        /// See [`Settings::safety_margin`].
+        safety_margin: Duration
+    );
+    setting!(
+        /// See [`Settings::acquire_interval`].
+        acquire_interval: Duration
+    );
+    setting!(
+        /// See [`Settings::full_list_interval`].
+        full_list_interval: Duration
+    );
+    setting!(
+        /// See [`Settings::max_batch_size`].
+        max_batch_size: usize
+    );
+    setting!(
+        /// See [`Settings::poll_delay`].
+        poll_delay: Duration
+    );
+    setting!(
+        /// See [`Settings::handoff_timeout`].
+        handoff_timeout: Duration
+    );
+    setting!(
+        /// See [`Settings::checkpoint_mode`].
+        checkpoint_mode: CheckpointMode
+    );
+    setting!(
+        /// See [`Settings::handler_max_retries`].
+        handler_max_retries: u32
+    );
+    setting!(
+        /// See [`Settings::handler_timeout`].
+        handler_timeout: Option<Duration>
+    );
+    setting!(
+        /// See [`Settings::shutdown_timeout`].
+        shutdown_timeout: Duration
+    );
+    setting!(
+        /// See [`Settings::sync_interval`].
+        sync_interval: Duration
+    );
+    setting!(
+        /// See [`Settings::cleanup`].
+        cleanup: bool
+    );
+    setting!(
+        /// See [`Settings::cleanup_delay`].
+        cleanup_delay: Duration
+    );
+    setting!(
+        /// See [`Settings::missing_parents`].
+        missing_parents: crate::lineage::MissingParents
+    );
+
+    /// Validates everything and builds the processor.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the first setting that breaks a rule or the missing part.
+    pub fn build(self) -> Result<Processor, ConfigError> {
+        let host = HostName::new(self.host.ok_or(ConfigError::Missing("host"))?).map_err(|e| {
+            ConfigError::Invalid {
+                setting: "host",
+                rule: e.to_string(),
+            }
+        })?;
+        let group =
+            GroupName::new(self.group.ok_or(ConfigError::Missing("group"))?).map_err(|e| {
+                ConfigError::Invalid {
+                    setting: "group",
+                    rule: e.to_string(),
+                }
+            })?;
+        let store = self.store.ok_or(ConfigError::Missing("store"))?;
+        let source = self.source.ok_or(ConfigError::Missing("source"))?;
+        let handler = self.handler.ok_or(ConfigError::Missing("handler"))?;
+        self.settings.validate()?;
+        if self.settings.dead_letter_after.is_some() && self.dead_letter.is_none() {
+            return Err(ConfigError::Invalid {
+                setting: "dead_letter_after",
+                rule: "needs a dead-letter sink: call ProcessorBuilder::dead_letter".into(),
+            });
+        }
+        let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock));
+        static STARTS: AtomicU64 = AtomicU64::new(0);
+        let seed = self.seed.unwrap_or_else(|| {
+            (clock.wall().0 as u64)
+                ^ (u64::from(std::process::id()) << 32)
+                ^ STARTS
+                    .fetch_add(1, Ordering::Relaxed)
+                    .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        });
+        let stats = Arc::new(crate::lease::StoreStats::default());
+        Ok(Processor {
+            host,
+            group,
+            store: Arc::new(CountingStore::new(store, stats.clone())),
+            stats,
+            source,
+            handler,
+            dead_letter: self.dead_letter,
+            strategy: self.strategy.unwrap_or_else(|| Arc::new(EqualShare)),
+            clock,
+            rng: SmallRng::seed_from_u64(seed),
+            settings: Arc::new(self.settings),
+            hooks: self.hooks,
+        })
+    }
+}
+
+/// One host of a fleet. Run it with [`Processor::run`] or [`Processor::start`].
+pub struct Processor {
+    pub(super) host: HostName,
+    pub(super) group: GroupName,
+    pub(super) store: Arc<dyn LeaseStore>,
+    pub(super) stats: Arc<crate::lease::StoreStats>,
+    pub(super) source: Arc<dyn FeedSource>,
+    pub(super) handler: Arc<dyn Handler>,
+    pub(super) dead_letter: Option<Arc<dyn DeadLetterSink>>,
+    pub(super) strategy: Arc<dyn BalanceStrategy>,
+    pub(super) clock: Arc<dyn Clock>,
+    pub(super) rng: SmallRng,
+    pub(super) settings: Arc<Settings>,
+    pub(super) hooks: hooks::Hooks,
+}
+
+impl std::fmt::Debug for Processor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Processor")
+            .field("host", &self.host)
+            .field("group", &self.group)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A running processor, from [`Processor::start`].
+#[derive(Debug)]
+pub struct ProcessorHandle {
+    cancel: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), ProcessorError>>,
+    stats: Arc<crate::lease::StoreStats>,
+}
+
+impl ProcessorHandle {
+    /// Stops gracefully within `shutdown_timeout`: the batch in flight may finish for half of
+    /// it, then is cancelled; every worker checkpoints what was done and releases its lease;
+    /// the heartbeat row is removed. Returns once every task has ended.
+    ///
+    /// # Errors
+    /// What the processor failed with, if it had already stopped on an error.
+    pub async fn stop(self) -> Result<(), ProcessorError> {
+        self.cancel.cancel();
+        self.join().await
+    }
+
+    /// Waits for the processor to end by itself (it only does on an error, or when the
+    /// cancellation token is cancelled).
+    ///
+    /// # Errors
+    /// What the processor failed with.
+    pub async fn join(self) -> Result<(), ProcessorError> {
+        match self.task.await {
+            Ok(r) => r,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// Drops every task at once without releasing anything, as a crash would. For tests and
+    /// the simulator.
+    pub fn kill(self) {
+        self.task.abort();
+    }
+
+    /// Whether the processor has ended.
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// Counts of the store calls this processor made.
+    pub fn store_stats(&self) -> &crate::lease::StoreStats {
+        &self.stats
+    }
+}
+
+impl Processor {
+    /// A builder with default settings.
+    pub fn builder() -> ProcessorBuilder {
+        ProcessorBuilder::default()
+    }
+
+    /// This host's name.
+    pub fn host(&self) -> &HostName {
+        &self.host
+    }
+
+    /// Spawns the processor on the current tokio runtime.
+    pub fn start(self) -> ProcessorHandle {
+        let cancel = CancellationToken::new();
+        let stats = self.stats.clone();
+        let task = tokio::spawn(self.run(cancel.clone()));
+        ProcessorHandle {
+            cancel,
+            task,
+            stats,
+        }
+    }
+
+    /// Runs until `cancel` is cancelled (then stops gracefully) or a fatal error. Dropping the
+    /// future drops every task of the processor with it.
+    ///
+    /// # Errors
+    /// [`ProcessorError::DuplicateHost`] if another live process has this host name;
+    /// [`ProcessorError::Superseded`] if the heartbeat row was taken over while running;
+    /// [`ProcessorError::Store`] if registration failed.
+    pub async fn run(mut self, cancel: CancellationToken) -> Result<(), ProcessorError> {
+        let span = tracing::info_span!("host", host = %self.host, group = %self.group);
+        async move {
+            let incarnation = format!("{:016x}", self.rng.gen::<u64>());
+            let Some(row) = heartbeat::register(
+                self.store.as_ref(),
+                self.clock.as_ref(),
+                &self.group,
+                &self.host,
+                &incarnation,
+                self.settings.lease_expiry,
+                self.settings.renew_interval,
+                &cancel,
+            )
+            .await?
+            else {
+                return Ok(());
+            };
+            info!(%incarnation, "host registered");
+            Host::new(self).run(cancel, row).await
+        }
+        .instrument(span)
+        .await
+    }
+}

@@ -67,6 +67,7 @@ async fn fleet_reads_through_split_merge_and_a_crash_without_loss_or_reordering(
         poll_delay: Duration::from_millis(250),
         handoff_timeout: Duration::from_secs(3),
         cleanup_delay: Duration::from_secs(1),
+        shutdown_timeout: Duration::from_secs(2),
         ..Settings::default()
     };
     let ledger: Ledger = Arc::default();

@@ -281,10 +281,11 @@ enum Step {
     Stop(CloseReason),
 }
 
-/// How a handler call raced against the worker's deadlines ended.
-enum CallEnd {
+/// How a call (to the handler or the dead-letter sink) raced against the worker's deadlines
+/// ended.
+enum CallEnd<T> {
     /// The call returned.
-    Returned(Result<(), super::HandlerError>),
+    Returned(T),
     /// The call ran past `handler_timeout` and was cancelled.
     TimedOut(Duration),
     /// The call was cancelled: the worker must stop for this reason.
@@ -748,17 +749,23 @@ impl Worker {
             error: error.to_string(),
             failures: self.failures,
         };
-        match sink.dead_letter(&letter).await {
-            Ok(()) => {
+        match self.race(sink.dead_letter(&letter)).await {
+            CallEnd::Returned(Ok(())) => {
                 warn!(lease = %self.ctx.key, failures = self.failures, records = batch.records.len(), "batch dead-lettered; the checkpoint moves past it");
                 metrics::counter!("changefeed_dead_letters_total", "group" => self.args.group_label.clone()).increment(1);
                 self.failures = 0;
                 Some(Delivered::DeadLettered)
             }
-            Err(err) => {
+            CallEnd::Returned(Err(err)) => {
                 warn!(lease = %self.ctx.key, error = %err, "writing the dead letter failed; the batch stays and is retried");
                 None
             }
+            CallEnd::TimedOut(d) => {
+                warn!(lease = %self.ctx.key, "writing the dead letter took longer than handler_timeout ({d:?}); the batch stays and is retried");
+                None
+            }
+            CallEnd::Stop(reason) => Some(Delivered::Stop(reason)),
+            CallEnd::HandOff => Some(Delivered::Stop(self.hand_off().await)),
         }
     }
 
@@ -766,16 +773,28 @@ impl Worker {
     /// request that could be stolen, `handler_timeout` and the stop deadline. Biased towards
     /// those: every time the worker wakes, they are checked before the call is polled, so a
     /// host woken from a stall drops the call before it can do anything more.
-    async fn call(&mut self, batch: &Batch) -> CallEnd {
+    async fn call(&mut self, batch: &Batch) -> CallEnd<Result<(), super::HandlerError>> {
         let token = CancellationToken::new();
         self.ctx.cancel = token.clone();
         let handler = self.args.handler.clone();
         let ctx = self.ctx.clone();
-        let mut call = handler.handle(&ctx, batch);
+        let call = handler.handle(&ctx, batch);
         if self.args.hooks.no_handler_fence() {
             // Broken on purpose (simulator): the call runs to its end.
             return CallEnd::Returned(call.await);
         }
+        let end = self.race(call).await;
+        if !matches!(end, CallEnd::Returned(_)) {
+            // Tell work the handler spawned; the call itself was dropped by `race`.
+            token.cancel();
+            debug!(lease = %self.ctx.key, "handler call cancelled");
+        }
+        end
+    }
+
+    /// Runs `call` until it returns or one of the worker's deadlines passes (see [`Self::call`]),
+    /// dropping it then.
+    async fn race<T>(&mut self, call: impl std::future::Future<Output = T>) -> CallEnd<T> {
         let now = self.args.clock.now();
         let guard = SharedGuard(std::sync::Mutex::new(CallGuard {
             confirmed: self.confirmed(),
@@ -793,9 +812,10 @@ impl Worker {
         let mut hint_open = true;
         let cancel = self.args.cancel.clone();
         let clock = self.args.clock.clone();
-        let end = loop {
+        tokio::pin!(call);
+        loop {
             if let Some(end) = self.check_call(&guard) {
-                break end;
+                return end;
             }
             let wake = self.next_check(&guard);
             let sleep = clock.sleep(wake.saturating_duration_since(clock.now()));
@@ -805,7 +825,7 @@ impl Worker {
             });
             tokio::select! {
                 biased;
-                end = check => break end,
+                end = check => return end,
                 r = fenced.wait_for(|f| *f), if fence_open => fence_open = r.is_ok(),
                 r = hint.changed(), if hint_open => hint_open = r.is_ok(),
                 _ = cancel.cancelled(), if guard.get().stop_at.is_none() => {
@@ -813,15 +833,9 @@ impl Worker {
                     guard.update(|g| g.stop_at = Some(at));
                 }
                 _ = sleep => {}
-                r = &mut call => break CallEnd::Returned(r),
+                r = &mut call => return CallEnd::Returned(r),
             }
-        };
-        if !matches!(end, CallEnd::Returned(_)) {
-            // Tell work the handler spawned, then drop the call (when `call` goes out of scope).
-            token.cancel();
-            debug!(lease = %self.ctx.key, "handler call cancelled");
         }
-        end
     }
 
     /// Latest confirmation that this worker knows of every hand-off request.
@@ -840,7 +854,7 @@ impl Worker {
     }
 
     /// Whether the call in progress must end now, and how.
-    fn check_call(&self, shared: &SharedGuard) -> Option<CallEnd> {
+    fn check_call<T>(&self, shared: &SharedGuard) -> Option<CallEnd<T>> {
         if self.fenced() {
             warn!(lease = %self.ctx.key, "host fenced during a handler call; cancelling it");
             return Some(CallEnd::Stop(CloseReason::LeaseLost));

@@ -67,11 +67,13 @@ fn offset(lease: &Lease) -> u64 {
         .unwrap_or(0)
 }
 
+/// One handler call: (host, fencing token, first record, started, finished or None).
+type Call = (String, u64, String, Instant, Option<Instant>);
+
 /// What a handler saw, with virtual times.
 #[derive(Debug, Default)]
 struct Journal {
-    /// (host, fencing token, first record, call started, call finished or None).
-    calls: Mutex<Vec<(String, u64, String, Instant, Option<Instant>)>>,
+    calls: Mutex<Vec<Call>>,
     /// (host, when the call's context said it was cancelled).
     cancelled: Mutex<Vec<(String, Instant)>>,
     closes: Mutex<Vec<(String, CloseReason)>>,

@@ -281,7 +281,7 @@ impl Db {
         Fut: Future<Output = Result<T, PostgresError>>,
     {
         let work = async {
-            let client = self.pool.get().await?;
+            let client = self.pool.get().await.map_err(pool_error)?;
             f(client).await
         };
         match tokio::time::timeout(self.client_timeout, work).await {
@@ -353,5 +353,15 @@ impl Db {
             Ok(())
         })
         .await
+    }
+}
+
+/// A pool error as ours. The pool's failure to open a connection wraps the driver's error in
+/// `Error occurred while creating a new object: …` and also returns it as its cause, so the
+/// driver's error is kept alone: the message then reads `error connecting to server: …` once.
+fn pool_error(err: deadpool_postgres::PoolError) -> PostgresError {
+    match err {
+        deadpool_postgres::PoolError::Backend(e) => PostgresError::Postgres(e),
+        other => PostgresError::Pool(other),
     }
 }

@@ -84,11 +84,13 @@
 #![warn(missing_docs)]
 
 mod db;
+mod dead_letter;
 mod error;
 pub mod outbox;
 mod store;
 
 pub use db::{validate_prefix, PgOptions, DEFAULT_PREFIX, MAX_PREFIX_LEN};
+pub use dead_letter::{PostgresDeadLetters, DEAD_LETTER_SCHEMA_VERSION};
 pub use error::PostgresError;
 pub use outbox::{append, append_to, Appended, OutboxTable, PostgresOutbox, OUTBOX_SCHEMA_VERSION};
 pub use store::{PostgresLeaseStore, DEFAULT_CHANGES_KEPT, LEASE_SCHEMA_VERSION};

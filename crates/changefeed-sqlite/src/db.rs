@@ -138,7 +138,7 @@ impl Db {
 /// can share the file), `synchronous = NORMAL` (durable across process crashes; a power loss
 /// may lose the last commits, which only means re-delivery), a busy timeout, then migrations.
 fn open_blocking(path: &Path) -> Result<Connection, SqliteError> {
-    let mut conn = Connection::open(path)?;
+    let mut conn = Connection::open(path).map_err(|e| without_path(e, path))?;
     conn.busy_timeout(BUSY_TIMEOUT)?;
     // Switching to WAL needs a moment of exclusive access; the busy timeout covers a race with
     // another process opening the same file.
@@ -147,6 +147,24 @@ fn open_blocking(path: &Path) -> Result<Connection, SqliteError> {
     conn.pragma_update(None, "foreign_keys", "ON")?;
     migrate(&mut conn, path)?;
     Ok(conn)
+}
+
+/// `err` without the `: PATH` the driver appends to the message of a failed open: the caller
+/// names the file already (`lease store open failed for PATH`), so it would read twice.
+fn without_path(err: rusqlite::Error, path: &Path) -> rusqlite::Error {
+    match err {
+        rusqlite::Error::SqliteFailure(code, Some(msg)) => {
+            let path = path.to_string_lossy();
+            let msg = match msg.strip_suffix(&*path) {
+                // Only the path (SQLite gave no handle): the result code says what failed.
+                Some("") => None,
+                Some(rest) if rest.ends_with(": ") => Some(rest[..rest.len() - 2].to_string()),
+                _ => Some(msg),
+            };
+            rusqlite::Error::SqliteFailure(code, msg)
+        }
+        other => other,
+    }
 }
 
 /// Applies the migrations the database lacks, all in one immediate transaction, so two

@@ -57,12 +57,21 @@ pub enum SqliteError {
         #[source]
         source: serde_json::Error,
     },
-    /// SQLite failed.
-    #[error(transparent)]
-    Sqlite(#[from] rusqlite::Error),
+    /// SQLite failed. Shown as SQLite's own message only: the driver's error also returns
+    /// the bare result code (`Error code 14: Unable to open the database file`) as its cause,
+    /// which says the same again, so it is kept here (match on it) but not chained as a
+    /// `source`.
+    #[error("{0}")]
+    Sqlite(rusqlite::Error),
     /// The blocking task running the call panicked or was cancelled at shutdown.
     #[error("the blocking task running the call failed: {0}")]
     Task(#[from] tokio::task::JoinError),
+}
+
+impl From<rusqlite::Error> for SqliteError {
+    fn from(err: rusqlite::Error) -> Self {
+        SqliteError::Sqlite(err)
+    }
 }
 
 impl SqliteError {
@@ -114,5 +123,16 @@ mod tests {
         let err = sqlite(ffi::SQLITE_BUSY).into_source("read", Some("3".into()));
         assert!(err.is_retryable());
         assert!(err.to_string().contains("partition 3"), "{err}");
+    }
+
+    #[test]
+    fn a_sqlite_failure_reads_once() {
+        // Errors read once: SQLite's message, without the bare result code restating it.
+        let err = SqliteError::Sqlite(rusqlite::Error::SqliteFailure(
+            ffi::Error::new(ffi::SQLITE_CANTOPEN),
+            Some("unable to open database file".into()),
+        ));
+        assert_eq!(err.to_string(), "unable to open database file");
+        assert!(std::error::Error::source(&err).is_none());
     }
 }

@@ -62,11 +62,13 @@
 #![warn(missing_docs)]
 
 mod db;
+mod dead_letter;
 mod error;
 mod feed;
 mod store;
 
 pub use db::SCHEMA_VERSION;
+pub use dead_letter::SqliteDeadLetters;
 pub use error::SqliteError;
 pub use feed::SqliteFeed;
 pub use store::{SqliteLeaseStore, CHANGE_HORIZON};

@@ -130,6 +130,32 @@ impl SqliteLeaseStore {
         self.db.path()
     }
 
+    /// The version of the lease row under `key` as stored, whether or not the rest of it can
+    /// be read; `None` if there is no row. For repairing a malformed row (`changefeed reset
+    /// --force`): [`LeaseStore::delete`] removes it at this version.
+    ///
+    /// # Errors
+    /// [`LeaseError::Malformed`] if not even the version can be read; [`LeaseError::Store`].
+    pub async fn row_version(&self, key: &LeaseKey) -> Result<Option<Version>, LeaseError> {
+        let key = key.clone();
+        self.run("get", key.to_string(), move |conn| {
+            let mut stmt = conn.prepare_cached(
+                "SELECT version FROM changefeed_leases WHERE group_name = ?1 AND partition = ?2",
+            )?;
+            let mut rows = stmt.query(params![key.group.as_str(), key.partition.as_str()])?;
+            match rows.next()? {
+                None => Ok(None),
+                Some(row) => version_column(row, 0).map(Some).map_err(|reason| {
+                    Fail::Lease(LeaseError::Malformed {
+                        key: key.to_string(),
+                        reason,
+                    })
+                }),
+            }
+        })
+        .await
+    }
+
     async fn run<T, F>(&self, operation: &'static str, key: String, f: F) -> Result<T, LeaseError>
     where
         T: Send + 'static,

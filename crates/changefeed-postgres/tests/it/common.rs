@@ -65,8 +65,12 @@ impl Prefixes {
             .unwrap()
             .as_millis()
             % 10_000_000_000;
+        // Tests of one process may start in the same millisecond: a process-wide counter
+        // keeps their prefixes apart (one test's cleanup must never drop another's tables).
+        static INSTANCES: AtomicU64 = AtomicU64::new(0);
+        let n = INSTANCES.fetch_add(1, Ordering::SeqCst);
         Self {
-            base: format!("t{ms}p{}", std::process::id()),
+            base: format!("t{ms}p{}i{n}", std::process::id()),
             next: AtomicU64::new(0),
         }
     }

@@ -10,6 +10,7 @@
 
 mod changes;
 mod common;
+mod dead_letter;
 mod feed;
 mod fleet;
 mod store;

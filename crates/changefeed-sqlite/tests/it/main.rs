@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod changes;
+mod dead_letter;
 mod feed;
 mod processor;
 mod store;

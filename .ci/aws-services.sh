@@ -9,6 +9,12 @@
 # - kinesis-mock (npm package kinesis-local), plain HTTP on 127.0.0.1:$KINESIS_PORT (TLS on
 #   the next port down). It has no bind-address setting and listens on 0.0.0.0, so
 #   loopback.cjs is preloaded to bind every wildcard listen() to 127.0.0.1.
+#
+# Clients of these servers need credentials (any will do) and must not fall back to the EC2
+# instance-metadata address, which is not on loopback: `.ci/run` exports
+# AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_EC2_METADATA_DISABLED=true, and the
+# tests set the same themselves. They are not printed here, so that `eval` in a shell holding
+# real credentials does not replace them.
 set -euo pipefail
 ci="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 DYNAMODB_PORT="${DYNAMODB_PORT:-8000}"

@@ -21,7 +21,9 @@ pub struct AwsOptions {
 
 impl AwsOptions {
     /// Options for a local server at `endpoint_url`: region `us-east-1` and the static test
-    /// credentials `test`/`test`.
+    /// credentials `test`/`test`. With both given, the SDK's credential and region chains
+    /// are not consulted, so nothing asks the EC2 instance-metadata address: what tests against
+    /// DynamoDB Local and kinesis-mock use, so that they never leave the machine.
     pub fn local(endpoint_url: impl Into<String>) -> Self {
         Self {
             endpoint_url: Some(endpoint_url.into()),
@@ -53,5 +55,76 @@ impl AwsOptions {
             ));
         }
         loader.load().await
+    }
+}
+
+/// Longest piece of one cause kept by [`summary`]: some SDK messages embed a `Debug` dump of the
+/// whole request.
+const MAX_CAUSE: usize = 400;
+
+/// An SDK error in words: its message and each cause's, joined by `: `, each cause once (the
+/// SDK's messages often repeat their cause), and none of the `Debug` dumps that the SDK's
+/// `DisplayErrorContext` appends. For example `dispatch failure: io error: client error
+/// (Connect): tcp connect error: Connection refused (os error 111)`.
+pub fn summary(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = String::new();
+    let mut link = Some(err);
+    while let Some(e) = link {
+        let full = e.to_string();
+        let full = full.trim();
+        let (text, cut) = match full.char_indices().nth(MAX_CAUSE) {
+            Some((i, _)) => (&full[..i], true),
+            None => (full, false),
+        };
+        if !text.is_empty() && !out.contains(text) {
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(text);
+            if cut {
+                out.push('…');
+            }
+        }
+        link = e.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Link(&'static str, Option<Box<Link>>);
+
+    impl std::fmt::Display for Link {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl std::error::Error for Link {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|l| l as _)
+        }
+    }
+
+    #[test]
+    fn a_summary_names_each_cause_once() {
+        // Errors read once: causes in order, a cause its wrapper already shows left out.
+        let err = Link(
+            "dispatch failure",
+            Some(Box::new(Link(
+                "io error: tcp connect error",
+                Some(Box::new(Link(
+                    "tcp connect error",
+                    Some(Box::new(Link("Connection refused (os error 111)", None))),
+                ))),
+            ))),
+        );
+        assert_eq!(
+            summary(&err),
+            "dispatch failure: io error: tcp connect error: Connection refused (os error 111)"
+        );
     }
 }

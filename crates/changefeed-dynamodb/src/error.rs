@@ -40,14 +40,14 @@ where
     R: std::fmt::Debug + Send + Sync + 'static,
 {
     let retryable = is_retryable(&err);
-    // The service's code and message; the SDK's full context also dumps the raw response.
+    // The service's code and message; otherwise the chain of causes in words.
     let context = match err.as_service_error() {
         Some(e) => format!(
             "{}: {}",
             e.code().unwrap_or("service error"),
             e.message().unwrap_or("(no message)")
         ),
-        None => aws_sdk_dynamodb::error::DisplayErrorContext(&err).to_string(),
+        None => changefeed_aws::summary(&err),
     };
     LeaseError::store(
         operation,
@@ -55,28 +55,29 @@ where
         retryable,
         DynamoError {
             context,
-            source: Box::new(err),
+            source: Some(Box::new(err)),
         },
     )
 }
 
-/// A DynamoDB SDK error, displayed with its whole chain of causes (the SDK's own `Display`
-/// says only "service error"), and kept as the `source`.
+/// A DynamoDB SDK error, summarised: the service's error code and message, or the chain of
+/// causes in words (the SDK's own `Display` says only "service error" or "dispatch failure",
+/// and its `DisplayErrorContext` appends a `Debug` dump of the whole request). The SDK error
+/// stays the `source`, for callers that downcast.
 #[derive(Debug, thiserror::Error)]
 #[error("{context}")]
 pub struct DynamoError {
     context: String,
     #[source]
-    source: changefeed::error::BoxError,
+    source: Option<changefeed::error::BoxError>,
 }
 
 impl DynamoError {
     /// An error that is not from the SDK (a table that never became active …).
     pub(crate) fn other(context: impl Into<String>) -> Self {
-        let context = context.into();
         Self {
-            source: context.clone().into(),
-            context,
+            context: context.into(),
+            source: None,
         }
     }
 }

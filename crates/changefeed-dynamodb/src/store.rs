@@ -680,6 +680,37 @@ fn heartbeat_item(
 }
 
 impl DynamoLeaseStore {
+    /// The version of the lease item under `key` as stored, whether or not the rest of it can
+    /// be read; `None` if there is no item. For repairing a malformed row (`changefeed reset
+    /// --force`): [`LeaseStore::delete`] removes it at this version.
+    ///
+    /// # Errors
+    /// [`LeaseError::Malformed`] if not even the version can be read; [`LeaseError::Store`].
+    pub async fn row_version(&self, key: &LeaseKey) -> Result<Option<Version>, LeaseError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .key(PK, s(lease_pk(&key.group)))
+            .key(SK, s(key.partition.as_str()))
+            .consistent_read(true)
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
+            .send()
+            .await
+            .map_err(|e| store_error("get", Some(key.to_string()), e))?;
+        self.account(Kind::Read, out.consumed_capacity());
+        out.item()
+            .map(|item| {
+                number(item, A_VERSION)
+                    .map(Version)
+                    .map_err(|reason| LeaseError::Malformed {
+                        key: key.to_string(),
+                        reason,
+                    })
+            })
+            .transpose()
+    }
+
     fn refused_to_error(
         &self,
         key: &LeaseKey,

@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use aws_sdk_kinesis::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_kinesis::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_kinesis::primitives::{Blob, DateTime};
 use aws_sdk_kinesis::types::{Shard, ShardIteratorType, StreamStatus};
 use aws_sdk_kinesis::Client;
@@ -96,13 +96,15 @@ fn is_transient<E: ProvideErrorMetadata, R>(err: &SdkError<E, R>) -> bool {
     }
 }
 
-/// A Kinesis SDK error shown with its whole chain of causes, kept as the `source`.
+/// A Kinesis SDK error, summarised: the service's error code and message, or the chain of
+/// causes in words (without the SDK's `Debug` dump of the request); the SDK error stays the
+/// `source`.
 #[derive(Debug, thiserror::Error)]
 #[error("{context}")]
 pub struct KinesisError {
     context: String,
     #[source]
-    source: BoxError,
+    source: Option<BoxError>,
 }
 
 impl KinesisError {
@@ -117,19 +119,18 @@ impl KinesisError {
                 e.code().unwrap_or("service error"),
                 e.message().unwrap_or("(no message)")
             ),
-            None => DisplayErrorContext(&err).to_string(),
+            None => changefeed_aws::summary(&err),
         };
         Self {
             context,
-            source: Box::new(err),
+            source: Some(Box::new(err)),
         }
     }
 
     fn other(context: impl Into<String>) -> Self {
-        let context = context.into();
         Self {
-            source: context.clone().into(),
-            context,
+            context: context.into(),
+            source: None,
         }
     }
 }
@@ -276,7 +277,7 @@ impl KinesisFeed {
             match call().await {
                 Ok(v) => return Ok(v),
                 Err(e) if is_throttled(&e) && attempt < self.options.max_retries => {
-                    tracing::debug!(operation, error = %DisplayErrorContext(&e), "throttled; backing off");
+                    tracing::debug!(operation, error = %changefeed_aws::summary(&e), "throttled; backing off");
                     attempt += 1;
                     self.backoff(attempt).await;
                 }

@@ -1,4 +1,7 @@
 //! The DynamoDB lease store against DynamoDB Local (started by `.ci/run`).
+//!
+//! Every client here is built from `AwsOptions::local`: static test credentials and a region,
+//! so the AWS SDK never asks the EC2 instance-metadata address; tests never leave the machine.
 
 mod kcl;
 mod store;

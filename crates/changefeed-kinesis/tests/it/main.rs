@@ -1,4 +1,7 @@
 //! The Kinesis source against kinesis-mock (started by `.ci/run`).
+//!
+//! Every client here is built from `AwsOptions::local`: static test credentials and a region,
+//! so the AWS SDK never asks the EC2 instance-metadata address; tests never leave the machine.
 
 mod e2e;
 mod feed;

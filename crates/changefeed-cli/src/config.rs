@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use changefeed::model::Position;
-use changefeed::processor::{CheckpointMode, Settings};
+use changefeed::processor::{CheckpointMode, ConfigError, Settings, MAX_DURATION};
 
 use crate::url::BackendUrl;
 
@@ -107,6 +107,22 @@ pub struct RunArgs {
     /// Failures of one batch before the lease is released for another host. Default 5.
     #[arg(long, value_name = "N", env = "CHANGEFEED_HANDLER_MAX_RETRIES")]
     pub handler_max_retries: Option<String>,
+    /// Longest a handler command may run; then its process group is killed and the batch
+    /// counts as failed. Default none.
+    #[arg(long, value_name = "DURATION", env = "CHANGEFEED_HANDLER_TIMEOUT")]
+    pub handler_timeout: Option<String>,
+    /// How long a graceful stop may take in all; the batch in flight gets half of it, then its
+    /// command is killed. At most lease_expiry. Default 5s.
+    #[arg(long, value_name = "DURATION", env = "CHANGEFEED_SHUTDOWN_TIMEOUT")]
+    pub shutdown_timeout: Option<String>,
+    /// Failures of one batch (across hosts) before it goes to --dead-letter-command and the
+    /// partition moves past it. Default none: a failing batch is never skipped.
+    #[arg(long, value_name = "N", env = "CHANGEFEED_DEAD_LETTER_AFTER")]
+    pub dead_letter_after: Option<String>,
+    /// The command that stores a dead letter, run with `sh -c`; the letter arrives on its stdin
+    /// as one JSON object. Exit 0 = stored. Needs --dead-letter-after.
+    #[arg(long, value_name = "CMD", env = "CHANGEFEED_DEAD_LETTER_COMMAND")]
+    pub dead_letter_command: Option<String>,
     /// When to checkpoint: every-batch or interval:DURATION. Default every-batch.
     #[arg(long, value_name = "MODE", env = "CHANGEFEED_CHECKPOINT")]
     pub checkpoint: Option<String>,
@@ -136,6 +152,10 @@ const KEYS: &[&str] = &[
     "sync_interval",
     "cleanup_delay",
     "handler_max_retries",
+    "handler_timeout",
+    "shutdown_timeout",
+    "dead_letter_after",
+    "dead_letter_command",
     "checkpoint",
     "metrics_addr",
     "log_format",
@@ -160,6 +180,8 @@ pub struct RunConfig {
     pub metrics_addr: Option<SocketAddr>,
     /// The log format.
     pub log_format: LogFormat,
+    /// The dead-letter command, set exactly when `settings.dead_letter_after` is.
+    pub dead_letter_command: Option<String>,
 }
 
 impl RunArgs {
@@ -181,6 +203,10 @@ impl RunArgs {
             "sync_interval" => &mut self.sync_interval,
             "cleanup_delay" => &mut self.cleanup_delay,
             "handler_max_retries" => &mut self.handler_max_retries,
+            "handler_timeout" => &mut self.handler_timeout,
+            "shutdown_timeout" => &mut self.shutdown_timeout,
+            "dead_letter_after" => &mut self.dead_letter_after,
+            "dead_letter_command" => &mut self.dead_letter_command,
             "checkpoint" => &mut self.checkpoint,
             "metrics_addr" => &mut self.metrics_addr,
             "log_format" => &mut self.log_format,
@@ -288,6 +314,11 @@ impl RunArgs {
                 &self.cleanup_delay,
                 &mut settings.cleanup_delay,
             ),
+            (
+                "shutdown_timeout",
+                &self.shutdown_timeout,
+                &mut settings.shutdown_timeout,
+            ),
         ] {
             if let Some(v) = value {
                 *slot = parse_duration(key, v)?;
@@ -302,12 +333,51 @@ impl RunArgs {
         if let Some(v) = &self.checkpoint {
             settings.checkpoint_mode = parse_checkpoint(v)?;
         }
+        if let Some(v) = &self.handler_timeout {
+            settings.handler_timeout = Some(parse_duration("handler_timeout", v)?);
+        }
+        if let Some(v) = &self.dead_letter_after {
+            settings.dead_letter_after = Some(parse_number("dead_letter_after", v)?);
+        }
+        let dead_letter_command = self.dead_letter_command.clone();
+        match (&settings.dead_letter_after, &dead_letter_command) {
+            (Some(_), None) => {
+                return Err(UsageError(
+                    "dead_letter_after: --dead-letter-after needs --dead-letter-command (CHANGEFEED_DEAD_LETTER_COMMAND, dead_letter_command in --config), the command that stores a dead letter".into(),
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(UsageError(
+                    "dead_letter_command: --dead-letter-command needs --dead-letter-after N (CHANGEFEED_DEAD_LETTER_AFTER, dead_letter_after in --config), the failures before a batch is dead-lettered".into(),
+                ))
+            }
+            (Some(_), Some(c)) if c.trim().is_empty() => {
+                return Err(UsageError("dead_letter_command: must not be empty".into()))
+            }
+            _ => {}
+        }
         // A short lease expiry given alone would leave the default margin above it: scale the
         // margin down with it, as the operator evidently wants fast failover.
         if self.safety_margin.is_none() && settings.safety_margin >= settings.lease_expiry {
             settings.safety_margin = settings.lease_expiry / 5;
         }
-        settings.validate().map_err(|e| UsageError(e.to_string()))?;
+        // An explicit shutdown_timeout is checked as given; only the default follows below.
+        if self.shutdown_timeout.is_some() && settings.shutdown_timeout > settings.lease_expiry {
+            return Err(UsageError(format!(
+                "shutdown_timeout: {:?} must not exceed lease_expiry ({:?}): a stopping host would hold its leases longer than a dead one",
+                settings.shutdown_timeout, settings.lease_expiry
+            )));
+        }
+        // Likewise the default graceful stop: it may not outlast a short lease.
+        settings.shutdown_timeout = settings.shutdown_timeout.min(settings.lease_expiry);
+        settings.validate().map_err(|e| match e {
+            // The library's name for it; the flag and file key are `checkpoint`.
+            ConfigError::Invalid {
+                setting: "checkpoint_mode",
+                rule,
+            } => UsageError(format!("checkpoint: {rule}")),
+            other => UsageError(other.to_string()),
+        })?;
         let metrics_addr = self
             .metrics_addr
             .as_deref()
@@ -339,6 +409,7 @@ impl RunArgs {
             settings,
             metrics_addr,
             log_format,
+            dead_letter_command,
         })
     }
 }
@@ -359,12 +430,21 @@ fn default_host() -> String {
 /// # Errors
 /// [`UsageError`] naming the setting.
 pub fn parse_duration(setting: &str, value: &str) -> Result<Duration, UsageError> {
-    humantime::parse_duration(value.trim()).map_err(|e| {
+    let d = humantime::parse_duration(value.trim()).map_err(|e| {
         UsageError(format!(
             "{setting}: \"{}\" is not a duration such as 10s or 500ms ({e})",
             value.escape_debug()
         ))
-    })
+    })?;
+    // The library refuses these too; saying so here quotes the value as it was written.
+    if d > MAX_DURATION {
+        return Err(UsageError(format!(
+            "{setting}: \"{}\" is longer than the longest accepted duration, {} days",
+            value.escape_debug(),
+            MAX_DURATION.as_secs() / 86_400
+        )));
+    }
+    Ok(d)
 }
 
 fn parse_number<T: std::str::FromStr>(setting: &str, value: &str) -> Result<T, UsageError>
@@ -464,5 +544,128 @@ mod tests {
             .merge_file("f.toml", "lease_expiri = \"1s\"")
             .expect_err("typo");
         assert!(err.0.contains("lease_expiri"), "{err}");
+    }
+
+    #[test]
+    fn durations_the_library_refuses_are_usage_errors_naming_the_setting() {
+        // Issue 16: a huge duration or a zero safety margin is refused before anything starts.
+        for (key, value) in [
+            ("lease_expiry", "500000000000y"),
+            ("acquire_interval", "100000000000y"),
+            ("renew_interval", "100000000000y"),
+            ("lease_expiry", "400days"),
+            ("safety_margin", "0s"),
+            ("cleanup_delay", "0s"),
+        ] {
+            let mut a = args();
+            *a.field(key).expect("a known key") = Some(value.into());
+            let err = a.resolve().expect_err(value);
+            assert!(
+                err.0.starts_with(&format!("{key}:")),
+                "{key}={value}: {err}"
+            );
+        }
+        let mut a = args();
+        a.checkpoint = Some("interval:0s".into());
+        let err = a.resolve().expect_err("zero interval");
+        assert!(err.0.starts_with("checkpoint:"), "{err}");
+        let err = parse_duration("lease_expiry", "500000000000y").expect_err("too long");
+        assert_eq!(
+            err.0,
+            "lease_expiry: \"500000000000y\" is longer than the longest accepted duration, 365 days"
+        );
+    }
+
+    #[test]
+    fn a_short_lease_expiry_alone_scales_the_margin_and_the_stop_down() {
+        // Only lease_expiry given: the defaults that would exceed it follow it down.
+        let mut a = args();
+        a.lease_expiry = Some("3s".into());
+        a.renew_interval = Some("500ms".into());
+        a.acquire_interval = Some("200ms".into());
+        let c = a.resolve().expect("valid");
+        assert!(c.settings.shutdown_timeout <= c.settings.lease_expiry);
+    }
+
+    #[test]
+    fn stop_handler_and_dead_letter_settings_are_read_and_checked() {
+        // Issue 16: the stop and handler bounds reach the library; a dead-letter count without
+        // its command is a usage error naming the flag.
+        let mut a = args();
+        a.shutdown_timeout = Some("3s".into());
+        a.merge_file(
+            "f.toml",
+            "handler_timeout = \"30s\"\ndead_letter_after = 4\ndead_letter_command = \"cat\"\n",
+        )
+        .expect("valid file");
+        let c = a.resolve().expect("valid");
+        assert_eq!(c.settings.shutdown_timeout, Duration::from_secs(3));
+        assert_eq!(c.settings.handler_timeout, Some(Duration::from_secs(30)));
+        assert_eq!(c.settings.dead_letter_after, Some(4));
+        assert_eq!(c.dead_letter_command.as_deref(), Some("cat"));
+        let mut a = args();
+        a.dead_letter_after = Some("3".into());
+        let err = a.resolve().expect_err("no command");
+        assert!(err.0.contains("--dead-letter-after"), "{err}");
+        let mut a = args();
+        a.dead_letter_command = Some("cat".into());
+        let err = a.resolve().expect_err("no count");
+        assert!(err.0.starts_with("dead_letter_command:"), "{err}");
+        let mut a = args();
+        a.lease_expiry = Some("6s".into());
+        a.shutdown_timeout = Some("7s".into());
+        let err = a.resolve().expect_err("above expiry");
+        assert!(err.0.starts_with("shutdown_timeout:"), "{err}");
+        let mut a = args();
+        a.handler_timeout = Some("0s".into());
+        let err = a.resolve().expect_err("zero");
+        assert!(err.0.starts_with("handler_timeout:"), "{err}");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn parsing_any_duration_never_panics(text in "\\PC{0,30}", digits in "[0-9]{1,30}",
+                                            unit in "(ns|us|ms|s|m|h|d|w|M|y|)") {
+            // Issue 16: bad input is an error naming the setting, never a panic.
+            if let Err(e) = parse_duration("poll_delay", &text) {
+                proptest::prop_assert!(e.0.starts_with("poll_delay:"));
+            }
+            let _ = parse_duration("poll_delay", &format!("{digits}{unit}"));
+            let _ = parse_checkpoint(&text);
+            let _ = parse_position(&text);
+        }
+
+        #[test]
+        fn resolving_any_settings_never_panics(
+            values in proptest::collection::vec(
+                proptest::option::of("([0-9]{1,22}(ns|ms|s|m|h|d|y)|[0-9]{1,22}|\\PC{0,12})"),
+                KEYS.len(),
+            ),
+        ) {
+            // Every key at once, each absent, a number, a duration of any size, or junk.
+            let mut a = args();
+            for (key, value) in KEYS.iter().zip(values) {
+                if matches!(*key, "store" | "source" | "handler") {
+                    continue;
+                }
+                *a.field(key).expect("a known key") = value;
+            }
+            let _ = a.resolve();
+        }
+
+        #[test]
+        fn merging_any_config_file_never_panics(
+            text in "\\PC{0,80}",
+            key in proptest::sample::select(KEYS.to_vec()),
+            value in "\\PC{0,20}",
+        ) {
+            // Arbitrary text, and well-formed TOML with any value under a real key.
+            let _ = args().merge_file("f.toml", &text);
+            let mut a = args();
+            let file = format!("{key} = {}", toml::Value::String(value));
+            if a.merge_file("f.toml", &file).is_ok() {
+                let _ = a.resolve();
+            }
+        }
     }
 }

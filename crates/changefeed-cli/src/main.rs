@@ -83,8 +83,74 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("error: {err:#}");
-            ExitCode::from(1)
+            eprintln!("error: {}", error_text(&err));
+            match err.downcast_ref::<config::UsageError>() {
+                Some(_) => ExitCode::from(config::USAGE_EXIT),
+                None => ExitCode::from(1),
+            }
         }
+    }
+}
+
+/// An error and its causes on one line, each cause once.
+///
+/// Many errors print their cause inside their own message and also return it as their
+/// `source` (the core's `LeaseError::Store` does, as do the drivers' wrappers), so printing
+/// every link of the chain, as `{:#}` does, repeats each cause once per wrapper. A link whose
+/// text is already part of what was printed adds nothing and is left out.
+pub(crate) fn error_text(err: &anyhow::Error) -> String {
+    chain_text(err.chain())
+}
+
+/// [`error_text`] for a plain error and its sources.
+pub(crate) fn cause_text(err: &(dyn std::error::Error + 'static)) -> String {
+    chain_text(std::iter::successors(Some(err), |e| e.source()))
+}
+
+/// [`error_text`] for the messages of a chain, outermost first.
+fn chain_text<'a>(chain: impl Iterator<Item = &'a (dyn std::error::Error + 'static)>) -> String {
+    let mut out = String::new();
+    for link in chain {
+        let text = link.to_string();
+        let text = text.trim();
+        if text.is_empty() || out.contains(text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(text);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("outer failed: {source}")]
+    struct Embeds {
+        source: Inner,
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("inner broke")]
+    struct Inner {
+        source: std::io::Error,
+    }
+
+    #[test]
+    fn each_cause_is_printed_once() {
+        // Errors read once: a cause an outer message already shows is not repeated.
+        let io = std::io::Error::other("disk on fire");
+        let err = anyhow::Error::new(Embeds {
+            source: Inner { source: io },
+        })
+        .context("opening lease store x.db");
+        assert_eq!(
+            error_text(&err),
+            "opening lease store x.db: outer failed: inner broke: disk on fire"
+        );
     }
 }

@@ -22,7 +22,7 @@ use changefeed::model::{
     Position, Timestamp,
 };
 use changefeed::source::FeedSource;
-use changefeed::LeaseError;
+use changefeed::{LeaseError, SourceError};
 use serde::Serialize;
 use serde_json::json;
 
@@ -89,14 +89,17 @@ pub struct ResetArgs {
     /// The partition whose checkpoint moves.
     #[arg(long, value_name = "ID")]
     partition: String,
-    /// Where it moves: beginning, now, at:MILLIS, or a continuation (as `status` shows it).
+    /// Where it moves: beginning, now, at:MILLIS, or a continuation (as `status` shows it;
+    /// needs --source).
     #[arg(long, value_name = "POSITION")]
     to: String,
     /// Reset even while a host owns the lease: also clears the owner, so the worker stops
-    /// and a host takes the lease again from the new position.
+    /// and a host takes the lease again from the new position. Also replaces a row that
+    /// cannot be read (needs --source).
     #[arg(long)]
     force: bool,
-    /// The feed source: when given, a continuation is checked by opening a reader at it.
+    /// The feed source: checks a continuation by opening a reader at it, and gives a
+    /// rewritten malformed row its partition's parents and key range.
     #[arg(long, value_name = "URL", env = "CHANGEFEED_SOURCE")]
     source: Option<String>,
 }
@@ -133,7 +136,7 @@ where
         Err(err) => match err.downcast_ref::<UsageError>() {
             Some(usage) => Ok(crate::run::usage(usage)),
             None => {
-                eprintln!("error: {err:#}");
+                eprintln!("error: {}", crate::error_text(&err));
                 Ok(ExitCode::from(1))
             }
         },
@@ -320,6 +323,15 @@ fn malformed_key(err: &LeaseError) -> Option<&str> {
     }
 }
 
+/// The partition part of a malformed row's key (`group/partition`), as stored.
+fn malformed_partition(err: &LeaseError, group: &GroupName) -> String {
+    let key = malformed_key(err).unwrap_or("?");
+    key.strip_prefix(group.as_str())
+        .and_then(|k| k.strip_prefix('/'))
+        .unwrap_or(key)
+        .to_string()
+}
+
 /// `changefeed hosts`: the heartbeat rows and how many leases each host owns.
 pub fn hosts(args: HostsArgs) -> anyhow::Result<ExitCode> {
     block_on(async move {
@@ -435,6 +447,18 @@ pub fn lag(args: LagArgs) -> anyhow::Result<ExitCode> {
                 error,
             });
         }
+        // A row that cannot be read still stands for a partition whose lag nobody knows: it
+        // counts as unknown, so the total is never silently missing a partition.
+        for bad in &malformed {
+            unknown += 1;
+            out.push(LagRow {
+                partition: malformed_partition(bad, &group),
+                owner: None,
+                checkpoint: None,
+                lag: None,
+                error: Some(bad.to_string()),
+            });
+        }
         if args.json {
             let errors: Vec<String> = malformed.iter().map(ToString::to_string).collect();
             let j = json!({"group": group.as_str(), "partitions": out, "total": total,
@@ -460,9 +484,6 @@ pub fn lag(args: LagArgs) -> anyhow::Result<ExitCode> {
                 "{}",
                 table(&["PARTITION", "OWNER", "CHECKPOINT", "LAG"], &rows)
             );
-            for bad in &malformed {
-                println!("error: {bad}");
-            }
             let note = if unknown > 0 {
                 format!(" ({unknown} partitions unknown)")
             } else {
@@ -499,23 +520,46 @@ fn parse_target(text: &str) -> Result<(Option<Continuation>, Position), UsageErr
 /// `changefeed reset`: moves one lease's checkpoint, by compare-and-swap.
 pub fn reset(args: ResetArgs) -> anyhow::Result<ExitCode> {
     block_on(async move {
-        let (store, group) = args.target.open().await?;
+        // Everything that can be judged without the store first: a usage error writes nothing.
+        let store_url = BackendUrl::store("--store", &args.target.store)?;
+        let group = GroupName::new(args.target.group.as_str())
+            .map_err(|e| usage(format!("--group: {e}")))?;
         let partition = PartitionId::new(args.partition.as_str())
             .map_err(|e| usage(format!("--partition: {e}")))?;
         let (continuation, start) = parse_target(&args.to)?;
-        let key = LeaseKey::new(group, partition.clone());
-        if let (Some(url), Some(c)) = (&args.source, &continuation) {
-            let source = open_source(url).await?;
-            source
-                .open(&partition, &Position::Continuation(c.clone()))
-                .await
-                .map_err(|e| usage(format!("--to: {e}")))?;
+        if continuation.is_some() && args.source.is_none() {
+            // Only the source knows what its continuations look like: one written unchecked
+            // could stop the partition for good when a host opens it.
+            return Err(usage(format!(
+                "--to: \"{}\" is a continuation, which only the source can check: pass --source (or set CHANGEFEED_SOURCE), or move to beginning, now or at:MILLIS",
+                args.to.escape_debug()
+            )));
         }
-        let lease = store
-            .get(&key)
-            .await
-            .with_context(|| format!("reading lease {key}"))?
-            .ok_or_else(|| anyhow!("lease {key}: not found"))?;
+        let source = match &args.source {
+            Some(url) => Some(open_source(url).await?),
+            None => None,
+        };
+        if let (Some(source), Some(c)) = (&source, &continuation) {
+            check_continuation(source.as_ref(), &partition, c).await?;
+        }
+        let store = store_url.open_store().await?;
+        let key = LeaseKey::new(group, partition.clone());
+        let lease = match store.get(&key).await {
+            Ok(Some(lease)) => lease,
+            Ok(None) => bail!("lease {key}: not found"),
+            Err(LeaseError::Malformed { reason, .. }) => {
+                let target = Rewrite {
+                    store: store.as_ref(),
+                    store_url: &store_url,
+                    source: source.as_deref(),
+                    key: &key,
+                    continuation,
+                    start,
+                };
+                return rewrite_malformed(target, &reason, args.force).await;
+            }
+            Err(other) => return Err(other.into()),
+        };
         if lease.state == LeaseState::Owned && !args.force {
             bail!(
                 "lease {key} is owned by {}; stop that host first, or pass --force to clear the owner too (its worker stops and the lease is taken again from the new position)",
@@ -540,7 +584,7 @@ pub fn reset(args: ResetArgs) -> anyhow::Result<ExitCode> {
                         "{e}: the lease changed while resetting it; check `status` and run again"
                     )
                 }
-                other => anyhow::Error::new(other).context(format!("writing lease {key}")),
+                other => anyhow::Error::new(other),
             })?;
         println!(
             "lease {key}: checkpoint {} -> {} (start {}), state {}{} ({})",
@@ -556,6 +600,99 @@ pub fn reset(args: ResetArgs) -> anyhow::Result<ExitCode> {
         );
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// Checks `continuation` by opening a reader of `partition` at it: a token the source refuses
+/// (or a partition it does not have) is a usage error; the source failing is not.
+async fn check_continuation(
+    source: &dyn FeedSource,
+    partition: &PartitionId,
+    continuation: &Continuation,
+) -> anyhow::Result<()> {
+    match source
+        .open(partition, &Position::Continuation(continuation.clone()))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(e @ SourceError::Source { .. }) => {
+            Err(anyhow::Error::new(e).context("checking --to against the source"))
+        }
+        Err(refused) => Err(usage(format!("--to: {refused}"))),
+    }
+}
+
+/// Where a malformed lease row is rewritten to.
+struct Rewrite<'a> {
+    store: &'a dyn LeaseStore,
+    store_url: &'a BackendUrl,
+    source: Option<&'a dyn FeedSource>,
+    key: &'a LeaseKey,
+    continuation: Option<Continuation>,
+    start: Position,
+}
+
+/// `reset` of a row that cannot be read: with `--force`, replaces it by a new lease at the
+/// position asked for, with the partition's parents and key range as the source lists them
+/// (what the leader's partition sync would have written). The old row is deleted at its
+/// version, so a row that changes meanwhile is not lost unseen, then the new one created.
+async fn rewrite_malformed(to: Rewrite<'_>, reason: &str, force: bool) -> anyhow::Result<ExitCode> {
+    let key = to.key;
+    if !force {
+        bail!(
+            "lease {key}: malformed row: {reason}; pass --force to replace it with a new lease at the position given (parents and key range from --source)"
+        );
+    }
+    let Some(source) = to.source else {
+        return Err(usage(format!(
+            "--source: needed to rewrite the malformed row of lease {key}: the new lease takes the partition's parents and key range from the source"
+        )));
+    };
+    let partitions = source
+        .partitions()
+        .await
+        .context("listing the source's partitions")?;
+    let Some(partition) = partitions.into_iter().find(|p| p.id == key.partition) else {
+        bail!(
+            "lease {key}: malformed row, and the source has no partition {}: nothing to rewrite it as; delete the row by hand",
+            key.partition
+        );
+    };
+    let mut lease = Lease::new(key.clone(), to.start).with_parents(partition.parents);
+    lease.continuation = to.continuation;
+    if let Some(range) = partition.key_range {
+        lease.properties.insert(
+            changefeed::lineage::RANGE_PROPERTY.to_string(),
+            changefeed::lineage::range_property(range),
+        );
+    }
+    let Some(version) = to.store_url.row_version(key).await? else {
+        bail!("lease {key}: not found (deleted while resetting)");
+    };
+    to.store.delete(key, version).await.map_err(|e| match e {
+        LeaseError::Conflict { .. } | LeaseError::Malformed { .. } => {
+            anyhow!("{e}: the row changed while resetting it; check `status` and run again")
+        }
+        other => anyhow::Error::new(other),
+    })?;
+    let Some(stored) = to.store.create(&lease).await? else {
+        bail!(
+            "lease {key}: the malformed row was deleted, but a host created the lease again before the reset could (the leader's partition sync); check `status` and reset it again"
+        );
+    };
+    println!(
+        "lease {key}: malformed row ({reason}) replaced: checkpoint {} (start {}), state {}, parents [{}] ({})",
+        opt(stored.continuation.as_ref()),
+        stored.start,
+        stored.state,
+        stored
+            .parents
+            .iter()
+            .map(PartitionId::as_str)
+            .collect::<Vec<_>>()
+            .join(", "),
+        stored.version
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `changefeed release`: frees a dead host's leases now and removes its heartbeat row.

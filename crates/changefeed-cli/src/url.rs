@@ -27,6 +27,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use changefeed::lease::LeaseStore;
+use changefeed::model::{LeaseKey, Version};
 use changefeed::source::{FeedSource, MultiFeed};
 use changefeed_dynamodb::DynamoLeaseStore;
 use changefeed_kinesis::KinesisFeed;
@@ -115,9 +116,20 @@ impl PgUrl {
             conn.push('?');
             conn.push_str(&kept.join("&"));
         }
-        // Let the driver judge the rest now, so a bad URL is a usage error naming the flag.
-        if let Err(e) = conn.parse::<tokio_postgres::Config>() {
-            return Err(bad(format!("{}: {e}", redact(&conn))));
+        // Let the driver judge the rest now, so a bad URL is a usage error naming the flag and,
+        // through the driver's cause, the part that is wrong.
+        let config = conn.parse::<tokio_postgres::Config>().map_err(|e| {
+            bad(format!(
+                "{}: {}",
+                redact(&conn).escape_debug(),
+                crate::cause_text(&e)
+            ))
+        })?;
+        if config.get_hosts().is_empty() && config.get_hostaddrs().is_empty() {
+            return Err(bad(format!(
+                "{scheme}:// needs a host, e.g. {scheme}://USER@HOST/DB (or ?host=/run/postgresql for a socket); got \"{}\"",
+                redact(&format!("{scheme}://{rest}")).escape_debug()
+            )));
         }
         Ok(Self {
             conn,
@@ -167,6 +179,42 @@ impl AwsUrl {
     fn parse(setting: &str, scheme: &str, rest: &str) -> Result<Self, UsageError> {
         let bad = |rule: String| UsageError(format!("{setting}: {rule}"));
         let (name, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let mut url = AwsUrl {
+            name: name.to_string(),
+            endpoint: None,
+            region: None,
+        };
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            match pair.split_once('=') {
+                Some(("endpoint", v)) if !v.is_empty() => {
+                    check_endpoint(v).map_err(|rule| {
+                        bad(format!(
+                            "{scheme}:// parameter endpoint: \"{}\" {rule}",
+                            v.escape_debug()
+                        ))
+                    })?;
+                    url.endpoint = Some(v.to_string());
+                }
+                Some(("region", v)) if !v.is_empty() => {
+                    if !v
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                    {
+                        return Err(bad(format!(
+                            "{scheme}:// parameter region: \"{}\" must be a region name such as eu-west-1",
+                            v.escape_debug()
+                        )));
+                    }
+                    url.region = Some(v.to_string());
+                }
+                _ => {
+                    return Err(bad(format!(
+                        "{scheme}:// accepts only ?endpoint=URL and ?region=R, got \"{}\"",
+                        pair.escape_debug()
+                    )))
+                }
+            }
+        }
         if name.is_empty() || name.contains('/') {
             return Err(bad(format!(
                 "{scheme}:// needs a name without '/', e.g. {scheme}://orders"
@@ -182,21 +230,22 @@ impl AwsUrl {
                 name.escape_debug()
             )));
         }
-        let mut url = AwsUrl {
-            name: name.to_string(),
-            endpoint: None,
-            region: None,
+        // AWS's naming rules, so a bad name is a usage error here, not a service error later.
+        let (what, lengths) = match scheme {
+            "kinesis" => ("stream", 1..=128),
+            _ => ("table", 3..=255),
         };
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            match pair.split_once('=') {
-                Some(("endpoint", v)) if !v.is_empty() => url.endpoint = Some(v.to_string()),
-                Some(("region", v)) if !v.is_empty() => url.region = Some(v.to_string()),
-                _ => {
-                    return Err(bad(format!(
-                        "{scheme}:// accepts only ?endpoint=URL and ?region=R, got \"{}\"",
-                        pair.escape_debug()
-                    )))
-                }
+        for one in name.split(',') {
+            let chars_ok = one
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+            if !chars_ok || !lengths.contains(&one.len()) {
+                return Err(bad(format!(
+                    "{scheme}:// {what} name \"{}\" must be {} to {} characters of A-Z, a-z, 0-9, '_', '-' and '.'",
+                    one.escape_debug(),
+                    lengths.start(),
+                    lengths.end()
+                )));
             }
         }
         Ok(url)
@@ -209,6 +258,45 @@ impl AwsUrl {
             static_credentials: None,
         }
     }
+}
+
+/// Checks an `?endpoint=` value: `http://` or `https://`, a host, an optional port, and
+/// nothing the SDK would refuse only when the first request is sent. Returns the rule broken.
+fn check_endpoint(v: &str) -> Result<(), &'static str> {
+    const RULE: &str = "must be an http:// or https:// URL such as http://127.0.0.1:8000";
+    let rest = v
+        .strip_prefix("http://")
+        .or_else(|| v.strip_prefix("https://"))
+        .ok_or(RULE)?;
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    let (host, port) = match authority.strip_prefix('[') {
+        Some(bracketed) => {
+            let (ip, after) = bracketed.split_once(']').ok_or(RULE)?;
+            if ip.parse::<std::net::Ipv6Addr>().is_err() {
+                return Err(RULE);
+            }
+            match after {
+                "" => (ip, None),
+                p => (ip, Some(p.strip_prefix(':').ok_or(RULE)?)),
+            }
+        }
+        None => match authority.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (authority, None),
+        },
+    };
+    let host_ok = !host.is_empty()
+        && (authority.starts_with('[')
+            || host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_')));
+    if !host_ok || port.is_some_and(|p| p.parse::<u16>().is_err()) {
+        return Err(RULE);
+    }
+    if rest.contains(char::is_whitespace) {
+        return Err(RULE);
+    }
+    Ok(())
 }
 
 impl BackendUrl {
@@ -294,10 +382,8 @@ impl BackendUrl {
     pub async fn open_store(&self) -> anyhow::Result<Arc<dyn LeaseStore>> {
         match self {
             BackendUrl::Sqlite(path) => {
-                let store = SqliteLeaseStore::open(path)
-                    .await
-                    .with_context(|| format!("opening lease store {}", path.display()))?;
-                Ok(Arc::new(store))
+                // The store's error names the file (`lease store open failed for PATH: …`).
+                Ok(Arc::new(SqliteLeaseStore::open(path).await?))
             }
             BackendUrl::Postgres(pg) => {
                 let store = PostgresLeaseStore::connect_with(pg.options())
@@ -317,6 +403,28 @@ impl BackendUrl {
             BackendUrl::Kinesis(_) => Err(anyhow::Error::new(UsageError(
                 "kinesis:// is a feed source, not a lease store".into(),
             ))),
+        }
+    }
+
+    /// The version of the lease row under `key` as this store holds it, whether or not the
+    /// rest of the row can be read (for rewriting a malformed row); `None` if there is no row.
+    ///
+    /// # Errors
+    /// The backend's error; an error saying so for a store that cannot tell (PostgreSQL, until
+    /// its malformed-row errors carry the version).
+    pub async fn row_version(&self, key: &LeaseKey) -> anyhow::Result<Option<Version>> {
+        match self {
+            BackendUrl::Sqlite(path) => Ok(SqliteLeaseStore::open(path)
+                .await?
+                .row_version(key)
+                .await?),
+            BackendUrl::Dynamodb(aws) => Ok(DynamoLeaseStore::connect(&aws.options(), &aws.name)
+                .await?
+                .row_version(key)
+                .await?),
+            _ => Err(anyhow::anyhow!(
+                "lease {key}: this store cannot read the version of a row it cannot parse, so the row cannot be rewritten; correct or delete it by hand"
+            )),
         }
     }
 
@@ -478,5 +586,105 @@ mod tests {
         assert!(err.0.contains("pool_size"), "{err}");
         let url = BackendUrl::store("--store", "postgres://u:secret@db/app").expect("valid");
         assert!(!format!("{url:?}").contains("secret"));
+    }
+
+    #[test]
+    fn a_postgres_url_without_a_host_or_with_a_bad_part_says_which() {
+        // Issue 16: `postgres://` without a host is a usage error; a bad part is named.
+        for text in ["postgres://", "postgres:///app", "postgres://u:secret@/app"] {
+            let err = BackendUrl::store("--store", text).expect_err("no host");
+            assert!(
+                err.0.starts_with("--store: postgres:// needs a host"),
+                "{text}: {err}"
+            );
+            assert!(!err.0.contains("secret"), "{err}");
+        }
+        let err = BackendUrl::store("--store", "postgres://u:secret@db:notaport/app")
+            .expect_err("bad port");
+        assert_eq!(
+            err.0,
+            "--store: postgres://u:***@db:notaport/app: invalid connection string: invalid value for option `port`"
+        );
+        let err = BackendUrl::store("--store", "postgres://db/app?bogus_option=1")
+            .expect_err("unknown option");
+        assert!(err.0.ends_with("unknown option `bogus_option`"), "{err}");
+        // A socket directory is a host.
+        assert!(BackendUrl::store("--store", "postgres:///app?host=/run/postgresql").is_ok());
+    }
+
+    #[test]
+    fn aws_endpoints_regions_and_names_are_checked_before_connecting() {
+        // Bad input is a usage error naming the parameter, not an SDK error at the first call.
+        for endpoint in [
+            "notaurl",
+            "http://",
+            "http://[::1",
+            "http://127.0.0.1:1:2",
+            "http://h:99999",
+            "ftp://h",
+            "http://a b",
+        ] {
+            let err = BackendUrl::store(
+                "--store",
+                &format!("dynamodb://leases?endpoint={endpoint}&region=us-east-1"),
+            )
+            .expect_err(endpoint);
+            assert!(
+                err.0
+                    .starts_with("--store: dynamodb:// parameter endpoint:"),
+                "{endpoint}: {err}"
+            );
+        }
+        for endpoint in [
+            "http://127.0.0.1:8000",
+            "https://dynamodb.eu-west-1.amazonaws.com",
+            "http://[::1]:8000/",
+            "http://localhost",
+        ] {
+            let url = format!("dynamodb://leases?endpoint={endpoint}");
+            assert!(BackendUrl::store("--store", &url).is_ok(), "{endpoint}");
+        }
+        let err =
+            BackendUrl::store("--store", "dynamodb://leases?region=EU/1").expect_err("region");
+        assert!(err.0.contains("parameter region"), "{err}");
+        let err = BackendUrl::store("--store", "dynamodb://t%%").expect_err("table name");
+        assert!(err.0.contains("table name \"t%%\""), "{err}");
+        let err = BackendUrl::source("--source", "kinesis://ok,bad*").expect_err("stream name");
+        assert!(err.0.contains("stream name \"bad*\""), "{err}");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+
+        #[test]
+        fn parsing_any_url_never_panics(
+            scheme in proptest::sample::select(vec![
+                "", "sqlite://", "postgres://", "postgresql://", "postgres-outbox://",
+                "dynamodb://", "kinesis://", "redis://",
+            ]),
+            rest in "\\PC{0,60}",
+        ) {
+            // Issue 16: bad input is an error, never a panic.
+            let text = format!("{scheme}{rest}");
+            let _ = BackendUrl::parse("--store", &text);
+            let _ = BackendUrl::store("--store", &text);
+            let _ = BackendUrl::source("--source", &text);
+            let _ = redact(&text);
+        }
+
+        #[test]
+        fn parsing_url_shaped_text_never_panics(
+            scheme in proptest::sample::select(vec!["postgres", "dynamodb", "kinesis"]),
+            user in "[a-z:@%]{0,8}",
+            host in "[a-z0-9.:\\[\\]%-]{0,16}",
+            path in "[a-z0-9/,.%*-]{0,12}",
+            query in "(([a-z_]{0,10})=([a-z0-9:/.\\[\\]%&=-]{0,24}))?",
+        ) {
+            // Near-valid URLs reach deeper into the parsers than arbitrary text does.
+            let text = format!("{scheme}://{user}@{host}/{path}?{query}");
+            let _ = BackendUrl::parse("--store", &text);
+            let text = format!("{scheme}://{path}?{query}");
+            let _ = BackendUrl::parse("--store", &text);
+        }
     }
 }

@@ -1,6 +1,8 @@
 //! Integration tests of the `changefeed` binary: one test binary, one module per command.
 
+mod bad_input;
 mod demo;
+mod fence;
 mod import_kcl;
 mod lineage;
 mod ops;

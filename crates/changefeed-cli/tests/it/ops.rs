@@ -2,7 +2,7 @@
 
 use changefeed::lease::LeaseStore;
 use changefeed::model::{
-    Continuation, GroupName, HostName, Lease, LeaseState, Position, Timestamp,
+    Continuation, GroupName, HostName, Lease, LeaseState, PartitionId, Position, Timestamp,
 };
 use serde_json::Value;
 
@@ -66,11 +66,35 @@ fn status_shows_a_malformed_row_as_an_error_line_and_the_rest_normally() {
     assert_eq!(j["errors"][0]["key"], "g/1");
 }
 
+/// A feed of `n` partitions in the fixture's file, partition 0 holding five records.
+fn feed(fx: &Fixture, n: u32) {
+    fx.with_feed(async |feed| {
+        feed.create_partitions(n).await.expect("partitions");
+        let p = PartitionId::new("0").expect("id");
+        for i in 0..5 {
+            feed.append_to(&p, "k", format!("r{i}"))
+                .await
+                .expect("append");
+        }
+    });
+}
+
+/// Makes the lease row of `partition` in group `g` unreadable.
+fn corrupt(fx: &Fixture, partition: &str) {
+    let conn = rusqlite::Connection::open(&fx.db).expect("open");
+    conn.execute(
+        "UPDATE changefeed_leases SET state = 'bogus' WHERE group_name = 'g' AND partition = ?1",
+        [partition],
+    )
+    .expect("corrupt");
+}
+
 #[test]
 fn reset_refuses_an_owned_lease_unless_forced_and_then_clears_the_owner() {
     // Moving an owned lease's checkpoint under its worker would be overwritten: refuse.
     let fx = Fixture::new();
     leases(&fx, 1);
+    feed(&fx, 1);
     let before = fx.lease("g", "0").expect("lease");
     let reset = |extra: &[&str]| {
         bin()
@@ -83,7 +107,7 @@ fn reset_refuses_an_owned_lease_unless_forced_and_then_clears_the_owner() {
                 "--partition",
                 "0",
             ])
-            .args(["--to", "0:2"])
+            .args(["--to", "0:2", "--source", &fx.url()])
             .args(extra)
             .output()
             .expect("reset")
@@ -152,4 +176,145 @@ fn release_frees_a_dead_hosts_leases_and_removes_its_heartbeat() {
     );
     let hosts = fx.with_store(async |s| s.membership(&group).await.expect("membership").hosts);
     assert!(hosts.is_empty(), "{hosts:?}");
+}
+
+/// `changefeed reset` on the fixture's store, group `g`, partition `partition`.
+fn reset(fx: &Fixture, partition: &str, extra: &[&str]) -> std::process::Output {
+    bin()
+        .args(["reset", "--store", &fx.url(), "--group", "g"])
+        .args(["--partition", partition])
+        .args(extra)
+        .output()
+        .expect("reset")
+}
+
+#[test]
+fn reset_to_a_continuation_needs_the_source_to_check_it() {
+    // Issue 16: a continuation written unchecked could stop the partition for good.
+    let fx = Fixture::new();
+    leases(&fx, 2);
+    feed(&fx, 2);
+    let before = fx.lease("g", "1").expect("lease");
+    let out = reset(&fx, "1", &["--to", "1:3"]);
+    assert_eq!(out.status.code(), Some(2), "{:?}", text(&out));
+    assert!(text(&out).1.contains("--source"), "{:?}", text(&out));
+    // Refused by the source: another partition's token, and one past the end.
+    for to in ["0:3", "1:3"] {
+        let out = reset(&fx, "1", &["--to", to, "--source", &fx.url()]);
+        assert_eq!(out.status.code(), Some(2), "{to}: {:?}", text(&out));
+        assert!(
+            text(&out).1.starts_with(&format!(
+                "error: --to: partition 1: invalid continuation \"{to}\""
+            )),
+            "{to}: {:?}",
+            text(&out)
+        );
+    }
+    assert_eq!(fx.lease("g", "1"), Some(before), "nothing written");
+    // Positions that need no source still do without one.
+    let out = reset(&fx, "1", &["--to", "now"]);
+    assert!(out.status.success(), "{:?}", text(&out));
+    assert_eq!(fx.lease("g", "1").expect("lease").start, Position::Now);
+}
+
+#[test]
+fn lag_counts_a_malformed_row_as_unknown() {
+    // Issue 16: an unreadable row is a partition whose lag nobody knows, not a missing one.
+    let fx = Fixture::new();
+    leases(&fx, 3);
+    feed(&fx, 3);
+    fx.with_feed(async |feed| {
+        let p = PartitionId::new("1").expect("id");
+        for i in 0..4 {
+            feed.append_to(&p, "k", format!("r{i}"))
+                .await
+                .expect("append");
+        }
+    });
+    corrupt(&fx, "2");
+    let lag = |json: bool| {
+        let mut c = bin();
+        c.args([
+            "lag",
+            "--store",
+            &fx.url(),
+            "--source",
+            &fx.url(),
+            "--group",
+            "g",
+        ]);
+        if json {
+            c.arg("--json");
+        }
+        c.output().expect("lag")
+    };
+    let out = lag(false);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    let row = stdout
+        .lines()
+        .find(|l| l.starts_with("2 "))
+        .unwrap_or_else(|| panic!("a row for partition 2: {stdout}"));
+    assert!(row.contains("error: lease g/2: malformed row"), "{stdout}");
+    assert!(
+        stdout.ends_with("total 4 (1 partitions unknown)\n"),
+        "{stdout}"
+    );
+    let j: Value = serde_json::from_slice(&lag(true).stdout).expect("json");
+    assert_eq!(j["unknown"], 1, "{j}");
+    assert_eq!(j["total"], 4, "{j}");
+    assert_eq!(j["partitions"][2]["partition"], "2", "{j}");
+    assert!(j["partitions"][2]["lag"].is_null(), "{j}");
+}
+
+#[test]
+fn reset_force_rewrites_a_malformed_row_with_the_sources_lineage() {
+    // Issue 16: an operator can repair an unreadable row; without --force it is refused.
+    let fx = Fixture::new();
+    leases(&fx, 2);
+    feed(&fx, 2);
+    corrupt(&fx, "0");
+    let out = reset(&fx, "0", &["--to", "0:2", "--source", &fx.url()]);
+    assert_eq!(out.status.code(), Some(1), "{:?}", text(&out));
+    assert!(
+        text(&out)
+            .1
+            .starts_with("error: lease g/0: malformed row: ")
+            && text(&out).1.contains("--force"),
+        "{:?}",
+        text(&out)
+    );
+    let out = reset(&fx, "0", &["--to", "beginning", "--force"]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "needs the source: {:?}",
+        text(&out)
+    );
+    assert!(
+        text(&out).1.starts_with("error: --source: "),
+        "{:?}",
+        text(&out)
+    );
+    let out = reset(&fx, "0", &["--to", "0:2", "--force", "--source", &fx.url()]);
+    assert!(out.status.success(), "{:?}", text(&out));
+    assert!(text(&out).0.contains("malformed row"), "{:?}", text(&out));
+    let lease = fx.lease("g", "0").expect("readable again");
+    assert_eq!(lease.continuation, Some(Continuation::new("0:2")));
+    assert_eq!(
+        (lease.state, lease.owner.clone()),
+        (LeaseState::Available, None)
+    );
+    assert!(lease.parents.is_empty(), "an original partition");
+    assert!(
+        lease
+            .properties
+            .contains_key(changefeed::lineage::RANGE_PROPERTY),
+        "the key range comes from the source: {lease:?}"
+    );
+    // The other lease is untouched.
+    assert_eq!(
+        fx.lease("g", "1").expect("lease").version,
+        changefeed::model::Version::FIRST
+    );
 }

@@ -215,3 +215,78 @@ fn bad_setting_values_exit_2_naming_the_setting() {
     assert_eq!(out.status.code(), Some(2), "{:?}", text(&out));
     assert!(text(&out).1.contains("store"), "{:?}", text(&out));
 }
+
+#[test]
+fn a_batch_failing_dead_letter_after_times_goes_to_the_dead_letter_command_and_is_skipped() {
+    // Issue 16 (opt-in dead letters): after N failures the batch is piped to the dead-letter
+    // command as one JSON object; once it exits 0 the checkpoint moves past the batch.
+    let fx = Fixture::new();
+    feed_with_records(&fx, 2);
+    let letters = fx.path("letters.json");
+    let envs = fx.path("env");
+    let mut child = bin()
+        .args(["run", "--store", &fx.url(), "--source", &fx.url()])
+        .args([
+            "--handler",
+            "cat > /dev/null; exit 3",
+            "--host",
+            "h1",
+            "--group",
+            "g",
+        ])
+        .args(["--handler-max-retries", "1000", "--dead-letter-after", "2"])
+        .arg("--dead-letter-command")
+        .arg(format!(
+            "cat >> '{}'; echo \"$CHANGEFEED_PARTITION $CHANGEFEED_RECORDS\" >> '{}'",
+            letters.display(),
+            envs.display()
+        ))
+        .args(FAST)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start run");
+    wait_for(
+        Duration::from_secs(20),
+        "the checkpoint past the batch",
+        || {
+            let lease = fx.lease("g", "0")?;
+            (lease.continuation == Some(Continuation::new("0:3"))).then_some(())
+        },
+    );
+    terminate(&child);
+    let status = wait_exit(&mut child, Duration::from_secs(15));
+    assert!(status.success(), "{status}");
+    let stored = crate::support::read(&letters);
+    let letter: Value =
+        serde_json::from_str(stored.lines().next().expect("one letter")).expect("a JSON object");
+    assert_eq!(letter["group"], "g");
+    assert_eq!(letter["partition"], "0");
+    assert_eq!(letter["host"], "h1");
+    assert_eq!(letter["failures"], 2);
+    assert_eq!(letter["after"], Value::Null);
+    assert!(
+        letter["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("exit status: 3")),
+        "{letter}"
+    );
+    let records = letter["records"].as_array().expect("records");
+    assert_eq!(records.len(), 3, "{letter}");
+    assert_eq!(records[0]["data"], "record 0");
+    assert_eq!(records[0]["continuation"], "0:1");
+    assert_eq!(records[2]["data_b64"], "/wA=");
+    assert_eq!(crate::support::read(&envs).trim(), "0 3");
+    // Without the command, the count is a usage error naming the flag.
+    let out = bin()
+        .args(["run", "--store", &fx.url(), "--source", &fx.url()])
+        .args(["--handler", "cat", "--dead-letter-after", "3"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2), "{:?}", text(&out));
+    assert!(
+        text(&out).1.contains("--dead-letter-after"),
+        "{:?}",
+        text(&out)
+    );
+}

@@ -65,14 +65,22 @@ pub fn rt() -> tokio::runtime::Runtime {
 }
 
 /// The built binary.
+///
+/// It runs with static test credentials and `AWS_EC2_METADATA_DISABLED=true`: without
+/// credentials the AWS SDK asks the instance-metadata address (169.254.169.254), which is not
+/// on loopback, and tests never leave the machine. DynamoDB Local and kinesis-mock accept any
+/// credentials.
 pub fn bin() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_changefeed"));
     // Nothing from the developer's environment may change the settings under test.
     for (k, _) in std::env::vars() {
-        if k.starts_with("CHANGEFEED_") {
+        if k.starts_with("CHANGEFEED_") || k.starts_with("AWS_") {
             c.env_remove(k);
         }
     }
+    c.env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_EC2_METADATA_DISABLED", "true");
     c
 }
 

@@ -63,12 +63,15 @@ impl Context {
     }
 
     /// A number that stays the same for this host's whole tenure of the lease and is strictly
-    /// greater for every later owner: the lease's version when this worker started on it.
+    /// greater for every later owner of the partition: the lease's version when this worker
+    /// started on it. Tokens of different partitions do not compare (a child's lease starts
+    /// afresh).
     ///
     /// Pass it to a sink that keeps the highest token it has seen per partition and refuses
-    /// writes with a lower one (for example `… ON CONFLICT … DO UPDATE … WHERE stored.token <=
-    /// EXCLUDED.token`): a deposed owner's late writes, even from a process that was frozen
-    /// mid-batch, are then rejected by the sink itself (see `docs/protocol.md`, "Fencing").
+    /// writes with a lower one (for example `… ON CONFLICT (partition) DO UPDATE … WHERE
+    /// stored.token <= EXCLUDED.token` in the batch's transaction): a deposed owner's late
+    /// writes, even from a process that was frozen mid-batch, are then rejected by the sink
+    /// itself (see `docs/protocol.md`, "The fencing guarantee", and `examples/fenced_sink.rs`).
     pub fn fencing_token(&self) -> u64 {
         self.fencing_token
     }

@@ -10,7 +10,10 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tokio::time::Instant;
+/// A point on the monotonic clock: tokio's `Instant`, so that paused tokio time (tests, the
+/// simulator) is virtual time. Pure code names it through this alias and only does arithmetic
+/// with it; it never reads the time.
+pub use tokio::time::Instant;
 
 use crate::model::Timestamp;
 

@@ -1,7 +1,7 @@
 //! The host loop: every acquire interval, read membership, list what changed, balance, and
 //! apply the plan by compare-and-swap; one worker per owned lease; the bounded graceful stop.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,10 +15,18 @@ use tracing::{debug, info, warn, Instrument};
 
 use super::builder::Processor;
 use super::heartbeat::{self, Liveness, ProcessorError};
+use super::host_state::{self, LeaseTable, Listing, Read, Requests, TakeConflict};
 use super::{sync, worker};
-use crate::balance::{LeaseView, Snapshot};
 use crate::error::LeaseError;
+use crate::lineage::ParentsRule;
 use crate::model::{HostName, Lease, LeaseState, PartitionId};
+
+/// Why a lease is taken: free or expired (a take), or an unhonoured hand-off (a steal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TakeKind {
+    Take,
+    Steal,
+}
 
 struct WorkerSlot {
     cancel: CancellationToken,
@@ -26,21 +34,25 @@ struct WorkerSlot {
     known_version: crate::model::Version,
 }
 
+/// Tells the worker of `lease`, if one runs, about that row if it is newer than what the
+/// worker knows.
+fn hint(workers: &mut HashMap<PartitionId, WorkerSlot>, lease: &Lease) {
+    if let Some(slot) = workers.get_mut(&lease.key.partition) {
+        if lease.version > slot.known_version {
+            slot.known_version = lease.version;
+            slot.hint.send_replace(Some(lease.clone()));
+        }
+    }
+}
+
 pub(super) struct Host {
     p: Processor,
     group_label: String,
     liveness: Liveness,
-    leases: Vec<Lease>,
-    /// The partitions `leases` lists as owned by this host.
-    mine: BTreeSet<PartitionId>,
-    /// The partitions `leases` lists with this host as `next_owner`.
-    asked: BTreeSet<PartitionId>,
-    /// Set when `leases` was replaced whole: every worker's row must be compared before the
-    /// next hints (rows taken in one by one are compared as they come).
-    hint_all: bool,
-    listed_counter: Option<u64>,
-    listed_live: Vec<HostName>,
-    last_full_list: Option<Instant>,
+    /// The listed leases and what they say of this host (pure).
+    table: LeaseTable,
+    /// When and at what counter the table was listed (pure).
+    listing: Listing,
     workers: HashMap<PartitionId, WorkerSlot>,
     worker_tasks: JoinSet<()>,
     worker_cancel: CancellationToken,
@@ -50,8 +62,8 @@ pub(super) struct Host {
     fence_deadline: heartbeat::FenceDeadline,
     /// When this host last confirmed its workers know of every hand-off request.
     view: heartbeat::ViewStamp,
-    /// When this host first saw itself as `next_owner` of a lease, per partition.
-    asked_at: BTreeMap<PartitionId, Instant>,
+    /// The hand-off requests this host waits on (pure).
+    requests: Requests,
     /// When this host registered. Hand-off requests wait one renew interval after it, so that
     /// hosts started together see each other before computing shares (otherwise the first to
     /// run would ask for a share of a smaller fleet, and leases would move twice).
@@ -81,17 +93,13 @@ impl Host {
         let (exits_tx, exits_rx) = mpsc::unbounded_channel();
         let p_now = p.clock.now();
         let fence_at = p_now + p.settings.fence_after();
+        let table = LeaseTable::new(p.host.clone());
         Self {
             group_label: p.group.to_string(),
+            table,
             p,
             liveness: Liveness::default(),
-            leases: Vec::new(),
-            mine: BTreeSet::new(),
-            asked: BTreeSet::new(),
-            hint_all: false,
-            listed_counter: None,
-            listed_live: Vec::new(),
-            last_full_list: None,
+            listing: Listing::default(),
             workers: HashMap::new(),
             worker_tasks: JoinSet::new(),
             worker_cancel: CancellationToken::new(),
@@ -100,7 +108,7 @@ impl Host {
             fenced_tx: watch::channel(false).0,
             fence_deadline: heartbeat::FenceDeadline::new(fence_at),
             view: heartbeat::ViewStamp::new(p_now),
-            asked_at: BTreeMap::new(),
+            requests: Requests::default(),
             registered_at: p_now,
             replan: false,
             syncer: sync::Syncer::default(),
@@ -268,32 +276,31 @@ impl Host {
         // wait as time the version stood still).
         let now = self.p.clock.now();
         self.liveness.observe(&membership, now);
-        let mut live = self.liveness.live(now, self.p.settings.lease_expiry);
-        if !live.contains(&self.p.host) {
-            live.push(self.p.host.clone());
-            live.sort();
-        }
-        let full_due = self
-            .last_full_list
-            .is_none_or(|t| now.saturating_duration_since(t) >= self.p.settings.full_list_interval);
-        let live_changed = live != self.listed_live;
-        let need_list =
-            full_due || self.listed_counter != Some(membership.change_counter) || live_changed;
+        let mut live = host_state::live_hosts(
+            self.liveness.live(now, self.p.settings.lease_expiry),
+            &self.p.host,
+        );
+        let read = self.listing.next_read(
+            membership.change_counter,
+            &live,
+            now,
+            self.p.settings.full_list_interval,
+        );
+        let need_list = read != Read::Nothing;
         if need_list {
             // Rows that only moved their checkpoint are not in a list of changes, so a take may
             // find a newer version than the cached one: see `retry_takes`.
-            let read = if full_due {
+            let read_result = if read == Read::Full {
                 self.full_list(membership.change_counter).await
             } else {
                 self.list_changes(membership.change_counter).await
             };
-            match read {
+            match read_result {
                 Ok(counter) => {
                     // Workers learn of every request this list holds before the view stamp
                     // says they may: hints first, then the stamp.
                     self.send_hints();
                     self.view.confirm(sent);
-                    self.listed_counter = Some(counter);
                     // Judge liveness from a membership read made after the list. A host judged
                     // dead from the earlier read may have re-registered and taken leases since;
                     // its takes can show in the list only with its new heartbeat (it registers
@@ -302,24 +309,20 @@ impl Host {
                         Ok(m) => {
                             let now = self.p.clock.now();
                             self.liveness.observe(&m, now);
-                            live = self.liveness.live(now, self.p.settings.lease_expiry);
-                            if !live.contains(&self.p.host) {
-                                live.push(self.p.host.clone());
-                                live.sort();
-                            }
+                            live = host_state::live_hosts(
+                                self.liveness.live(now, self.p.settings.lease_expiry),
+                                &self.p.host,
+                            );
                         }
                         Err(err) => {
                             warn!(error = %err, "reading membership failed");
                             // The list was not balanced on: list again next cycle rather than
                             // skip balancing until the counter moves.
-                            self.listed_counter = None;
+                            self.listing.invalidate();
                             return;
                         }
                     }
-                    self.listed_live = live.clone();
-                    if full_due {
-                        self.last_full_list = Some(now);
-                    }
+                    self.listing.listed(read, counter, &live, now);
                 }
                 Err(err) => {
                     warn!(error = %err, "listing leases failed");
@@ -336,7 +339,7 @@ impl Host {
         if !need_list && !synced {
             // Nothing changed hands: the cached list is accurate; only time-based decisions
             // (overdue hand-offs) can differ.
-            if self.asked_at.is_empty() && !self.replan {
+            if !self.requests.any() && !self.replan {
                 self.publish_gauges();
                 return;
             }
@@ -359,18 +362,7 @@ impl Host {
         membership: &crate::model::Membership,
         live: &[HostName],
     ) {
-        if live.iter().min() != Some(&self.p.host) {
-            return;
-        }
-        for hb in &membership.hosts {
-            if live.contains(&hb.host)
-                || self
-                    .leases
-                    .iter()
-                    .any(|l| l.owner.as_ref() == Some(&hb.host))
-            {
-                continue;
-            }
+        for hb in host_state::dead_rows(&self.p.host, &membership.hosts, live, &self.table) {
             match self
                 .p
                 .store
@@ -386,7 +378,7 @@ impl Host {
     /// Runs the partition sync when this host leads (the first live host by name) and it is
     /// due. Returns whether the lease table changed, after re-listing it.
     async fn sync(&mut self, live: &[HostName], now: Instant) -> bool {
-        if live.iter().min() != Some(&self.p.host) {
+        if !host_state::leads(&self.p.host, live) {
             self.syncer.reset();
             return false;
         }
@@ -400,9 +392,9 @@ impl Host {
                 self.p.source.as_ref(),
                 &self.p.group,
                 &self.p.settings,
-                &self.leases,
+                self.table.rows(),
                 now,
-                self.listed_counter,
+                self.listing.counter,
             )
             .await;
         match report {
@@ -412,12 +404,12 @@ impl Host {
                     Ok(listing) => {
                         self.set_leases(listing.leases);
                         // The counter moved with our writes: list again next cycle too.
-                        self.listed_counter = None;
+                        self.listing.invalidate();
                         true
                     }
                     Err(err) => {
                         warn!(error = %err, "listing leases after the sync failed");
-                        self.listed_counter = None;
+                        self.listing.invalidate();
                         false
                     }
                 }
@@ -454,7 +446,7 @@ impl Host {
     /// Reads only what changed hands since the last list, when the store can say; lists in
     /// full otherwise. Returns the change counter the cached leases are now at.
     async fn list_changes(&mut self, counter: u64) -> Result<u64, LeaseError> {
-        let Some(since) = self.listed_counter else {
+        let Some(since) = self.listing.counter else {
             return self.full_list(counter).await;
         };
         let Some(changes) = self.p.store.list_changes(&self.p.group, since).await? else {
@@ -470,14 +462,7 @@ impl Host {
         }
         for key in &changes.deleted {
             self.malformed.remove(key.to_string().as_str());
-            if let Ok(i) = self
-                .leases
-                .binary_search_by(|l| l.key.partition.cmp(&key.partition))
-            {
-                self.leases.remove(i);
-            }
-            self.mine.remove(&key.partition);
-            self.asked.remove(&key.partition);
+            self.table.remove(&key.partition);
             if let Some(slot) = self.workers.get(&key.partition) {
                 info!(partition = %key.partition, "lease deleted; stopping its worker");
                 slot.cancel.cancel();
@@ -489,78 +474,17 @@ impl Host {
         Ok(changes.counter)
     }
 
-    /// Puts a row newer than the cached one (or a new one) into the cached leases.
+    /// Puts a row newer than the cached one (or a new one) into the table, and tells its
+    /// worker.
     fn remember(&mut self, lease: Lease) {
-        let me = &self.p.host;
-        let marks = |l: &Lease| (l.is_owned_by(me), l.next_owner.as_ref() == Some(me));
-        let (i, before) = match self
-            .leases
-            .binary_search_by(|l| l.key.partition.cmp(&lease.key.partition))
-        {
-            Ok(i) if self.leases[i].version < lease.version => {
-                let before = marks(&self.leases[i]);
-                self.leases[i] = lease;
-                (i, before)
-            }
-            Ok(_) => return,
-            Err(i) => {
-                self.leases.insert(i, lease);
-                (i, (false, false))
-            }
-        };
-        let after = marks(&self.leases[i]);
-        let partition = &self.leases[i].key.partition;
-        for (set, was, is) in [
-            (&mut self.mine, before.0, after.0),
-            (&mut self.asked, before.1, after.1),
-        ] {
-            match (was, is) {
-                (false, true) => {
-                    set.insert(partition.clone());
-                }
-                (true, false) => {
-                    set.remove(partition);
-                }
-                _ => {}
-            }
+        if let Some(row) = self.table.remember(lease) {
+            hint(&mut self.workers, row);
         }
-        self.hint(i);
     }
 
-    /// Keeps a fresh listing, sorted by partition (stores list in key order; sorting is a
-    /// check then), so a worker's lease is found by binary search: a host runs a handful of
-    /// workers among thousands of leases.
-    fn set_leases(&mut self, mut leases: Vec<Lease>) {
-        // One pass: the rows are many, and each pass over them is a trip through memory.
-        let me = &self.p.host;
-        self.mine.clear();
-        self.asked.clear();
-        let mut sorted = true;
-        let mut previous: Option<&PartitionId> = None;
-        for l in &leases {
-            let partition = &l.key.partition;
-            sorted &= previous.is_none_or(|p| p <= partition);
-            previous = Some(partition);
-            if l.is_owned_by(me) {
-                self.mine.insert(partition.clone());
-            }
-            if l.next_owner.as_ref() == Some(me) {
-                self.asked.insert(partition.clone());
-            }
-        }
-        if !sorted {
-            leases.sort_by(|a, b| a.key.partition.cmp(&b.key.partition));
-        }
-        self.leases = leases;
-        self.hint_all = true;
-    }
-
-    /// The listed row of `partition`, if any.
-    fn listed(&self, partition: &PartitionId) -> Option<&Lease> {
-        self.leases
-            .binary_search_by(|l| l.key.partition.cmp(partition))
-            .ok()
-            .map(|i| &self.leases[i])
+    /// Keeps a fresh listing (hints follow in `send_hints`).
+    fn set_leases(&mut self, leases: Vec<Lease>) {
+        self.table.replace_all(leases);
     }
 
     /// Stops the workers whose lease is gone from a fresh listing (a retired stream's lease
@@ -577,7 +501,7 @@ impl Host {
         let mut gone: Vec<&PartitionId> = self
             .workers
             .keys()
-            .filter(|p| self.listed(p).is_none())
+            .filter(|p| self.table.get(p).is_none())
             .filter(|p| !unreadable.contains(format!("{}/{p}", self.p.group).as_str()))
             .collect();
         gone.sort_unstable();
@@ -592,35 +516,17 @@ impl Host {
     /// Tells each worker about a newer row of its lease (a hand-off request, or a new owner)
     /// that it has not been told of yet.
     fn send_hints(&mut self) {
-        if !std::mem::take(&mut self.hint_all) {
+        if !self.table.take_hint_all() {
             // Rows taken in one by one were hinted as they came (`remember`).
             return;
         }
         // In partition order, not the map's: the order workers wake in must not depend on
         // hashing (the simulator replays runs exactly).
-        let mut rows: Vec<usize> = self
-            .workers
-            .keys()
-            .filter_map(|p| {
-                self.leases
-                    .binary_search_by(|l| l.key.partition.cmp(p))
-                    .ok()
-            })
-            .collect();
-        rows.sort_unstable();
-        for i in rows {
-            self.hint(i);
-        }
-    }
-
-    /// Tells the worker of the lease at `leases[i]`, if any, about that row if it is newer than
-    /// what the worker knows.
-    fn hint(&mut self, i: usize) {
-        let lease = &self.leases[i];
-        if let Some(slot) = self.workers.get_mut(&lease.key.partition) {
-            if lease.version > slot.known_version {
-                slot.known_version = lease.version;
-                slot.hint.send_replace(Some(lease.clone()));
+        let mut partitions: Vec<PartitionId> = self.workers.keys().cloned().collect();
+        partitions.sort_unstable();
+        for p in partitions {
+            if let Some(row) = self.table.get(&p) {
+                hint(&mut self.workers, row);
             }
         }
     }
@@ -628,12 +534,7 @@ impl Host {
     /// Leases the store says are ours but no worker runs (a restart under the same name, or a
     /// fence that was lowered): claim them by CAS and start workers.
     async fn adopt_own_leases(&mut self) {
-        let mine: Vec<Lease> = self
-            .mine
-            .iter()
-            .filter(|p| !self.workers.contains_key(*p))
-            .filter_map(|p| self.listed(p).cloned())
-            .collect();
+        let mine = self.table.to_adopt(|p| self.workers.contains_key(p));
         for lease in mine {
             match self.p.store.replace(&lease, lease.version).await {
                 Ok(stored) => {
@@ -652,79 +553,45 @@ impl Host {
         }
     }
 
-    /// Whether a lease may be owned now: not finished, and every listed parent finished.
-    #[inline]
-    fn eligible(&self, l: &Lease) -> bool {
-        l.state != LeaseState::Finished && (l.parents.is_empty() || self.parents_finished(l))
-    }
-
-    fn parents_finished(&self, l: &Lease) -> bool {
-        self.p.hooks.child_before_parent()
-            || l.parents.iter().all(|p| {
-                self.listed(p)
-                    .is_none_or(|parent| parent.state == LeaseState::Finished)
-            })
-    }
-
     async fn balance(&mut self, live: &[HostName], now: Instant) {
-        // Track how long our hand-off requests have been pending, on our own clock, from no
-        // earlier than the list that showed them (a request of ours whose reply was lost
-        // landed before that list returned).
+        // Track how long our hand-off requests have been pending, on our own clock.
         let seen = self.p.clock.now();
         let me = self.p.host.clone();
-        self.asked_at.retain(|p, _| self.asked.contains(p));
-        for p in &self.asked {
-            self.asked_at.entry(p.clone()).or_insert(seen);
-        }
-        let mut views: Vec<LeaseView<'_>> = self
-            .leases
-            .iter()
-            .map(|lease| LeaseView {
-                lease,
-                eligible: self.eligible(lease),
-                handoff_overdue: false,
-            })
-            .collect();
-        for (partition, at) in &self.asked_at {
-            if seen.saturating_duration_since(*at) >= self.p.settings.handoff_timeout {
-                if let Ok(i) = self
-                    .leases
-                    .binary_search_by(|l| l.key.partition.cmp(partition))
-                {
-                    views[i].handoff_overdue = true;
-                }
-            }
-        }
-        let mut plan = self.p.strategy.plan(&Snapshot {
-            me: &me,
-            live_hosts: live,
-            leases: &views,
-        });
-        if now.saturating_duration_since(self.registered_at) < self.p.settings.renew_interval
-            && !plan.request_handoff.is_empty()
-        {
-            plan.request_handoff.clear();
+        self.requests.sync(self.table.asked(), seen);
+        let parents = if self.p.hooks.child_before_parent() {
+            ParentsRule::Ignore
+        } else {
+            ParentsRule::Wait
+        };
+        let (plan, held) = host_state::plan(
+            &host_state::PlanInput {
+                me: &me,
+                live,
+                table: &self.table,
+                requests: &self.requests,
+                now,
+                registered_at: self.registered_at,
+                handoff_timeout: self.p.settings.handoff_timeout,
+                grace: self.p.settings.renew_interval,
+                parents,
+            },
+            self.p.strategy.as_ref(),
+        );
+        if held {
             self.replan = true;
         }
-        drop(views);
         if plan.is_empty() {
             return;
         }
         debug!(?plan, "balance plan");
-        let find = |leases: &[Lease], p: &PartitionId| {
-            leases
-                .binary_search_by(|l| l.key.partition.cmp(p))
-                .ok()
-                .map(|i| leases[i].clone())
-        };
         let mut retry: Vec<Lease> = Vec::new();
         for (partition, kind) in plan
             .take
             .iter()
-            .map(|p| (p, "take"))
-            .chain(plan.steal.iter().map(|p| (p, "steal")))
+            .map(|p| (p, TakeKind::Take))
+            .chain(plan.steal.iter().map(|p| (p, TakeKind::Steal)))
         {
-            let Some(lease) = find(&self.leases, partition) else {
+            let Some(lease) = self.table.get(partition).cloned() else {
                 continue;
             };
             if self.workers.contains_key(partition) {
@@ -740,34 +607,29 @@ impl Host {
                     // (the owner wrote one before it died, after we listed), take it at the
                     // current version once a fresh membership read still shows that owner
                     // dead; otherwise plan again next cycle with the current row.
-                    debug!(lease = %lease.key, kind, "could not take lease: it changed");
-                    if kind == "take" && !current.ownership_differs(&lease) {
-                        retry.push(*current);
-                    } else {
-                        self.remember(*current);
-                        self.replan = true;
+                    debug!(lease = %lease.key, ?kind, "could not take lease: it changed");
+                    match host_state::on_take_conflict(&lease, &current, kind == TakeKind::Steal) {
+                        TakeConflict::RetryAfterMembership => retry.push(*current),
+                        TakeConflict::Replan => {
+                            self.remember(*current);
+                            self.replan = true;
+                        }
                     }
                 }
-                Err(err) => debug!(lease = %lease.key, error = %err, kind, "could not take lease"),
+                Err(err) => debug!(lease = %lease.key, error = %err, ?kind, "could not take lease"),
             }
         }
         if !retry.is_empty() {
             self.retry_takes(retry).await;
         }
         for req in &plan.request_handoff {
-            let Some(mut lease) = find(&self.leases, &req.partition) else {
+            let Some(mut lease) = self.table.get(&req.partition).cloned() else {
                 continue;
             };
             // A conflict that only reflects a checkpoint of the owner is retried against the
             // current row, as long as the request still makes sense.
             for _attempt in 0..3 {
-                // A request already pending from a live host stands; one naming a dead host
-                // (or the owner) is stale and may be overwritten.
-                let pending = lease
-                    .next_owner
-                    .as_ref()
-                    .is_some_and(|n| n != &req.from && live.contains(n));
-                if !lease.is_owned_by(&req.from) || pending {
+                if !host_state::may_request(&lease, &req.from, live) {
                     break;
                 }
                 let mut next = lease.clone();
@@ -779,8 +641,8 @@ impl Host {
                         // Timed from when the write returned: it landed by then, so the
                         // owner's workers stop delivering within handoff_timeout −
                         // safety_margin of it unless told (see `heartbeat::ViewStamp`).
-                        self.asked_at
-                            .insert(req.partition.clone(), self.p.clock.now());
+                        self.requests
+                            .written(req.partition.clone(), self.p.clock.now());
                         break;
                     }
                     Err(LeaseError::Conflict { current, .. }) => lease = *current,
@@ -819,14 +681,16 @@ impl Host {
         self.liveness.observe(&membership, now);
         let live = self.liveness.live(now, self.p.settings.lease_expiry);
         for row in rows {
-            if row.owner.as_ref().is_some_and(|o| live.contains(o))
-                || self.workers.contains_key(&row.key.partition)
-            {
+            if !host_state::may_retry_take(
+                &row,
+                &live,
+                self.workers.contains_key(&row.key.partition),
+            ) {
                 self.remember(row);
                 self.replan = true;
                 continue;
             }
-            match self.take(&row, "take").await {
+            match self.take(&row, TakeKind::Take).await {
                 Ok(()) => {}
                 Err(LeaseError::Conflict { current, .. }) => {
                     self.remember(*current);
@@ -844,20 +708,20 @@ impl Host {
     /// Takes `row` for this host by CAS at its version (`kind`: "take" of a free or expired
     /// lease, or "steal" of an unhonoured hand-off), then caches the new row and starts its
     /// worker. The caller decides what a failure means.
-    async fn take(&mut self, row: &Lease, kind: &'static str) -> Result<(), LeaseError> {
+    async fn take(&mut self, row: &Lease, kind: TakeKind) -> Result<(), LeaseError> {
         let mut next = row.clone();
         next.state = LeaseState::Owned;
         next.owner = Some(self.p.host.clone());
         next.next_owner = None;
         let stored = self.p.store.replace(&next, row.version).await?;
-        info!(lease = %stored.key, previous = ?row.owner, kind, "took lease");
-        let counter = if kind == "steal" {
+        info!(lease = %stored.key, previous = ?row.owner, kind = if kind == TakeKind::Steal { "steal" } else { "take" }, "took lease");
+        let counter = if kind == TakeKind::Steal {
             "changefeed_leases_stolen_total"
         } else {
             "changefeed_leases_taken_total"
         };
         metrics::counter!(counter, "group" => self.group_label.clone()).increment(1);
-        self.asked_at.remove(&row.key.partition);
+        self.requests.taken(&row.key.partition);
         self.remember(stored.clone());
         self.start_worker(stored);
         Ok(())

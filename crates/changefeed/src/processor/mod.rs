@@ -36,6 +36,8 @@ mod handler;
 mod heartbeat;
 mod hooks;
 mod host;
+mod host_state;
+
 mod sync;
 mod worker;
 

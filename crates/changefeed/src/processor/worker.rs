@@ -19,7 +19,7 @@ use tracing::{debug, info, warn, Instrument};
 use super::config::{CheckpointMode, Settings};
 use super::handler::{CloseReason, Context, DeadLetter, DeadLetterSink, Handler};
 use crate::clock::Clock;
-use crate::error::{LeaseError, SourceError};
+use crate::error::LeaseError;
 use crate::lease::LeaseStore;
 use crate::model::{Batch, Continuation, HostName, Lease, LeaseState, PartitionId};
 use crate::source::{FeedSource, PartitionReader};
@@ -42,16 +42,24 @@ pub(crate) struct LeaseCell {
     /// Set once the lease has been handed off or lost: no more writes.
     done: watch::Sender<bool>,
     hooks: super::hooks::Hooks,
+    /// Times the checkpoint latency histogram.
+    clock: Arc<dyn Clock>,
 }
 
 impl LeaseCell {
-    pub(crate) fn new(lease: Lease, store: Arc<dyn LeaseStore>, host: HostName) -> Self {
+    pub(crate) fn new(
+        lease: Lease,
+        store: Arc<dyn LeaseStore>,
+        host: HostName,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
         Self {
             lease: Mutex::new(lease),
             store,
             host,
             done: watch::channel(false).0,
             hooks: super::hooks::Hooks::default(),
+            clock,
         }
     }
 
@@ -78,10 +86,14 @@ impl LeaseCell {
             if handoff {
                 next.owner = next.next_owner.take();
             }
-            let started = tokio::time::Instant::now();
+            let started = self.clock.now();
             let result = self.store.replace(&next, lease.version).await;
-            metrics::histogram!("changefeed_checkpoint_seconds")
-                .record(started.elapsed().as_secs_f64());
+            metrics::histogram!("changefeed_checkpoint_seconds").record(
+                self.clock
+                    .now()
+                    .saturating_duration_since(started)
+                    .as_secs_f64(),
+            );
             match result {
                 Ok(stored) => {
                     *lease = stored;
@@ -356,7 +368,12 @@ pub(crate) async fn run(args: WorkerArgs) {
     let span = tracing::info_span!("worker", partition = %partition);
     let exits = args.exits.clone();
     let reason = async move {
-        let mut cell = LeaseCell::new(args.lease.clone(), args.store.clone(), args.host.clone());
+        let mut cell = LeaseCell::new(
+            args.lease.clone(),
+            args.store.clone(),
+            args.host.clone(),
+            args.clock.clone(),
+        );
         cell.hooks = args.hooks;
         let cell = Arc::new(cell);
         let ctx = Context {
@@ -615,8 +632,8 @@ impl Worker {
             }
         }
         let batch = match self.read(reader).await {
-            Some(b) => b,
-            None => return Step::Stop(self.stop_reason()),
+            Ok(b) => b,
+            Err(reason) => return Step::Stop(reason),
         };
         if !batch.records.is_empty() {
             if self.fenced() {
@@ -657,22 +674,29 @@ impl Worker {
         Step::Continue
     }
 
-    async fn read(&mut self, reader: &mut dyn PartitionReader) -> Option<Batch> {
+    /// Reads the next batch, retrying errors the source calls retryable with backoff. An
+    /// error it does not (an unknown continuation, a partition gone) gives the lease back
+    /// with its checkpoint, as a failed open does.
+    async fn read(&mut self, reader: &mut dyn PartitionReader) -> Result<Batch, CloseReason> {
         let mut attempt = 0;
         loop {
             match reader.next_batch(self.args.settings.max_batch_size).await {
-                Ok(b) => return Some(b),
+                Ok(b) => return Ok(b),
                 Err(err) => {
                     let retryable = err.is_retryable();
                     warn!(lease = %self.ctx.key, error = %err, retryable, "reading the partition failed");
                     metrics::counter!("changefeed_source_errors_total", "group" => self.args.group_label.clone()).increment(1);
-                    if !retryable && !matches!(err, SourceError::Source { .. }) {
-                        return None;
+                    if !retryable {
+                        tracing::error!(lease = %self.ctx.key, error = %err, "cannot read the partition; releasing the lease at its checkpoint");
+                        let pending = self.pending.take();
+                        return Err(self
+                            .release_or_lost(pending, CloseReason::SourceFailed)
+                            .await);
                     }
                     let d = self.backoff(attempt);
                     attempt += 1;
                     if !self.pause(d).await {
-                        return None;
+                        return Err(self.stop_reason());
                     }
                 }
             }

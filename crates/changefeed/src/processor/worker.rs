@@ -108,7 +108,7 @@ impl LeaseCell {
                 }
                 Err(LeaseError::Conflict { current, .. })
                     if current.is_owned_by(&self.host)
-                        && current.continuation_not_behind(&lease) =>
+                        && current.keeps_continuation_of(&lease) =>
                 {
                     debug!(lease = %lease.key, version = %current.version, "conflict; still the owner, retrying");
                     *lease = *current;
@@ -216,10 +216,10 @@ impl LeaseCell {
 }
 
 impl Lease {
-    /// Whether this row's continuation is the same as `other`'s, or `other` has none. A worker
-    /// adopts a conflicting row only then: a continuation moved by anyone else (an operator's
-    /// reset) means this worker's position is no longer the lease's.
-    fn continuation_not_behind(&self, other: &Lease) -> bool {
+    /// Whether this row's continuation equals `other`'s, or `other` has none. A worker adopts
+    /// a conflicting row only then: a continuation moved by anyone else (an operator's reset)
+    /// means this worker's position is no longer the lease's.
+    fn keeps_continuation_of(&self, other: &Lease) -> bool {
         other.continuation.is_none() || self.continuation == other.continuation
     }
 }

@@ -257,12 +257,19 @@ impl Host {
         *self.fenced_tx.borrow() || self.p.clock.now() >= self.fence_deadline.get()
     }
 
+    /// Whether this host has been fenced, or stalled past its fence (a lapse), since a cycle
+    /// that began with `lapses` lapses: then that cycle's reads are stale.
+    fn cut_short(&self, lapses: u64) -> bool {
+        self.fenced() || self.fence_deadline.lapses() != lapses
+    }
+
     async fn cycle(&mut self) {
         while self.worker_tasks.try_join_next().is_some() {}
         if self.fenced() {
             // A fenced host neither takes nor asks; its workers have stopped.
             return;
         }
+        let lapses = self.fence_deadline.lapses();
         let sent = self.p.clock.now();
         let membership = match self.p.store.membership(&self.p.group).await {
             Ok(m) => m,
@@ -335,7 +342,7 @@ impl Host {
             self.view.confirm(sent);
         }
         let synced = self.sync(&live, now).await;
-        self.forget_dead_hosts(&membership, &live).await;
+        self.forget_dead_hosts(&membership, &live, sent, lapses).await;
         if !need_list && !synced {
             // Nothing changed hands: the cached list is accurate; only time-based decisions
             // (overdue hand-offs) can differ.
@@ -343,6 +350,12 @@ impl Host {
                 self.publish_gauges();
                 return;
             }
+        }
+        if self.cut_short(lapses) {
+            // Stalled mid-cycle past the fence: what was read is stale, and a fenced host
+            // neither takes nor asks.
+            self.replan = true;
+            return;
         }
         // Set again below by anything that wants another look next cycle.
         self.replan = false;
@@ -357,12 +370,24 @@ impl Host {
     /// row from a live one, would count it as a host owed a share, and leases would move more
     /// than needed. The removal is a CAS on the version seen, so a host that renewed meanwhile
     /// keeps its row; one that was cut off and comes back registers again.
+    ///
+    /// A host that registers again starts its new row at version 1, so a removal sent on a
+    /// stale view could hit the new row of a host that came back: rows are removed only while
+    /// the membership read (sent at `sent`) is younger than the safety margin and this host
+    /// has not stalled past its fence since the cycle began.
     async fn forget_dead_hosts(
         &mut self,
         membership: &crate::model::Membership,
         live: &[HostName],
+        sent: Instant,
+        lapses: u64,
     ) {
         for hb in host_state::dead_rows(&self.p.host, &membership.hosts, live, &self.table) {
+            let age = self.p.clock.now().saturating_duration_since(sent);
+            if self.cut_short(lapses) || age >= self.p.settings.safety_margin {
+                debug!(?age, "membership read too old to remove dead hosts' rows; next cycle");
+                return;
+            }
             match self
                 .p
                 .store

@@ -15,20 +15,21 @@ pub struct Args {
     /// The seed to run (with --seeds: the first seed).
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Run this many seeds, from --seed on, in parallel on every core.
+    /// Run this many seeds (at least 1), from --seed on, in parallel on every core.
     #[arg(long)]
     seeds: Option<u64>,
     /// Faults: all, none, or a comma-separated list of crash, stop, restart, pause, cutoff,
-    /// latency, conflict, store-error, source-error, skew, drift, split, merge, handler-error.
+    /// latency, conflict, store-error, source-error, skew, drift, split, merge, handler-error,
+    /// slow-handler.
     #[arg(long, default_value = "all")]
     faults: String,
-    /// Multiplies every fault's rate.
-    #[arg(long, default_value_t = 1.0)]
+    /// Multiplies every fault's rate: a finite number from 0 to 100.
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     fault_rate: f64,
-    /// Hosts at the start.
+    /// Hosts at the start (at least 1).
     #[arg(long, default_value_t = 4)]
     hosts: usize,
-    /// Partitions at the start.
+    /// Partitions at the start (at least 1).
     #[arg(long, default_value_t = 8)]
     partitions: u32,
     /// Virtual time with faults and writes (then a drain), e.g. 120s, 10m, 24h.
@@ -40,8 +41,8 @@ pub struct Args {
     /// Balancing strategy: ours, kcl or cosmos.
     #[arg(long, default_value = "ours")]
     strategy: String,
-    /// Run a deliberately broken processor: no-fencing, checkpoint-without-cas or
-    /// child-before-parent (the checker should catch it).
+    /// Run a deliberately broken processor: no-fencing, checkpoint-without-cas,
+    /// child-before-parent or no-handler-fence (the checker should catch it).
     #[arg(long, default_value = "none")]
     broken: String,
     /// Write the ownership timeline of the (single) run as SVG to this file.
@@ -56,7 +57,32 @@ pub struct Args {
     large: bool,
 }
 
+/// The highest `--fault-rate`: every per-call fault is then certain, and the timed ones
+/// frequent enough that a run barely progresses.
+const MAX_FAULT_RATE: f64 = 100.0;
+
+/// Rejects values no run can be made with, naming the flag.
+fn validate(args: &Args) -> anyhow::Result<()> {
+    if !(args.fault_rate.is_finite() && (0.0..=MAX_FAULT_RATE).contains(&args.fault_rate)) {
+        anyhow::bail!(
+            "--fault-rate: must be a finite number between 0 and {MAX_FAULT_RATE} (got {})",
+            args.fault_rate
+        );
+    }
+    if args.seeds == Some(0) {
+        anyhow::bail!("--seeds: must be at least 1 (got 0)");
+    }
+    if args.hosts == 0 {
+        anyhow::bail!("--hosts: must be at least 1 (got 0)");
+    }
+    if args.partitions == 0 {
+        anyhow::bail!("--partitions: must be at least 1 (got 0)");
+    }
+    Ok(())
+}
+
 fn config(args: &Args, seed: u64) -> anyhow::Result<SimConfig> {
+    validate(args)?;
     let mut cfg = SimConfig::new(seed);
     cfg.faults = args
         .faults
@@ -115,7 +141,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
 fn simulate(args: Args) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
-    let count = args.seeds.unwrap_or(1).max(1);
+    let count = args.seeds.unwrap_or(1);
     let first = config(&args, args.seed)?;
     if count == 1 {
         let out = sim::run(&first)?;

@@ -65,10 +65,18 @@ fn simulate_healthy_seeds_report_no_violation() {
 }
 
 #[test]
-fn simulate_broken_no_fencing_is_caught_and_its_reproduction_fails_the_same_way() {
-    // Without fencing a stalled host delivers after another took over. Seed 4 catches it
-    // today; ten seeds leave some room if the simulator's random choices change.
-    let out = simulate(&["--broken", "no-fencing", "--seeds", "10", "--faults", "all"]);
+fn simulate_broken_no_handler_fence_is_caught_and_its_reproduction_fails_the_same_way() {
+    // A handler call not raced against the fence applies records after another host began
+    // delivering its partition (a stall or cut-off inside a slow call). Most seeds catch it
+    // today; ten leave room if the simulator's random choices change.
+    let out = simulate(&[
+        "--broken",
+        "no-handler-fence",
+        "--seeds",
+        "10",
+        "--faults",
+        "all",
+    ]);
     let (stdout, stderr) = text(&out);
     assert!(!out.status.success(), "broken run passed:\n{stdout}");
     assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
@@ -106,12 +114,16 @@ fn simulate_broken_no_fencing_is_caught_and_its_reproduction_fails_the_same_way(
     );
     let first = repros[0];
     let repro = lines[first];
-    assert!(repro.contains("--broken no-fencing"), "{repro}");
+    assert!(repro.contains("--broken no-handler-fence"), "{repro}");
     assert!(repro.contains("--faults all"), "{repro}");
     let expected = violations_after(&lines, first);
     assert!(
         !expected.is_empty(),
         "no violation under {repro}:\n{stdout}"
+    );
+    assert!(
+        stdout.contains("\n  overlap: partition "),
+        "caught as an overlap of two owners' calls:\n{stdout}"
     );
 
     // The reproduction, run as printed, is that one seed with the same violations.
@@ -209,4 +221,53 @@ fn simulate_rejects_unknown_faults() {
     assert!(stderr.contains("--faults"), "stderr: {stderr}");
     assert!(stderr.contains("nonsense"), "stderr: {stderr}");
     assert!(!stdout.contains("RESULT"), "ran anyway:\n{stdout}");
+}
+
+/// Runs `args`, expects a usage error naming `flag` and `value` on stderr, and no run.
+fn assert_usage_error(args: &[&str], flag: &str, value: &str) {
+    let out = simulate(args);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{args:?}: a usage error, not a violation or a panic:\n{stdout}\n{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("{flag}:")) && stderr.contains(&format!("(got {value})")),
+        "{args:?}: stderr does not name {flag} and {value}: {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    assert!(
+        !stdout.contains("RESULT"),
+        "{args:?}: ran anyway:\n{stdout}"
+    );
+}
+
+#[test]
+fn simulate_rejects_fault_rates_that_are_not_finite_numbers_from_0_to_100() {
+    for (rate, shown) in [("200", "200"), ("-1", "-1"), ("NaN", "NaN"), ("inf", "inf")] {
+        assert_usage_error(
+            &["--fault-rate", rate, "--seeds", "2"],
+            "--fault-rate",
+            shown,
+        );
+    }
+    assert_usage_error(&["--fault-rate=-0.5"], "--fault-rate", "-0.5");
+}
+
+#[test]
+fn simulate_rejects_zero_seeds_hosts_or_partitions() {
+    assert_usage_error(&["--seeds", "0"], "--seeds", "0");
+    assert_usage_error(&["--hosts", "0", "--seeds", "2"], "--hosts", "0");
+    assert_usage_error(&["--hosts", "0"], "--hosts", "0");
+    assert_usage_error(&["--partitions", "0"], "--partitions", "0");
+}
+
+#[test]
+fn simulate_help_lists_the_slow_handler_fault_and_the_no_handler_fence_variant() {
+    let out = simulate(&["--help"]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("slow-handler"), "{stdout}");
+    assert!(stdout.contains("no-handler-fence"), "{stdout}");
 }

@@ -9,8 +9,17 @@
 //! - **continuation-backwards**: no write moves a lease's continuation backwards (rule 4).
 //! - **duplicate**: a record is delivered again only at the start of a new ownership epoch
 //!   (a worker start), and at most one batch of them per epoch (rule 4).
-//! - **two-deliverers**: once a newer epoch has delivered a partition, no older epoch delivers
-//!   it again (rules 1 and 3: the old owner is fenced before anyone may take over).
+//! - **two-deliverers**: once a newer epoch has applied a record of a partition, no older epoch
+//!   applies one again (rules 1 and 3: the old owner is fenced before anyone may take over).
+//! - **overlap**: a handler call is in progress from when it begins until it applies its last
+//!   record; no record of a partition is applied while a call of another epoch on that
+//!   partition is in progress (rules 1 and 3: a call that outlives its owner's fence is
+//!   dropped before it applies anything more).
+//!
+//! "Before" and "after" are the order things happened in: virtual time, and at one instant the
+//! order the single-threaded run made them in ([`Delivery::seq`]). A record counts as
+//! delivered when the handler applied it, not when the call began: a call dropped halfway
+//! delivered the records it applied.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -22,7 +31,7 @@ use crate::model::PartitionId;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Violation {
     /// The rule: `lost`, `order`, `parents-first`, `continuation-backwards`, `duplicate`,
-    /// `two-deliverers`.
+    /// `two-deliverers`, `overlap`.
     pub rule: &'static str,
     /// What happened, naming partitions, records, hosts and times.
     pub detail: String,
@@ -39,7 +48,7 @@ impl fmt::Display for Violation {
 pub struct CheckInput<'a> {
     /// The partition of every record written, by record id.
     pub written: &'a [PartitionId],
-    /// Every successful delivery.
+    /// Every record applied.
     pub deliveries: &'a [Delivery],
     /// Every successful lease write.
     pub writes: &'a [WriteRec],
@@ -217,6 +226,8 @@ pub fn check(input: &CheckInput<'_>) -> Vec<Violation> {
         }
     }
 
+    overlapping_calls(input.deliveries, &mut report);
+
     // Continuations never move backwards.
     let mut last: BTreeMap<&PartitionId, u64> = BTreeMap::new();
     for w in input.writes {
@@ -242,4 +253,99 @@ pub fn check(input: &CheckInput<'_>) -> Vec<Violation> {
         }
     }
     out
+}
+
+/// A handler call, as seen from the records it applied.
+struct Call<'a> {
+    /// When it began, in run order.
+    start: u64,
+    /// When it applied its last record, in run order.
+    last: u64,
+    first_at: std::time::Duration,
+    last_at: std::time::Duration,
+    d: &'a Delivery,
+    records: (u64, u64),
+}
+
+/// The `overlap` rule: per partition, calls sorted by start; each must begin after every
+/// call of another epoch applied its last record.
+fn overlapping_calls(deliveries: &[Delivery], report: &mut impl FnMut(&'static str, String)) {
+    let mut calls: BTreeMap<(&PartitionId, u64), Call<'_>> = BTreeMap::new();
+    for d in deliveries {
+        let c = calls.entry((&d.partition, d.call)).or_insert(Call {
+            start: d.call,
+            last: d.seq,
+            first_at: d.at,
+            last_at: d.at,
+            d,
+            records: (d.record, d.record),
+        });
+        if d.seq >= c.last {
+            c.last = d.seq;
+            c.last_at = d.at;
+            c.records.1 = d.record;
+        }
+        if d.seq < c.d.seq {
+            c.first_at = d.at;
+            c.records.0 = d.record;
+            c.d = d;
+        }
+    }
+    // The keys sort by partition, then start: one sweep per partition, keeping the call that
+    // ended last and the one that ended last among the other epochs.
+    let mut partition: Option<&PartitionId> = None;
+    let mut latest: Option<&Call<'_>> = None;
+    let mut other: Option<&Call<'_>> = None;
+    // Each call that outlived another's start is reported once, against the first such call.
+    let mut reported: BTreeSet<u64> = BTreeSet::new();
+    for ((p, _), c) in &calls {
+        if partition != Some(*p) {
+            partition = Some(*p);
+            latest = None;
+            other = None;
+            reported.clear();
+        }
+        let earlier = match latest {
+            Some(l) if l.d.epoch != c.d.epoch => Some(l),
+            _ => other,
+        };
+        if let Some(e) = earlier.filter(|e| e.last > c.start && reported.insert(e.start)) {
+            report(
+                "overlap",
+                format!(
+                    "partition {p}: {} (epoch {}) applied record {} at {:?}, in a call begun at {:?} (records {}..={} from {:?}), after {} (epoch {}) had begun a call at {:?} (records {}..={} applied from {:?} to {:?})",
+                    e.d.host,
+                    e.d.epoch,
+                    e.records.1,
+                    e.last_at,
+                    e.d.call_at,
+                    e.records.0,
+                    e.records.1,
+                    e.first_at,
+                    c.d.host,
+                    c.d.epoch,
+                    c.d.call_at,
+                    c.records.0,
+                    c.records.1,
+                    c.first_at,
+                    c.last_at,
+                ),
+            );
+        }
+        // Keep the two calls of distinct epochs that ended last.
+        match latest {
+            Some(l) if l.last >= c.last => {
+                if l.d.epoch != c.d.epoch && other.is_none_or(|o| o.last < c.last) {
+                    other = Some(c);
+                }
+            }
+            Some(l) => {
+                if l.d.epoch != c.d.epoch {
+                    other = Some(l);
+                }
+                latest = Some(c);
+            }
+            None => latest = Some(c),
+        }
+    }
 }

@@ -466,6 +466,38 @@ impl SimFleet {
             .collect()
     }
 
+    /// Whether a handler call of `name` is in progress now.
+    pub fn in_call(&self, name: &str) -> bool {
+        self.hosts.get(name).is_some_and(|h| h.ctl.in_call())
+    }
+
+    /// Makes a share (0 to 1) of every host's handler calls from now on slow: each applies its
+    /// records one by one over a length drawn from a few milliseconds to `max` (see
+    /// [`super::Fault::SlowHandler`]). Other per-call fault rates are kept.
+    pub fn slow_handler(&self, share: f64, max: Duration) {
+        let mut rates = self.world.rates();
+        rates.slow_handler = share;
+        rates.slow_handler_max = max;
+        self.world.set_rates(rates);
+    }
+
+    /// Checks every rule over what the fleet delivered and wrote so far (see [`super::check`]).
+    /// `max_duplicates`: most duplicate records allowed per ownership epoch (`None`: not
+    /// counted).
+    pub async fn check(&self, max_duplicates: Option<usize>) -> Vec<super::Violation> {
+        let partitions = self.feed.partitions().await.unwrap_or_default();
+        let parents: BTreeMap<PartitionId, Vec<PartitionId>> =
+            partitions.into_iter().map(|p| (p.id, p.parents)).collect();
+        let log = self.world.log();
+        super::check(&super::CheckInput {
+            written: &self.written,
+            deliveries: &log.deliveries,
+            writes: &log.writes,
+            parents: &parents,
+            max_duplicates,
+        })
+    }
+
     /// Whether a host is stalled now.
     pub fn is_paused(&self, name: &str) -> bool {
         self.hosts.get(name).is_some_and(|h| h.ctl.is_paused())

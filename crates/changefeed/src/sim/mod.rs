@@ -76,11 +76,15 @@ pub enum Fault {
     Merge,
     /// The handler fails batches (they are retried).
     HandlerError,
+    /// Some handler calls are slow: they apply their records one by one over a few
+    /// milliseconds to several fence windows, so stalls, cut-offs and lease moves land inside
+    /// them.
+    SlowHandler,
 }
 
 impl Fault {
     /// Every fault.
-    pub const ALL: [Fault; 14] = [
+    pub const ALL: [Fault; 15] = [
         Fault::Crash,
         Fault::Stop,
         Fault::Restart,
@@ -95,6 +99,7 @@ impl Fault {
         Fault::Split,
         Fault::Merge,
         Fault::HandlerError,
+        Fault::SlowHandler,
     ];
 
     /// The name used on the command line.
@@ -114,6 +119,7 @@ impl Fault {
             Fault::Split => "split",
             Fault::Merge => "merge",
             Fault::HandlerError => "handler-error",
+            Fault::SlowHandler => "slow-handler",
         }
     }
 }
@@ -246,8 +252,9 @@ pub fn parse_broken(s: &str) -> Result<Broken, String> {
         "no-fencing" => Ok(Broken::NoFencing),
         "checkpoint-without-cas" => Ok(Broken::CheckpointWithoutCas),
         "child-before-parent" => Ok(Broken::ChildBeforeParent),
+        "no-handler-fence" => Ok(Broken::NoHandlerFence),
         other => Err(format!(
-            "unknown broken variant {other:?}; expected no-fencing, checkpoint-without-cas or child-before-parent"
+            "unknown broken variant {other:?}; expected no-fencing, checkpoint-without-cas, child-before-parent or no-handler-fence"
         )),
     }
 }
@@ -259,6 +266,7 @@ pub fn broken_name(b: Broken) -> &'static str {
         Broken::NoFencing => "no-fencing",
         Broken::CheckpointWithoutCas => "checkpoint-without-cas",
         Broken::ChildBeforeParent => "child-before-parent",
+        Broken::NoHandlerFence => "no-handler-fence",
     }
 }
 
@@ -427,6 +435,10 @@ mod rate {
     pub const CONFLICT: f64 = 0.01;
     pub const SOURCE_ERROR: f64 = 0.01;
     pub const HANDLER_ERROR: f64 = 0.02;
+    /// Per handler call: the share of calls that are slow.
+    pub const SLOW_HANDLER: f64 = 0.05;
+    /// The longest slow call, in fence windows (`lease_expiry − safety_margin`).
+    pub const SLOW_HANDLER_WINDOWS: u32 = 3;
 }
 
 async fn scenario(mut cfg: SimConfig) -> SimOutcome {
@@ -482,6 +494,16 @@ async fn scenario(mut cfg: SimConfig) -> SimOutcome {
         } else {
             0.0
         },
+        slow_handler: if on(Fault::SlowHandler) {
+            rate::SLOW_HANDLER * scale
+        } else {
+            0.0
+        },
+        slow_handler_max: cfg
+            .settings
+            .lease_expiry
+            .saturating_sub(cfg.settings.safety_margin)
+            * rate::SLOW_HANDLER_WINDOWS,
     });
     let names: Vec<String> = (0..cfg.hosts).map(|i| format!("h{i:02}")).collect();
     let margin = cfg.settings.safety_margin.as_secs_f64() / cfg.settings.lease_expiry.as_secs_f64();
@@ -614,20 +636,10 @@ async fn scenario(mut cfg: SimConfig) -> SimOutcome {
     }
     fleet.stop_all().await;
 
+    let violations = fleet.check(max_duplicates).await;
     let partitions = fleet.feed.partitions().await.unwrap_or_default();
-    let parents: BTreeMap<PartitionId, Vec<PartitionId>> = partitions
-        .iter()
-        .map(|p| (p.id.clone(), p.parents.clone()))
-        .collect();
     let virtual_time = fleet.now();
     let mut log = fleet.world.log();
-    let violations = check(&CheckInput {
-        written: &fleet.written,
-        deliveries: &log.deliveries,
-        writes: &log.writes,
-        parents: &parents,
-        max_duplicates,
-    });
     SimOutcome {
         seed: cfg.seed,
         trace_hash: log.trace.hash(),

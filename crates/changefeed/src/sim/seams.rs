@@ -84,13 +84,20 @@ impl Trace {
     }
 }
 
-/// One successful delivery of one record.
+/// One record applied by a handler call (a delivery).
 #[derive(Debug, Clone)]
 pub struct Delivery {
-    /// Order in which handler calls were made (all records of one call share it).
+    /// The order in which things happened: records applied and handler calls begun draw their
+    /// numbers from one counter, so it orders applications by virtual time, and ties by the
+    /// order the single-threaded run made them in. Unique in the run.
     pub seq: u64,
-    /// Virtual time of the handler call.
+    /// Virtual time the record was applied.
     pub at: Duration,
+    /// The handler call that applied it: the `seq` number drawn when the call began (unique in
+    /// the run; every record of one call shares it).
+    pub call: u64,
+    /// Virtual time the call began.
+    pub call_at: Duration,
     /// The delivering host.
     pub host: String,
     /// The ownership epoch: one per worker start (handler `open`), unique in the run.
@@ -153,6 +160,10 @@ pub(crate) struct Rates {
     pub conflict: f64,
     pub source_error: f64,
     pub handler_error: f64,
+    /// Probability that a handler call is slow (applies its records one by one over a while).
+    pub slow_handler: f64,
+    /// The longest a slow call lasts (stalls not counted).
+    pub slow_handler_max: Duration,
 }
 
 /// Everything the run logs.
@@ -215,7 +226,7 @@ impl World {
         *lock(&self.rates) = rates;
     }
 
-    fn rates(&self) -> Rates {
+    pub(crate) fn rates(&self) -> Rates {
         *lock(&self.rates)
     }
 
@@ -227,6 +238,27 @@ impl World {
 
     fn below(&self, max: u64) -> u64 {
         lock(&self.rng).gen_range(0..=max)
+    }
+
+    /// How long a slow handler call lasts: log-uniform-ish from [`SLOW_CALL_MIN`] to `max`
+    /// (an octave chosen uniformly, then a length uniformly within it), so most calls are
+    /// short and a few last several fence windows. Integer arithmetic only, so a seed runs the
+    /// same on every platform.
+    fn call_length(&self, max: Duration) -> Duration {
+        let min_ms = SLOW_CALL_MIN.as_millis() as u64;
+        let max_ms = (max.as_millis() as u64).max(min_ms);
+        let octaves = (max_ms / min_ms).ilog2();
+        let mut rng = lock(&self.rng);
+        let lo = min_ms << rng.gen_range(0..=octaves);
+        let hi = lo.saturating_mul(2).min(max_ms).max(lo);
+        Duration::from_millis(rng.gen_range(lo..=hi))
+    }
+
+    /// The next number of the run's order of applications and call starts.
+    fn next_seq(&self) -> u64 {
+        let mut log = self.log();
+        log.next_seq += 1;
+        log.next_seq
     }
 
     pub(crate) fn event(&self, kind: &'static str, subject: &str, detail: String) {
@@ -341,6 +373,8 @@ pub(crate) struct HostCtl {
     paused: Flag<bool>,
     cut: Flag<Cut>,
     latency_ms: AtomicU64,
+    /// Handler calls begun and not yet returned or dropped.
+    calls: AtomicU64,
 }
 
 impl HostCtl {
@@ -350,6 +384,7 @@ impl HostCtl {
             paused: Flag::new(false),
             cut: Flag::new(Cut::None),
             latency_ms: AtomicU64::new(0),
+            calls: AtomicU64::new(0),
         }
     }
 
@@ -367,6 +402,11 @@ impl HostCtl {
 
     pub(crate) fn set_latency(&self, max_ms: u64) {
         self.latency_ms.store(max_ms, Ordering::Relaxed);
+    }
+
+    /// Whether a handler call of this host is in progress.
+    pub(crate) fn in_call(&self) -> bool {
+        self.calls.load(Ordering::Relaxed) > 0
     }
 
     /// Waits while the host is stalled.
@@ -523,7 +563,13 @@ impl LeaseStore for SimStore {
         expected: Version,
     ) -> Result<(), LeaseError> {
         self.pre("remove_heartbeat").await?;
-        self.inner.remove_heartbeat(group, host, expected).await
+        self.inner.remove_heartbeat(group, host, expected).await?;
+        let at = self.world.now();
+        self.world.log().trace.push(
+            at,
+            format_args!("remove_heartbeat {} {host} {expected}", self.ctl.name),
+        );
+        Ok(())
     }
 
     async fn list_changes(
@@ -633,12 +679,88 @@ impl PartitionReader for SimReader {
     }
 }
 
-/// A host's handler: logs every successful delivery with its ownership epoch.
+/// The shortest slow handler call.
+const SLOW_CALL_MIN: Duration = Duration::from_millis(5);
+
+/// A host's handler: logs every record it applies with the time, its call and its ownership
+/// epoch.
+///
+/// A call applies its batch at once, unless the slow-handler fault makes it slow: then it
+/// applies the records one by one, spread over a length drawn when the call begins, waiting
+/// out the host's stalls before each. A call the processor drops stops applying; what it
+/// applied stays delivered.
 #[derive(Debug)]
 pub(crate) struct SimHandler {
     pub ctl: Arc<HostCtl>,
     pub world: Arc<World>,
     pub epochs: Mutex<BTreeMap<PartitionId, u64>>,
+}
+
+/// Counts a handler call in progress until it returns or is dropped.
+struct InCall<'a>(&'a HostCtl);
+
+impl<'a> InCall<'a> {
+    fn new(ctl: &'a HostCtl) -> Self {
+        ctl.calls.fetch_add(1, Ordering::Relaxed);
+        Self(ctl)
+    }
+}
+
+impl Drop for InCall<'_> {
+    fn drop(&mut self) {
+        self.0.calls.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Where a handler call is, for the ledger.
+struct CallInfo<'a> {
+    host: &'a str,
+    partition: &'a PartitionId,
+    epoch: u64,
+    call: u64,
+    call_at: Duration,
+}
+
+impl SimHandler {
+    /// Applies `records` now, logging each as a delivery. Returns the first and last ids.
+    fn apply(
+        &self,
+        c: &CallInfo<'_>,
+        records: &[crate::model::Record],
+    ) -> Result<(Option<u64>, u64), HandlerError> {
+        let at = self.world.now();
+        let mut log = self.world.log();
+        let mut first = None;
+        let mut last = 0;
+        for r in records {
+            let id: u64 = std::str::from_utf8(&r.data)?.parse()?;
+            first.get_or_insert(id);
+            last = id;
+            let slot = usize::try_from(id)?;
+            if log.delivered.len() <= slot {
+                log.delivered.resize(slot + 1, false);
+            }
+            if !log.delivered[slot] {
+                log.delivered[slot] = true;
+                log.delivered_count += 1;
+            }
+            log.next_seq += 1;
+            let seq = log.next_seq;
+            if log.keep_history {
+                log.deliveries.push(Delivery {
+                    seq,
+                    at,
+                    call: c.call,
+                    call_at: c.call_at,
+                    host: c.host.to_string(),
+                    epoch: c.epoch,
+                    partition: c.partition.clone(),
+                    record: id,
+                });
+            }
+        }
+        Ok((first, last))
+    }
 }
 
 #[async_trait]
@@ -662,12 +784,15 @@ impl Handler for SimHandler {
     }
 
     async fn handle(&self, ctx: &Context, batch: &Batch) -> Result<(), HandlerError> {
-        let at = self.world.now();
-        let seq = {
-            let mut log = self.world.log();
-            log.next_seq += 1;
-            log.next_seq
-        };
+        let _in_call = InCall::new(&self.ctl);
+        let call_at = self.world.now();
+        let call = self.world.next_seq();
+        // Drawn when the call begins, so the draws keep the order of the calls.
+        let rates = self.world.rates();
+        let slow = self
+            .world
+            .roll(rates.slow_handler)
+            .then(|| self.world.call_length(rates.slow_handler_max));
         self.ctl.gate().await;
         if self.world.roll(self.world.rates().handler_error) {
             return Err("handler failed (simulated)".into());
@@ -676,42 +801,57 @@ impl Handler for SimHandler {
             .get(ctx.partition())
             .copied()
             .ok_or("handle before open")?;
-        let mut log = self.world.log();
-        let mut first = None;
-        let mut last = 0;
-        for r in &batch.records {
-            let id: u64 = std::str::from_utf8(&r.data)?.parse()?;
-            first.get_or_insert(id);
-            last = id;
-            let slot = usize::try_from(id)?;
-            if log.delivered.len() <= slot {
-                log.delivered.resize(slot + 1, false);
-            }
-            if !log.delivered[slot] {
-                log.delivered[slot] = true;
-                log.delivered_count += 1;
-            }
-            if log.keep_history {
-                log.deliveries.push(Delivery {
-                    seq,
-                    at,
-                    host: self.ctl.name.clone(),
-                    epoch,
-                    partition: ctx.partition().clone(),
-                    record: id,
-                });
-            }
+        let c = CallInfo {
+            host: &self.ctl.name,
+            partition: ctx.partition(),
+            epoch,
+            call,
+            call_at,
+        };
+        let Some(length) = slow else {
+            let (first, last) = self.apply(&c, &batch.records)?;
+            let at = self.world.now();
+            self.world.log().trace.push(
+                at,
+                format_args!(
+                    "deliver {} {} epoch={epoch} records={:?}..={last} n={}",
+                    self.ctl.name,
+                    ctx.partition(),
+                    first,
+                    batch.records.len()
+                ),
+            );
+            return Ok(());
+        };
+        {
+            let at = self.world.now();
+            self.world.log().trace.push(
+                at,
+                format_args!(
+                    "slow-call {} {} epoch={epoch} n={} ms={}",
+                    self.ctl.name,
+                    ctx.partition(),
+                    batch.records.len(),
+                    length.as_millis()
+                ),
+            );
         }
-        log.trace.push(
-            at,
-            format_args!(
-                "deliver {} {} epoch={epoch} records={:?}..={last} n={}",
-                self.ctl.name,
-                ctx.partition(),
-                first,
-                batch.records.len()
-            ),
-        );
+        let n = u32::try_from(batch.records.len().max(1)).unwrap_or(u32::MAX);
+        let step = length / n;
+        for r in &batch.records {
+            tokio::time::sleep(step).await;
+            self.ctl.gate().await;
+            let (_, id) = self.apply(&c, std::slice::from_ref(r))?;
+            let at = self.world.now();
+            self.world.log().trace.push(
+                at,
+                format_args!(
+                    "apply {} {} epoch={epoch} record={id}",
+                    self.ctl.name,
+                    ctx.partition()
+                ),
+            );
+        }
         Ok(())
     }
 

@@ -1,9 +1,14 @@
 //! The deterministic simulator: many seeds with every fault find no broken rule, one seed is
 //! one exact run, and deliberately broken processors are caught.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use changefeed::sim::{run, Broken, Faults, SimConfig, TraceMode};
+use changefeed::model::PartitionId;
+use changefeed::sim::{
+    check, run, sim_settings, Broken, CheckInput, Delivery, Fault, Faults, FleetConfig, SimConfig,
+    SimFleet, StrategyKind, TraceMode, Violation,
+};
 
 /// The per-seed size of the acceptance runs: 4 hosts, 8 partitions, 2 virtual minutes.
 fn all_faults(seed: u64) -> SimConfig {
@@ -88,15 +93,17 @@ fn no_faults_deliver_everything_exactly_once() {
     assert_eq!(out.deliveries, out.written, "no duplicate without faults");
 }
 
-/// The first seed below 200 whose run breaks a rule with `broken` switched on.
+/// The first seed below 200 whose run breaks a rule with `broken` switched on, with its
+/// reproduction and every violation found.
 fn first_caught(broken: Broken) -> Option<(u64, String)> {
     (0..200).find_map(|seed| {
         let mut cfg = all_faults(seed);
         cfg.broken = broken;
         let out = run(&cfg).expect("runs");
-        out.violations
-            .first()
-            .map(|v| (seed, format!("{} -> {v}", cfg.repro())))
+        (!out.violations.is_empty()).then(|| {
+            let all: Vec<String> = out.violations.iter().map(|v| v.to_string()).collect();
+            (seed, format!("{} -> {}", cfg.repro(), all.join("; ")))
+        })
     })
 }
 
@@ -123,6 +130,184 @@ fn broken_child_before_parent_is_caught() {
     let caught = first_caught(Broken::ChildBeforeParent);
     let (_, what) = caught.expect("child-before-parent not caught in 200 seeds");
     assert!(what.contains("parents-first"), "{what}");
+}
+
+#[test]
+fn broken_no_handler_fence_is_caught() {
+    // A handler call left running past its host's fence (a stall or a cut-off inside a slow
+    // call, or a steal of an unhonoured hand-off) applies records after another host began
+    // delivering the partition (rules 1 and 3).
+    let caught = first_caught(Broken::NoHandlerFence);
+    let (_, what) = caught.expect("no-handler-fence not caught in 200 seeds");
+    assert!(what.contains("overlap: "), "{what}");
+}
+
+#[test]
+fn slow_handler_is_part_of_all_faults() {
+    // `--faults all` runs slow handler calls, and the name parses back.
+    assert!(Faults::all().has(Fault::SlowHandler));
+    let f: Faults = "slow-handler,pause".parse().expect("known faults");
+    assert!(f.has(Fault::SlowHandler) && f.has(Fault::Pause));
+    assert_eq!(Fault::SlowHandler.name(), "slow-handler");
+}
+
+/// Two hosts share one partition with every handler call slow; as soon as the owner is inside
+/// a call, it stalls for three fence windows while records keep coming. Returns the rules
+/// broken once everything is delivered.
+async fn stall_inside_a_slow_call(broken: Broken) -> Vec<Violation> {
+    let settings = sim_settings();
+    let window = settings.lease_expiry - settings.safety_margin;
+    let mut fleet = SimFleet::new(FleetConfig {
+        seed: 11,
+        partitions: 1,
+        settings: settings.clone(),
+        strategy: StrategyKind::Ours,
+        broken,
+        anchor_costs: false,
+        trace: TraceMode::Hash,
+        history: true,
+    })
+    .await;
+    fleet.start("h00");
+    fleet.start("h01");
+    let step = Duration::from_millis(100);
+    for _ in 0..100 {
+        fleet.write(1, 16);
+        fleet.advance(step).await;
+    }
+    assert!(fleet.delivered() > 0, "the partition is being delivered");
+    // Only the calls begun from now on are slow; wait for the owner to be inside one.
+    fleet.slow_handler(1.0, 3 * window);
+    let owner = loop {
+        fleet.write(1, 16);
+        fleet.advance(step).await;
+        if let Some(h) = ["h00", "h01"].into_iter().find(|h| fleet.in_call(h)) {
+            break h;
+        }
+        assert!(fleet.now() < Duration::from_secs(120), "no slow call began");
+    };
+    fleet.slow_handler(0.0, 3 * window);
+    fleet.pause(owner, 3 * window);
+    for _ in 0..400 {
+        fleet.write(1, 16);
+        fleet.advance(step).await;
+    }
+    for _ in 0..120 {
+        if fleet.delivered() >= fleet.written() {
+            break;
+        }
+        fleet.advance(Duration::from_secs(1)).await;
+    }
+    assert_eq!(fleet.delivered(), fleet.written(), "every record delivered");
+    let leases = fleet.leases().await;
+    let now_owner = leases.first().and_then(|l| l.owner.as_ref());
+    assert!(
+        now_owner.is_some_and(|o| o.as_str() != owner),
+        "the other host took the partition over from the stalled {owner}: {now_owner:?}"
+    );
+    fleet.stop_all().await;
+    fleet.check(Some(settings.max_batch_size)).await
+}
+
+fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a runtime")
+}
+
+#[test]
+fn a_stall_inside_a_slow_call_is_caught_without_the_handler_fence() {
+    // The stalled owner wakes after another host took the partition over and, its call not
+    // raced against the fence, applies the rest of its batch (rules 1 and 3).
+    let violations = paused_runtime().block_on(stall_inside_a_slow_call(Broken::NoHandlerFence));
+    assert!(
+        violations.iter().any(|v| v.rule == "overlap"),
+        "{violations:?}"
+    );
+}
+
+#[test]
+fn a_stall_inside_a_slow_call_breaks_no_rule_with_the_handler_fence() {
+    // The real processor drops the call as the stalled owner wakes fenced: nothing more of the
+    // batch is applied, and the new owner delivers it again (one batch of duplicates at most).
+    let violations = paused_runtime().block_on(stall_inside_a_slow_call(Broken::None));
+    assert!(violations.is_empty(), "{violations:?}");
+}
+
+/// One applied record: `(seq, call, epoch, record)` on partition `p0` at `seq` ms.
+fn applied(seq: u64, call: u64, epoch: u64, record: u64) -> Delivery {
+    Delivery {
+        seq,
+        at: Duration::from_millis(seq),
+        call,
+        call_at: Duration::from_millis(call),
+        host: format!("h{epoch}"),
+        epoch,
+        partition: PartitionId::new("p0").expect("a valid partition id"),
+        record,
+    }
+}
+
+fn rules(deliveries: &[Delivery]) -> Vec<&'static str> {
+    let p = PartitionId::new("p0").expect("a valid partition id");
+    let written = vec![p.clone(); 4];
+    let parents = BTreeMap::from([(p, Vec::new())]);
+    check(&CheckInput {
+        written: &written,
+        deliveries,
+        writes: &[],
+        parents: &parents,
+        max_duplicates: Some(4),
+    })
+    .into_iter()
+    .map(|v| v.rule)
+    .collect()
+}
+
+#[test]
+fn calls_of_one_owner_after_another_do_not_overlap() {
+    // A hand-off: epoch 1's call ends, then epoch 2's begins and redelivers one record.
+    let ok = [
+        applied(2, 1, 1, 0),
+        applied(3, 1, 1, 1),
+        applied(5, 4, 2, 1),
+        applied(6, 4, 2, 2),
+        applied(8, 7, 2, 3),
+    ];
+    assert_eq!(rules(&ok), Vec::<&str>::new());
+}
+
+#[test]
+fn a_call_applying_after_another_epoch_began_is_an_overlap() {
+    // Epoch 1's call (begun at 1) applies record 2 at 6, after epoch 2's call began at 4.
+    let bad = [
+        applied(2, 1, 1, 0),
+        applied(3, 1, 1, 1),
+        applied(5, 4, 2, 1),
+        applied(6, 1, 1, 2),
+        applied(8, 7, 2, 2),
+        applied(9, 7, 2, 3),
+    ];
+    let found = rules(&bad);
+    assert!(found.contains(&"overlap"), "{found:?}");
+    assert!(found.contains(&"two-deliverers"), "{found:?}");
+}
+
+#[test]
+fn a_call_begun_before_another_epoch_but_applying_only_after_it_is_an_overlap() {
+    // Epoch 1's first call begins at 1 and applies only at 6, after epoch 2's call (begun at
+    // 3) applied: the order of applications alone shows no return to an older deliverer.
+    let bad = [
+        applied(4, 3, 2, 0),
+        applied(5, 3, 2, 1),
+        applied(6, 1, 1, 0),
+        applied(7, 1, 1, 1),
+        applied(8, 1, 1, 2),
+        applied(9, 1, 1, 3),
+    ];
+    assert_eq!(rules(&bad), vec!["overlap"]);
 }
 
 #[test]

@@ -342,7 +342,8 @@ impl Host {
             self.view.confirm(sent);
         }
         let synced = self.sync(&live, now).await;
-        self.forget_dead_hosts(&membership, &live, sent, lapses).await;
+        self.forget_dead_hosts(&membership, &live, sent, lapses)
+            .await;
         if !need_list && !synced {
             // Nothing changed hands: the cached list is accurate; only time-based decisions
             // (overdue hand-offs) can differ.
@@ -385,7 +386,10 @@ impl Host {
         for hb in host_state::dead_rows(&self.p.host, &membership.hosts, live, &self.table) {
             let age = self.p.clock.now().saturating_duration_since(sent);
             if self.cut_short(lapses) || age >= self.p.settings.safety_margin {
-                debug!(?age, "membership read too old to remove dead hosts' rows; next cycle");
+                debug!(
+                    ?age,
+                    "membership read too old to remove dead hosts' rows; next cycle"
+                );
                 return;
             }
             match self

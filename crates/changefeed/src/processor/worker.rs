@@ -107,8 +107,7 @@ impl LeaseCell {
                     return Ok(WriteOutcome::Kept);
                 }
                 Err(LeaseError::Conflict { current, .. })
-                    if current.is_owned_by(&self.host)
-                        && current.keeps_continuation_of(&lease) =>
+                    if current.is_owned_by(&self.host) && current.keeps_continuation_of(&lease) =>
                 {
                     debug!(lease = %lease.key, version = %current.version, "conflict; still the owner, retrying");
                     *lease = *current;

@@ -1,6 +1,6 @@
 //! [`DynamoLeaseStore`]: the lease store seam on one DynamoDB table.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -13,10 +13,9 @@ use aws_sdk_dynamodb::types::{
     TableStatus, TransactWriteItem, Update,
 };
 use aws_sdk_dynamodb::Client;
-use changefeed::lease::{LeaseStore, Listing};
+use changefeed::lease::{LeaseRow, LeaseStore, Listing};
 use changefeed::model::{
-    Continuation, GroupName, Heartbeat, HostName, Lease, LeaseKey, LeaseState, Membership,
-    PartitionId, Position, Timestamp, Version,
+    GroupName, Heartbeat, HostName, Lease, LeaseKey, LeaseState, Membership, Timestamp, Version,
 };
 use changefeed::LeaseError;
 use rand::rngs::SmallRng;
@@ -365,13 +364,14 @@ impl DynamoLeaseStore {
 
     fn lease_put(
         &self,
-        lease: &Lease,
+        group: &GroupName,
+        row: &LeaseRow,
         version: Version,
         condition: Condition<'_>,
     ) -> Result<Put, LeaseError> {
         let mut put = Put::builder()
             .table_name(&self.table)
-            .set_item(Some(lease_item(lease, version)?))
+            .set_item(Some(lease_item(group, row, version)))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
         let (expr, names, values) = condition.render();
         put = put
@@ -514,30 +514,30 @@ pub fn heartbeat_pk(group: &GroupName) -> String {
     format!("H#{group}")
 }
 
-fn lease_item(lease: &Lease, version: Version) -> Result<Item, LeaseError> {
+/// The item of a lease of `group` at `version`: its [`LeaseRow`], unset values left out and the
+/// parents as a list of strings.
+fn lease_item(group: &GroupName, row: &LeaseRow, version: Version) -> Item {
     let mut item = Item::new();
-    item.insert(PK.into(), s(lease_pk(&lease.key.group)));
-    item.insert(SK.into(), s(lease.key.partition.as_str()));
+    item.insert(PK.into(), s(lease_pk(group)));
+    item.insert(SK.into(), s(row.partition.as_str()));
     item.insert(A_VERSION.into(), n(version.0));
-    item.insert(A_STATE.into(), s(lease.state.as_str()));
-    if let Some(o) = &lease.owner {
-        item.insert(A_OWNER.into(), s(o.as_str()));
+    item.insert(A_STATE.into(), s(row.state.as_str()));
+    for (attr, value) in [
+        (A_OWNER, &row.owner),
+        (A_NEXT_OWNER, &row.next_owner),
+        (A_CONTINUATION, &row.continuation),
+    ] {
+        if let Some(v) = value {
+            item.insert(attr.into(), s(v.as_str()));
+        }
     }
-    if let Some(o) = &lease.next_owner {
-        item.insert(A_NEXT_OWNER.into(), s(o.as_str()));
-    }
-    if let Some(c) = &lease.continuation {
-        item.insert(A_CONTINUATION.into(), s(c.as_str()));
-    }
-    item.insert(A_START.into(), s(lease.start.to_string()));
+    item.insert(A_START.into(), s(row.start.as_str()));
     item.insert(
         A_PARENTS.into(),
-        AttributeValue::L(lease.parents.iter().map(|p| s(p.as_str())).collect()),
+        AttributeValue::L(row.parents.iter().map(|p| s(p.as_str())).collect()),
     );
-    let props = serde_json::to_string(&lease.properties)
-        .map_err(|e| LeaseError::store("encode", Some(lease.key.to_string()), false, e))?;
-    item.insert(A_PROPERTIES.into(), s(props));
-    Ok(item)
+    item.insert(A_PROPERTIES.into(), s(row.properties.as_str()));
+    item
 }
 
 fn text<'a>(item: &'a Item, attr: &str) -> Result<Option<&'a str>, String> {
@@ -577,62 +577,38 @@ fn parse_lease(item: &Item) -> Result<Lease, LeaseError> {
         .strip_prefix("L#")
         .ok_or_else(|| bad(format!("partition key {pk:?} is not a lease key")))?;
     let group = GroupName::new(group).map_err(|e| bad(e.to_string()))?;
-    let partition = PartitionId::new(text(item, SK).map_err(bad)?.unwrap_or_default())
-        .map_err(|e| bad(e.to_string()))?;
-    let state: LeaseState = text(item, A_STATE)
-        .map_err(bad)?
-        .ok_or_else(|| bad("no state".into()))?
-        .parse()
-        .map_err(|e: changefeed::ModelError| bad(e.to_string()))?;
-    let host = |attr: &str| -> Result<Option<HostName>, LeaseError> {
-        text(item, attr)
-            .map_err(bad)?
-            .map(HostName::new)
-            .transpose()
-            .map_err(|e| bad(e.to_string()))
-    };
-    let owner = host(A_OWNER)?;
-    let next_owner = host(A_NEXT_OWNER)?;
-    let continuation = text(item, A_CONTINUATION)
-        .map_err(bad)?
-        .map(Continuation::new);
-    let start: Position = text(item, A_START)
-        .map_err(bad)?
-        .ok_or_else(|| bad("no start".into()))?
-        .parse()
-        .map_err(|e: changefeed::ModelError| bad(e.to_string()))?;
+    lease_row(item)
+        .and_then(|row| row.decode(&group))
+        .map_err(bad)
+}
+
+/// The [`LeaseRow`] a lease item holds, or which attribute is wrong.
+fn lease_row(item: &Item) -> Result<LeaseRow, String> {
+    let owned = |attr: &str| text(item, attr).map(|t| t.map(str::to_string));
+    let required = |attr: &str| owned(attr)?.ok_or_else(|| format!("no {attr}"));
     let parents = match item.get(A_PARENTS) {
         None => Vec::new(),
         Some(AttributeValue::L(list)) => list
             .iter()
             .map(|v| match v {
-                AttributeValue::S(p) => {
-                    PartitionId::new(p.as_str()).map_err(|e| bad(e.to_string()))
-                }
-                other => Err(bad(format!("parent is not a string: {other:?}"))),
+                AttributeValue::S(p) => Ok(p.clone()),
+                other => Err(format!("parent is not a string: {other:?}")),
             })
             .collect::<Result<_, _>>()?,
-        Some(other) => return Err(bad(format!("parents is not a list: {other:?}"))),
+        Some(other) => return Err(format!("parents is not a list: {other:?}")),
     };
-    let properties: BTreeMap<String, String> = match text(item, A_PROPERTIES).map_err(bad)? {
-        None => BTreeMap::new(),
-        Some(json) => serde_json::from_str(json)
-            .map_err(|e| bad(format!("properties are not a JSON object of strings: {e}")))?,
-    };
-    let version = Version(number(item, A_VERSION).map_err(bad)?);
-    let lease = Lease {
-        key: LeaseKey::new(group, partition),
-        state,
-        owner,
-        next_owner,
-        continuation,
-        start,
+    Ok(LeaseRow {
+        partition: owned(SK)?.unwrap_or_default(),
+        state: required(A_STATE)?,
+        owner: owned(A_OWNER)?,
+        next_owner: owned(A_NEXT_OWNER)?,
+        continuation: owned(A_CONTINUATION)?,
+        start: required(A_START)?,
         parents,
-        properties,
-        version,
-    };
-    lease.validate().map_err(|e| bad(e.to_string()))?;
-    Ok(lease)
+        // An item without properties has none.
+        properties: owned(A_PROPERTIES)?.unwrap_or_else(|| "{}".into()),
+        version: number(item, A_VERSION)?,
+    })
 }
 
 fn parse_heartbeat(group: &GroupName, item: &Item) -> Result<Heartbeat, LeaseError> {
@@ -803,8 +779,8 @@ impl LeaseStore for DynamoLeaseStore {
     }
 
     async fn create(&self, lease: &Lease) -> Result<Option<Lease>, LeaseError> {
-        lease.validate()?;
-        let put = self.lease_put(lease, Version::FIRST, Condition::Absent)?;
+        let row = LeaseRow::encode(lease)?;
+        let put = self.lease_put(&lease.key.group, &row, Version::FIRST, Condition::Absent)?;
         let first = TransactWriteItem::builder().put(put).build();
         match self
             .transact_with_counter("create", &lease.key, first)
@@ -821,7 +797,7 @@ impl LeaseStore for DynamoLeaseStore {
     }
 
     async fn replace(&self, lease: &Lease, expected: Version) -> Result<Lease, LeaseError> {
-        lease.validate()?;
+        let row = LeaseRow::encode(lease)?;
         let new = Ownership::of(lease);
         let mut old = self
             .known(&lease.key, expected)
@@ -830,10 +806,10 @@ impl LeaseStore for DynamoLeaseStore {
         for _ in 0..3 {
             let condition = Condition::At(expected, Some(&old));
             let refused = if old == new {
-                let put = self.lease_put(lease, next, condition)?;
+                let put = self.lease_put(&lease.key.group, &row, next, condition)?;
                 self.put_item(put, "replace", &lease.key).await?
             } else {
-                let put = self.lease_put(lease, next, condition)?;
+                let put = self.lease_put(&lease.key.group, &row, next, condition)?;
                 let first = TransactWriteItem::builder().put(put).build();
                 self.transact_with_counter("replace", &lease.key, first)
                     .await?

@@ -3,11 +3,12 @@
 
 use std::time::Duration;
 
-use changefeed::{LeaseError, SourceError};
+use changefeed::lease::BackendError;
 use tokio_postgres::error::SqlState;
 
 /// What can go wrong inside the PostgreSQL backend. Callers see it as the `source` of a
-/// [`LeaseError::Store`] or [`SourceError::Source`]; downcast to tell the cases apart.
+/// [`LeaseError::Store`](changefeed::LeaseError::Store) or
+/// [`SourceError::Source`](changefeed::SourceError::Source); downcast to tell the cases apart.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PostgresError {
@@ -105,21 +106,12 @@ impl PostgresError {
             _ => false,
         }
     }
+}
 
-    /// As a lease store error for `operation` on `key`.
-    pub(crate) fn into_lease(self, operation: &'static str, key: Option<String>) -> LeaseError {
-        let retryable = self.is_retryable();
-        LeaseError::store(operation, key, retryable, self)
-    }
-
-    /// As a feed source error for `operation` on `partition`.
-    pub(crate) fn into_source(
-        self,
-        operation: &'static str,
-        partition: Option<String>,
-    ) -> SourceError {
-        let retryable = self.is_retryable();
-        SourceError::source(operation, partition, retryable, self)
+impl BackendError for PostgresError {
+    fn is_retryable(&self) -> bool {
+        // The inherent method above, the one place that decides.
+        PostgresError::is_retryable(self)
     }
 }
 

@@ -59,6 +59,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 use changefeed::clock::{Clock, SystemClock};
+use changefeed::lease::BackendError;
 use changefeed::model::{
     Batch, Continuation, KeyRange, Partition, PartitionId, Position, Record, Timestamp,
 };

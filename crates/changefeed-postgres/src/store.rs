@@ -51,13 +51,13 @@
 //! (the create's second statement only updates the row it inserted), and only deletes touch
 //! the deletion records, after the counter row: no lock cycles.
 
-use std::collections::BTreeMap;
+use std::borrow::Cow;
 
 use async_trait::async_trait;
-use changefeed::lease::{Changes, LeaseStore, Listing};
+use changefeed::lease::row::{SQL_COLUMNS as COLS, SQL_COLUMN_NAMES, SQL_TEXT_COLUMNS};
+use changefeed::lease::{BackendError, Changes, LeaseRow, LeaseStore, Listing};
 use changefeed::model::{
-    Continuation, GroupName, Heartbeat, HostName, Lease, LeaseKey, LeaseState, Membership,
-    PartitionId, Position, Timestamp, Version,
+    GroupName, Heartbeat, HostName, Lease, LeaseKey, Membership, PartitionId, Timestamp, Version,
 };
 use changefeed::LeaseError;
 use tokio_postgres::Row;
@@ -138,10 +138,8 @@ pub const LEASE_SCHEMA_VERSION: i32 = 2;
 /// deleted gets `None` and lists in full.
 pub const DEFAULT_CHANGES_KEPT: u64 = 16_384;
 
-const COLS: &str =
-    "partition, state, owner, next_owner, continuation, start, parents, properties, version";
 /// How many columns [`COLS`] names.
-const COLS_LEN: usize = 9;
+const COLS_LEN: usize = SQL_TEXT_COLUMNS + 1;
 
 /// The statements, with the table names filled in once.
 #[derive(Debug)]
@@ -414,56 +412,29 @@ impl PostgresLeaseStore {
     }
 }
 
-/// A lease's columns, encoded for writing.
-struct Encoded {
-    group: String,
-    partition: String,
-    state: &'static str,
-    owner: Option<String>,
-    next_owner: Option<String>,
-    continuation: Option<String>,
-    start: String,
-    parents: String,
-    properties: String,
-}
-
 /// A statement parameter.
 type Param<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
 
-impl Encoded {
-    /// The lease as statement parameters: `$1` the group, then `$2`…`$9` the columns of
-    /// [`COLS`] but the version.
-    fn params(&self) -> [Param<'_>; 9] {
-        [
-            &self.group,
-            &self.partition,
-            &self.state,
-            &self.owner,
-            &self.next_owner,
-            &self.continuation,
-            &self.start,
-            &self.parents,
-            &self.properties,
-        ]
-    }
+/// A lease encoded for writing.
+struct Encoded {
+    group: String,
+    row: LeaseRow,
+}
 
+impl Encoded {
     fn new(lease: &Lease) -> Result<Self, LeaseError> {
-        lease.validate()?;
-        let key = || Some(lease.key.to_string());
-        let json = |what: &'static str, r: Result<String, serde_json::Error>| {
-            r.map_err(|source| PostgresError::Encode { what, source }.into_lease("encode", key()))
-        };
         Ok(Self {
             group: lease.key.group.to_string(),
-            partition: lease.key.partition.to_string(),
-            state: lease.state.as_str(),
-            owner: lease.owner.as_ref().map(|h| h.to_string()),
-            next_owner: lease.next_owner.as_ref().map(|h| h.to_string()),
-            continuation: lease.continuation.as_ref().map(|c| c.to_string()),
-            start: lease.start.to_string(),
-            parents: json("parents", serde_json::to_string(&lease.parents))?,
-            properties: json("properties", serde_json::to_string(&lease.properties))?,
+            row: LeaseRow::encode(lease)?,
         })
+    }
+
+    /// The lease as statement parameters: `$1` the group, then `$2`…`$9` the text columns of
+    /// [`COLS`] (the version aside), from `text`, the row's [`LeaseRow::sql_text`].
+    fn params<'a>(&'a self, text: &'a [Option<Cow<'a, str>>]) -> Vec<Param<'a>> {
+        std::iter::once(&self.group as Param<'a>)
+            .chain(text.iter().map(|t| t as Param<'a>))
+            .collect()
     }
 }
 
@@ -489,53 +460,22 @@ fn col<'r, T: tokio_postgres::types::FromSql<'r>>(
 /// Reads a lease row (columns from `offset` on, in [`COLS`] order), or a
 /// [`LeaseError::Malformed`] naming its key and what is wrong.
 fn parse_lease(group: &GroupName, row: &Row, offset: usize) -> Result<Lease, LeaseError> {
-    let raw_partition: Option<String> = row.try_get(offset).ok().flatten();
-    let shown = raw_partition.clone().unwrap_or_else(|| "<null>".into());
-    let malformed = |reason: String| LeaseError::Malformed {
-        key: format!("{group}/{shown}"),
-        reason,
-    };
-    let partition = PartitionId::new(raw_partition.clone().unwrap_or_default())
-        .map_err(|e| malformed(e.to_string()))?;
+    let raw_partition: Option<&str> = row.try_get(offset).ok().flatten();
     let parse = || -> Result<Lease, String> {
-        let state: String = col(row, offset + 1, "state")?;
-        let state: LeaseState = state.parse().map_err(|e| format!("state: {e}"))?;
-        let host = |i: usize, name: &str| -> Result<Option<HostName>, String> {
-            col::<Option<String>>(row, i, name)?
-                .map(|h| HostName::new(h).map_err(|e| format!("{name}: {e}")))
-                .transpose()
-        };
-        let owner = host(offset + 2, "owner")?;
-        let next_owner = host(offset + 3, "next_owner")?;
-        let continuation =
-            col::<Option<String>>(row, offset + 4, "continuation")?.map(Continuation::new);
-        let start: String = col(row, offset + 5, "start")?;
-        let start: Position = start.parse().map_err(|e| format!("start: {e}"))?;
-        let parents: String = col(row, offset + 6, "parents")?;
-        let parents: Vec<PartitionId> =
-            serde_json::from_str(&parents).map_err(|e| format!("parents: {e}"))?;
-        let properties: String = col(row, offset + 7, "properties")?;
-        let properties: BTreeMap<String, String> =
-            serde_json::from_str(&properties).map_err(|e| format!("properties: {e}"))?;
-        let version: i64 = col(row, offset + 8, "version")?;
+        let mut text = [None; SQL_TEXT_COLUMNS];
+        for (i, value) in text.iter_mut().enumerate() {
+            *value = col(row, offset + i, SQL_COLUMN_NAMES[i])?;
+        }
+        let version: i64 = col(row, offset + SQL_TEXT_COLUMNS, "version")?;
         if version < 1 {
             return Err(format!("version must be positive, found {version}"));
         }
-        let lease = Lease {
-            key: LeaseKey::new(group.clone(), partition.clone()),
-            state,
-            owner,
-            next_owner,
-            continuation,
-            start,
-            parents,
-            properties,
-            version: Version(version as u64),
-        };
-        lease.validate().map_err(|e| e.to_string())?;
-        Ok(lease)
+        LeaseRow::from_sql_text(text, version as u64)?.decode(group)
     };
-    parse().map_err(malformed)
+    parse().map_err(|reason| LeaseError::Malformed {
+        key: format!("{group}/{}", raw_partition.unwrap_or("<null>")),
+        reason,
+    })
 }
 
 fn parse_heartbeat(group: &GroupName, row: &Row, offset: usize) -> Result<Heartbeat, String> {
@@ -595,18 +535,19 @@ impl LeaseStore for PostgresLeaseStore {
         // new row with that value. The lease row is locked before the counter row, as in
         // `replace` and `delete`, so writers never wait on each other in a cycle.
         let e = Encoded::new(lease)?;
+        let text = e.row.sql_text();
+        let (params, group, partition) = (e.params(&text), &e.group, &e.row.partition);
         let sql = &self.sql;
         let rows = self
             .db
             .run("create", |mut client| async move {
                 let tx = client.transaction().await?;
                 let insert = tx.prepare_cached(&sql.create).await?;
-                let rows = tx.query(&insert, &e.params()).await?;
+                let rows = tx.query(&insert, &params).await?;
                 if let Some(row) = rows.first() {
                     let counter: i64 = row.try_get(COLS_LEN)?;
                     let stamp = tx.prepare_cached(&sql.create_stamp).await?;
-                    tx.execute(&stamp, &[&e.group, &e.partition, &counter])
-                        .await?;
+                    tx.execute(&stamp, &[group, partition, &counter]).await?;
                 }
                 tx.commit().await?;
                 Ok(rows)
@@ -621,13 +562,11 @@ impl LeaseStore for PostgresLeaseStore {
     async fn replace(&self, lease: &Lease, expected: Version) -> Result<Lease, LeaseError> {
         let e = Encoded::new(lease)?;
         let v = to_sql_version(expected, &lease.key)?;
+        let text = e.row.sql_text();
+        let mut params = e.params(&text);
+        params.push(&v);
         let rows = self
-            .query(
-                "replace",
-                lease.key.to_string(),
-                &self.sql.replace,
-                &[&e.params()[..], &[&v]].concat(),
-            )
+            .query("replace", lease.key.to_string(), &self.sql.replace, &params)
             .await?;
         let Some(row) = rows.first() else {
             return Err(LeaseError::NotFound {

@@ -1,12 +1,13 @@
 //! The backend's own errors, carried as the `source` of the core's `LeaseError::Store` and
 //! `SourceError::Source`, and the one place that decides which of them are retryable.
 
-use changefeed::{LeaseError, SourceError};
+use changefeed::lease::BackendError;
 
 use crate::db::is_busy;
 
 /// What can go wrong inside the SQLite backend. Callers see it as the `source` of a
-/// [`LeaseError::Store`] or [`SourceError::Source`]; downcast to tell the cases apart.
+/// [`LeaseError::Store`](changefeed::LeaseError::Store) or
+/// [`SourceError::Source`](changefeed::SourceError::Source); downcast to tell the cases apart.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SqliteError {
@@ -83,21 +84,12 @@ impl SqliteError {
             _ => false,
         }
     }
+}
 
-    /// As a lease store error for `operation` on `key`.
-    pub(crate) fn into_lease(self, operation: &'static str, key: Option<String>) -> LeaseError {
-        let retryable = self.is_retryable();
-        LeaseError::store(operation, key, retryable, self)
-    }
-
-    /// As a feed source error for `operation` on `partition`.
-    pub(crate) fn into_source(
-        self,
-        operation: &'static str,
-        partition: Option<String>,
-    ) -> SourceError {
-        let retryable = self.is_retryable();
-        SourceError::source(operation, partition, retryable, self)
+impl BackendError for SqliteError {
+    fn is_retryable(&self) -> bool {
+        // The inherent method above, the one place that decides.
+        SqliteError::is_retryable(self)
     }
 }
 

@@ -12,8 +12,10 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 use changefeed::clock::{Clock, SystemClock};
+use changefeed::lease::BackendError;
 use changefeed::model::{
-    Batch, Continuation, KeyRange, Partition, PartitionId, Position, Record, Timestamp,
+    Batch, Continuation, KeyRange, NumberedContinuation, Partition, PartitionId, Position, Record,
+    Timestamp,
 };
 use changefeed::source::{key_hash, split_key_space, FeedSource, PartitionReader};
 use changefeed::SourceError;
@@ -493,32 +495,20 @@ fn insert_record(
     Ok(continuation(partition, seq))
 }
 
+/// The feed's tokens: `PARTITION:SEQUENCE`, the sequence number of the last record done.
+const TOKENS: NumberedContinuation = NumberedContinuation {
+    placeholder: "SEQUENCE",
+    noun: "sequence number",
+};
+
 fn continuation(partition: &PartitionId, seq: u64) -> Continuation {
-    Continuation::new(format!("{partition}:{seq}"))
+    NumberedContinuation::format(partition, seq)
 }
 
 /// Reads back the sequence number of a continuation of `partition`, whose last record is
 /// `max`. Refuses a token of another partition, one that is not ours, or one past the end.
 fn parse_seq(partition: &PartitionId, c: &Continuation, max: u64) -> Result<u64, SourceError> {
-    let bad = |reason: &str| SourceError::InvalidContinuation {
-        partition: partition.to_string(),
-        continuation: c.to_string(),
-        reason: reason.to_string(),
-    };
-    let (p, seq) = c
-        .as_str()
-        .rsplit_once(':')
-        .ok_or_else(|| bad("expected PARTITION:SEQUENCE"))?;
-    if p != partition.as_str() {
-        return Err(bad("belongs to another partition"));
-    }
-    let seq: u64 = seq
-        .parse()
-        .map_err(|_| bad("sequence number is not a number"))?;
-    if seq > max {
-        return Err(bad("is past the end of the partition"));
-    }
-    Ok(seq)
+    TOKENS.parse(partition, c, max)
 }
 
 #[async_trait]

@@ -37,17 +37,17 @@
 //! The counter row and the rows listed are read in one read transaction, one snapshot: every
 //! change up to the counter returned is included, none after it.
 
-use std::collections::BTreeMap;
+use std::borrow::Cow;
 use std::path::Path;
 
 use async_trait::async_trait;
-use changefeed::lease::{Changes, LeaseStore, Listing};
+use changefeed::lease::row::{SQL_COLUMNS, SQL_COLUMN_NAMES, SQL_TEXT_COLUMNS};
+use changefeed::lease::{BackendError, Changes, LeaseRow, LeaseStore, Listing};
 use changefeed::model::{
-    Continuation, GroupName, Heartbeat, HostName, Lease, LeaseKey, LeaseState, Membership,
-    PartitionId, Position, Timestamp, Version,
+    GroupName, Heartbeat, HostName, Lease, LeaseKey, Membership, PartitionId, Timestamp, Version,
 };
 use changefeed::LeaseError;
-use rusqlite::types::ValueRef;
+use rusqlite::types::{ToSql, ValueRef};
 use rusqlite::{
     params, Connection, OptionalExtension, Row, Rows, Transaction, TransactionBehavior,
 };
@@ -98,9 +98,6 @@ impl From<SqliteError> for Fail {
         Fail::Backend(e)
     }
 }
-
-const LEASE_COLUMNS: &str =
-    "partition, state, owner, next_owner, continuation, start, parents, properties, version";
 
 /// How many change-counter moves back a group's deletions are remembered for
 /// [`LeaseStore::list_changes`]: a host further behind than that when a deletion is forgotten
@@ -170,49 +167,18 @@ impl SqliteLeaseStore {
     }
 }
 
-/// A lease's columns, encoded for writing.
-struct Encoded {
-    group: String,
-    partition: String,
-    state: &'static str,
-    owner: Option<String>,
-    next_owner: Option<String>,
-    continuation: Option<String>,
-    start: String,
-    parents: String,
-    properties: String,
-}
-
-impl Encoded {
-    fn new(lease: &Lease) -> Result<Self, LeaseError> {
-        lease.validate()?;
-        let key = || Some(lease.key.to_string());
-        let parents = serde_json::to_string(&lease.parents).map_err(|source| {
-            SqliteError::Encode {
-                what: "parents",
-                source,
-            }
-            .into_lease("encode", key())
-        })?;
-        let properties = serde_json::to_string(&lease.properties).map_err(|source| {
-            SqliteError::Encode {
-                what: "properties",
-                source,
-            }
-            .into_lease("encode", key())
-        })?;
-        Ok(Self {
-            group: lease.key.group.to_string(),
-            partition: lease.key.partition.to_string(),
-            state: lease.state.as_str(),
-            owner: lease.owner.as_ref().map(|h| h.to_string()),
-            next_owner: lease.next_owner.as_ref().map(|h| h.to_string()),
-            continuation: lease.continuation.as_ref().map(|c| c.to_string()),
-            start: lease.start.to_string(),
-            parents,
-            properties,
-        })
-    }
+/// The parameters of a lease write: `?1` the group, `?2`…`?9` the text columns of
+/// [`SQL_COLUMNS`] (`text`, from [`LeaseRow::sql_text`]), then `more`.
+fn lease_params<'a>(
+    group: &'a dyn ToSql,
+    text: &'a [Option<Cow<'a, str>>],
+    more: &[&'a dyn ToSql],
+) -> Vec<&'a dyn ToSql> {
+    let mut params: Vec<&dyn ToSql> = Vec::with_capacity(1 + text.len() + more.len());
+    params.push(group);
+    params.extend(text.iter().map(|t| t as &dyn ToSql));
+    params.extend_from_slice(more);
+    params
 }
 
 fn to_sql_version(v: Version) -> Result<i64, Fail> {
@@ -369,7 +335,7 @@ fn raw_text(row: &Row<'_>, i: usize) -> String {
     }
 }
 
-/// Reads a lease row (columns in [`LEASE_COLUMNS`] order), or a [`LeaseError::Malformed`]
+/// Reads a lease row (columns in [`SQL_COLUMNS`] order), or a [`LeaseError::Malformed`]
 /// naming its key and what is wrong.
 fn parse_lease(group: &GroupName, row: &Row<'_>) -> Result<Lease, LeaseError> {
     parse_lease_fields(group, row).map_err(|reason| LeaseError::Malformed {
@@ -379,42 +345,15 @@ fn parse_lease(group: &GroupName, row: &Row<'_>) -> Result<Lease, LeaseError> {
 }
 
 fn parse_lease_fields(group: &GroupName, row: &Row<'_>) -> Result<Lease, String> {
-    let partition = PartitionId::new(text(row, 0, "partition")?).map_err(|e| e.to_string())?;
-    let state: LeaseState = text(row, 1, "state")?
-        .parse()
-        .map_err(|e: changefeed::error::ModelError| e.to_string())?;
-    let host = |i, name| -> Result<Option<HostName>, String> {
-        opt_text(row, i, name)?
-            .map(|h| HostName::new(h).map_err(|e| format!("{name}: {e}")))
-            .transpose()
-    };
-    let owner = host(2, "owner")?;
-    let next_owner = host(3, "next_owner")?;
-    let continuation = opt_text(row, 4, "continuation")?.map(Continuation::new);
-    let start: Position = text(row, 5, "start")?
-        .parse()
-        .map_err(|e: changefeed::error::ModelError| format!("start: {e}"))?;
-    let parents: Vec<PartitionId> = serde_json::from_str(text(row, 6, "parents")?)
-        .map_err(|e| format!("parents is not a JSON array of partition ids: {e}"))?;
-    let properties: BTreeMap<String, String> = serde_json::from_str(text(row, 7, "properties")?)
-        .map_err(|e| format!("properties is not a JSON object of strings: {e}"))?;
-    let version = version_column(row, 8)?;
-    let lease = Lease {
-        key: LeaseKey::new(group.clone(), partition),
-        state,
-        owner,
-        next_owner,
-        continuation,
-        start,
-        parents,
-        properties,
-        version,
-    };
-    lease.validate().map_err(|e| e.to_string())?;
-    Ok(lease)
+    let mut text = [None; SQL_TEXT_COLUMNS];
+    for (i, value) in text.iter_mut().enumerate() {
+        *value = opt_text(row, i, SQL_COLUMN_NAMES[i])?;
+    }
+    let version = version_column(row, SQL_TEXT_COLUMNS)?;
+    LeaseRow::from_sql_text(text, version.0)?.decode(group)
 }
 
-/// Reads every row of `rows` (columns in [`LEASE_COLUMNS`] order) into `leases`, or into
+/// Reads every row of `rows` (columns in [`SQL_COLUMNS`] order) into `leases`, or into
 /// `malformed` when it cannot be read: one bad row never hides the others.
 fn read_lease_rows(
     group: &GroupName,
@@ -441,14 +380,14 @@ enum Stored {
 
 fn read_lease(conn: &Connection, key: &LeaseKey) -> rusqlite::Result<Stored> {
     let mut stmt = conn.prepare_cached(&format!(
-        "SELECT {LEASE_COLUMNS} FROM changefeed_leases WHERE group_name = ?1 AND partition = ?2"
+        "SELECT {SQL_COLUMNS} FROM changefeed_leases WHERE group_name = ?1 AND partition = ?2"
     ))?;
     let mut rows = stmt.query(params![key.group.as_str(), key.partition.as_str()])?;
     Ok(match rows.next()? {
         None => Stored::Absent,
         Some(row) => match parse_lease(&key.group, row) {
             Ok(lease) => Stored::Lease(lease),
-            Err(e) => Stored::Malformed(e, version_column(row, 8).ok()),
+            Err(e) => Stored::Malformed(e, version_column(row, SQL_TEXT_COLUMNS).ok()),
         },
     })
 }
@@ -513,7 +452,7 @@ impl LeaseStore for SqliteLeaseStore {
         let group = group.clone();
         self.run("list", group.to_string(), move |conn| {
             let mut stmt = conn.prepare_cached(&format!(
-                "SELECT {LEASE_COLUMNS} FROM changefeed_leases WHERE group_name = ?1
+                "SELECT {SQL_COLUMNS} FROM changefeed_leases WHERE group_name = ?1
                  ORDER BY partition"
             ))?;
             let mut listing = Listing::default();
@@ -541,36 +480,27 @@ impl LeaseStore for SqliteLeaseStore {
     }
 
     async fn create(&self, lease: &Lease) -> Result<Option<Lease>, LeaseError> {
-        let encoded = Encoded::new(lease)?;
+        let row = LeaseRow::encode(lease)?;
         let mut stored = lease.clone();
         stored.version = Version::FIRST;
         self.run("create", lease.key.to_string(), move |conn| {
+            let key = &stored.key;
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let inserted = tx
                 .prepare_cached(&format!(
-                    "INSERT INTO changefeed_leases (group_name, {LEASE_COLUMNS})
+                    "INSERT INTO changefeed_leases (group_name, {SQL_COLUMNS})
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 1)
                      ON CONFLICT (group_name, partition) DO NOTHING"
                 ))?
-                .execute(params![
-                    encoded.group,
-                    encoded.partition,
-                    encoded.state,
-                    encoded.owner,
-                    encoded.next_owner,
-                    encoded.continuation,
-                    encoded.start,
-                    encoded.parents,
-                    encoded.properties,
-                ])?;
+                .execute(&*lease_params(&key.group.as_str(), &row.sql_text(), &[]))?;
             if inserted == 0 {
                 return Ok(None); // dropping `tx` rolls back nothing
             }
-            let at = bump_counter(&tx, &encoded.group)?;
+            let at = bump_counter(&tx, key.group.as_str())?;
             tx.prepare_cached(
                 "UPDATE changefeed_leases SET changed_at = ?3 WHERE group_name = ?1 AND partition = ?2",
             )?
-            .execute(params![encoded.group, encoded.partition, at])?;
+            .execute(params![key.group.as_str(), key.partition.as_str(), at])?;
             tx.commit()?;
             Ok(Some(stored))
         })
@@ -578,7 +508,7 @@ impl LeaseStore for SqliteLeaseStore {
     }
 
     async fn replace(&self, lease: &Lease, expected: Version) -> Result<Lease, LeaseError> {
-        let encoded = Encoded::new(lease)?;
+        let row = LeaseRow::encode(lease)?;
         let lease = lease.clone();
         self.run("replace", lease.key.to_string(), move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -595,29 +525,22 @@ impl LeaseStore for SqliteLeaseStore {
             // A change of hands is stamped with the counter value it moved to; a checkpoint
             // keeps the row's stamp.
             let changed_at = if current.ownership_differs(&stored) {
-                Some(bump_counter(&tx, &encoded.group)?)
+                Some(bump_counter(&tx, stored.key.group.as_str())?)
             } else {
                 None
             };
+            let version = to_sql_version(stored.version)?;
             tx.prepare_cached(
                 "UPDATE changefeed_leases SET state = ?3, owner = ?4, next_owner = ?5,
                  continuation = ?6, start = ?7, parents = ?8, properties = ?9, version = ?10,
                  changed_at = COALESCE(?11, changed_at)
                  WHERE group_name = ?1 AND partition = ?2",
             )?
-            .execute(params![
-                encoded.group,
-                encoded.partition,
-                encoded.state,
-                encoded.owner,
-                encoded.next_owner,
-                encoded.continuation,
-                encoded.start,
-                encoded.parents,
-                encoded.properties,
-                to_sql_version(stored.version)?,
-                changed_at,
-            ])?;
+            .execute(&*lease_params(
+                &stored.key.group.as_str(),
+                &row.sql_text(),
+                &[&version, &changed_at],
+            ))?;
             tx.commit()?;
             Ok(stored)
         })
@@ -782,7 +705,7 @@ impl LeaseStore for SqliteLeaseStore {
                 // INDEXED BY: the read must grow with the changes, never scan the group's
                 // leases (which the planner might pick to save the sort).
                 let mut stmt = tx.prepare_cached(&format!(
-                    "SELECT {LEASE_COLUMNS} FROM changefeed_leases
+                    "SELECT {SQL_COLUMNS} FROM changefeed_leases
                      INDEXED BY changefeed_leases_changed_at
                      WHERE group_name = ?1 AND changed_at > ?2 ORDER BY partition"
                 ))?;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use crate::error::ModelError;
+use crate::error::{ModelError, SourceError};
 
 /// Longest accepted group name, in bytes.
 pub const MAX_GROUP_LEN: usize = 128;
@@ -315,6 +315,63 @@ impl fmt::Display for Continuation {
 impl fmt::Debug for Continuation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Continuation({:?})", self.0)
+    }
+}
+
+/// The `PARTITION:N` continuation of the in-memory and SQLite feeds: the partition id, a colon,
+/// and the number of the last record done (an offset, a sequence number), so `3:42` means
+/// "partition 3 up to record 42". One format and one parser for every feed that issues it; what
+/// differs is only how messages name the number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NumberedContinuation {
+    /// The number in the expected form, upper case: `OFFSET` in `expected PARTITION:OFFSET`.
+    pub placeholder: &'static str,
+    /// The number as messages name it: `offset`, `sequence number`.
+    pub noun: &'static str,
+}
+
+impl NumberedContinuation {
+    /// The token for "record `n` of `partition` and everything before it is done".
+    pub fn format(partition: &PartitionId, n: u64) -> Continuation {
+        Continuation::new(format!("{partition}:{n}"))
+    }
+
+    /// The number of any `PARTITION:N` token, without checking whose it is or how far it
+    /// reaches; `None` if it has no number. For checks that follow a checkpoint's progress.
+    pub fn number(c: &Continuation) -> Option<u64> {
+        c.as_str().rsplit_once(':')?.1.parse().ok()
+    }
+
+    /// Reads the number back from `c`, a token of `partition` whose last record is `last`.
+    ///
+    /// # Errors
+    /// [`SourceError::InvalidContinuation`] naming the partition and the token when it is not
+    /// `PARTITION:N`, belongs to another partition, has no number, or is past `last`.
+    pub fn parse(
+        &self,
+        partition: &PartitionId,
+        c: &Continuation,
+        last: u64,
+    ) -> Result<u64, SourceError> {
+        let bad = |reason: String| SourceError::InvalidContinuation {
+            partition: partition.to_string(),
+            continuation: c.to_string(),
+            reason,
+        };
+        let (p, n) = c
+            .as_str()
+            .rsplit_once(':')
+            .ok_or_else(|| bad(format!("expected PARTITION:{}", self.placeholder)))?;
+        if p != partition.as_str() {
+            return Err(bad("belongs to another partition".into()));
+        }
+        let n: u64 = n
+            .parse()
+            .map_err(|_| bad(format!("{} is not a number", self.noun)))?;
+        if n > last {
+            return Err(bad("is past the end of the partition".into()));
+        }
+        Ok(n)
     }
 }
 
@@ -666,6 +723,28 @@ mod tests {
             assert_eq!(p.to_string().parse::<Position>().expect("parses"), p);
         }
         assert!("later".parse::<Position>().is_err());
+    }
+
+    #[test]
+    fn numbered_continuations_round_trip_and_refuse_foreign_tokens() {
+        // A feed reads back exactly the tokens it issued for the partition, up to its end.
+        const OFFSETS: NumberedContinuation = NumberedContinuation {
+            placeholder: "OFFSET",
+            noun: "offset",
+        };
+        let p = PartitionId::new("shard:7").expect("valid");
+        let c = NumberedContinuation::format(&p, 42);
+        assert_eq!(c.as_str(), "shard:7:42");
+        assert_eq!(OFFSETS.parse(&p, &c, 42).expect("ours"), 42);
+        assert_eq!(NumberedContinuation::number(&c), Some(42));
+        let reason = |c: &str, last| match OFFSETS.parse(&p, &Continuation::new(c), last) {
+            Err(SourceError::InvalidContinuation { reason, .. }) => reason,
+            other => panic!("{c} must be refused, got {other:?}"),
+        };
+        assert_eq!(reason("garbage", 42), "expected PARTITION:OFFSET");
+        assert_eq!(reason("shard:8:1", 42), "belongs to another partition");
+        assert_eq!(reason("shard:7:x", 42), "offset is not a number");
+        assert_eq!(reason("shard:7:43", 42), "is past the end of the partition");
     }
 
     #[test]

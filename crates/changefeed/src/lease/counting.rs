@@ -5,11 +5,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use super::{Changes, LeaseStore, Listing};
+use super::{Changes, LeaseStore, Listing, StoreOp};
 use crate::error::LeaseError;
-use crate::model::{
-    GroupName, Heartbeat, HostName, Lease, LeaseKey, Membership, Timestamp, Version,
-};
+use crate::model::{GroupName, Lease, LeaseKey};
 
 /// Counts of store calls, shared between a [`CountingStore`] and whoever reads them.
 #[derive(Debug, Default)]
@@ -88,7 +86,24 @@ impl CountingStore {
 }
 
 #[async_trait]
-impl LeaseStore for CountingStore {
+impl super::ForwardingStore for CountingStore {
+    fn inner(&self) -> &dyn LeaseStore {
+        &*self.inner
+    }
+
+    /// Counts the calls that return no lease rows: writes, and `membership`.
+    async fn before(&self, op: StoreOp) -> Result<(), LeaseError> {
+        if op.is_write() {
+            self.write(op.as_str());
+            if op == StoreOp::Heartbeat {
+                self.stats.heartbeats.fetch_add(1, Ordering::Relaxed);
+            }
+        } else {
+            self.read(op.as_str(), 0);
+        }
+        Ok(())
+    }
+
     async fn list(&self, group: &GroupName) -> Result<Listing, LeaseError> {
         let r = self.inner.list(group).await;
         self.stats.lists.fetch_add(1, Ordering::Relaxed);
@@ -118,50 +133,5 @@ impl LeaseStore for CountingStore {
         let r = self.inner.get(key).await;
         self.read("get", 1);
         r
-    }
-
-    async fn create(&self, lease: &Lease) -> Result<Option<Lease>, LeaseError> {
-        self.write("create");
-        self.inner.create(lease).await
-    }
-
-    async fn replace(&self, lease: &Lease, expected: Version) -> Result<Lease, LeaseError> {
-        self.write("replace");
-        self.inner.replace(lease, expected).await
-    }
-
-    async fn delete(&self, key: &LeaseKey, expected: Version) -> Result<(), LeaseError> {
-        self.write("delete");
-        self.inner.delete(key, expected).await
-    }
-
-    async fn heartbeat(
-        &self,
-        group: &GroupName,
-        host: &HostName,
-        incarnation: &str,
-        written_at: Timestamp,
-        expected: Option<Version>,
-    ) -> Result<Heartbeat, LeaseError> {
-        self.write("heartbeat");
-        self.stats.heartbeats.fetch_add(1, Ordering::Relaxed);
-        self.inner
-            .heartbeat(group, host, incarnation, written_at, expected)
-            .await
-    }
-
-    async fn remove_heartbeat(
-        &self,
-        group: &GroupName,
-        host: &HostName,
-        expected: Version,
-    ) -> Result<(), LeaseError> {
-        self.write("remove_heartbeat");
-        self.inner.remove_heartbeat(group, host, expected).await
-    }
-
-    async fn membership(&self, group: &GroupName) -> Result<Membership, LeaseError> {
-        self.read("membership", 0);
-        self.inner.membership(group).await
     }
 }

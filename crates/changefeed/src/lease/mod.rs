@@ -9,11 +9,17 @@
 //! URL, and the processor, CLI and simulator hold one type whatever the backend. The cost is
 //! one boxed future per call, which is noise next to a store round trip.
 
+mod backend;
 mod counting;
+mod forward;
 mod memory;
+pub mod row;
 
+pub use backend::BackendError;
 pub use counting::{CountingStore, StoreCounts, StoreStats};
+pub use forward::{ForwardingStore, StoreOp};
 pub use memory::MemoryLeaseStore;
+pub use row::LeaseRow;
 
 use async_trait::async_trait;
 

@@ -472,7 +472,16 @@ impl SimStore {
 }
 
 #[async_trait]
-impl LeaseStore for SimStore {
+impl crate::lease::ForwardingStore for SimStore {
+    fn inner(&self) -> &dyn LeaseStore {
+        &self.inner
+    }
+
+    /// Every call waits out a stall and may fail (`get` has nothing else to add).
+    async fn before(&self, op: crate::lease::StoreOp) -> Result<(), LeaseError> {
+        self.pre(op.as_str()).await
+    }
+
     async fn list(&self, group: &GroupName) -> Result<Listing, LeaseError> {
         self.pre("list").await?;
         let at = self.world.now();
@@ -481,11 +490,6 @@ impl LeaseStore for SimStore {
             .trace
             .push(at, format_args!("list {}", self.ctl.name));
         self.inner.list(group).await
-    }
-
-    async fn get(&self, key: &LeaseKey) -> Result<Option<Lease>, LeaseError> {
-        self.pre("get").await?;
-        self.inner.get(key).await
     }
 
     async fn create(&self, lease: &Lease) -> Result<Option<Lease>, LeaseError> {

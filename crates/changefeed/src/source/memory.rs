@@ -10,7 +10,8 @@ use super::{key_hash, split_key_space, FeedSource, PartitionReader};
 use crate::clock::{Clock, SystemClock};
 use crate::error::SourceError;
 use crate::model::{
-    Batch, Continuation, KeyRange, Partition, PartitionId, Position, Record, Timestamp,
+    Batch, Continuation, KeyRange, NumberedContinuation, Partition, PartitionId, Position, Record,
+    Timestamp,
 };
 
 #[derive(Debug)]
@@ -237,8 +238,14 @@ impl State {
     }
 }
 
+/// The feed's tokens: `PARTITION:OFFSET`, the offset counting the records done.
+const TOKENS: NumberedContinuation = NumberedContinuation {
+    placeholder: "OFFSET",
+    noun: "offset",
+};
+
 fn continuation(partition: &PartitionId, offset: usize) -> Continuation {
-    Continuation::new(format!("{partition}:{offset}"))
+    NumberedContinuation::format(partition, offset as u64)
 }
 
 /// Reads back an offset from a continuation of `partition` holding `len` records.
@@ -247,23 +254,10 @@ fn parse_offset(
     c: &Continuation,
     len: usize,
 ) -> Result<usize, SourceError> {
-    let bad = |reason: &str| SourceError::InvalidContinuation {
-        partition: partition.to_string(),
-        continuation: c.to_string(),
-        reason: reason.to_string(),
-    };
-    let (p, offset) = c
-        .as_str()
-        .rsplit_once(':')
-        .ok_or_else(|| bad("expected PARTITION:OFFSET"))?;
-    if p != partition.as_str() {
-        return Err(bad("belongs to another partition"));
-    }
-    let offset: usize = offset.parse().map_err(|_| bad("offset is not a number"))?;
-    if offset > len {
-        return Err(bad("is past the end of the partition"));
-    }
-    Ok(offset)
+    // At most `len`, so it fits a usize.
+    TOKENS
+        .parse(partition, c, len as u64)
+        .map(|offset| offset as usize)
 }
 
 #[async_trait]

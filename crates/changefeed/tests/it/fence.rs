@@ -9,8 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use changefeed::lease::{LeaseStore, MemoryLeaseStore};
 use changefeed::model::{
-    Batch, GroupName, Heartbeat, HostName, Lease, LeaseKey, Membership, PartitionId, Position,
-    Timestamp, Version,
+    Batch, GroupName, Heartbeat, HostName, Lease, LeaseKey, PartitionId, Position, Timestamp,
+    Version,
 };
 use changefeed::processor::{
     handler_fn, CloseReason, Context, DeadLetter, DeadLetterSink, Handler, HandlerError, Processor,
@@ -320,32 +320,9 @@ async fn stop_with_a_hung_handler_ends_within_shutdown_timeout_and_frees_everyth
 struct SlowHeartbeatReplies(MemoryLeaseStore);
 
 #[async_trait]
-impl LeaseStore for SlowHeartbeatReplies {
-    async fn list(
-        &self,
-        group: &GroupName,
-    ) -> Result<changefeed::lease::Listing, changefeed::error::LeaseError> {
-        self.0.list(group).await
-    }
-    async fn get(&self, key: &LeaseKey) -> Result<Option<Lease>, changefeed::error::LeaseError> {
-        self.0.get(key).await
-    }
-    async fn create(&self, lease: &Lease) -> Result<Option<Lease>, changefeed::error::LeaseError> {
-        self.0.create(lease).await
-    }
-    async fn replace(
-        &self,
-        lease: &Lease,
-        expected: Version,
-    ) -> Result<Lease, changefeed::error::LeaseError> {
-        self.0.replace(lease, expected).await
-    }
-    async fn delete(
-        &self,
-        key: &LeaseKey,
-        expected: Version,
-    ) -> Result<(), changefeed::error::LeaseError> {
-        self.0.delete(key, expected).await
+impl changefeed::lease::ForwardingStore for SlowHeartbeatReplies {
+    fn inner(&self) -> &dyn LeaseStore {
+        &self.0
     }
     async fn heartbeat(
         &self,
@@ -361,20 +338,6 @@ impl LeaseStore for SlowHeartbeatReplies {
             .await;
         tokio::time::sleep(Duration::from_millis(900)).await;
         hb
-    }
-    async fn remove_heartbeat(
-        &self,
-        group: &GroupName,
-        host: &HostName,
-        expected: Version,
-    ) -> Result<(), changefeed::error::LeaseError> {
-        self.0.remove_heartbeat(group, host, expected).await
-    }
-    async fn membership(
-        &self,
-        group: &GroupName,
-    ) -> Result<Membership, changefeed::error::LeaseError> {
-        self.0.membership(group).await
     }
 }
 

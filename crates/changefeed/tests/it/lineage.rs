@@ -7,10 +7,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use changefeed::error::LeaseError;
-use changefeed::lease::{LeaseStore, Listing, MemoryLeaseStore};
+use changefeed::lease::{LeaseStore, MemoryLeaseStore};
 use changefeed::model::{
-    GroupName, Heartbeat, HostName, Lease, LeaseKey, LeaseState, Membership, PartitionId, Position,
-    Timestamp, Version,
+    GroupName, HostName, Lease, LeaseState, Membership, PartitionId, Position,
 };
 use changefeed::processor::{handler_fn, Processor};
 use changefeed::source::{FeedSource, MemoryFeed};
@@ -148,12 +147,9 @@ struct SplitBrain {
 }
 
 #[async_trait]
-impl LeaseStore for SplitBrain {
-    async fn list(&self, group: &GroupName) -> Result<Listing, LeaseError> {
-        self.inner.list(group).await
-    }
-    async fn get(&self, key: &LeaseKey) -> Result<Option<Lease>, LeaseError> {
-        self.inner.get(key).await
+impl changefeed::lease::ForwardingStore for SplitBrain {
+    fn inner(&self) -> &dyn LeaseStore {
+        &self.inner
     }
     async fn create(&self, lease: &Lease) -> Result<Option<Lease>, LeaseError> {
         tokio::task::yield_now().await;
@@ -166,32 +162,6 @@ impl LeaseStore for SplitBrain {
         }
         tokio::task::yield_now().await;
         result
-    }
-    async fn replace(&self, lease: &Lease, expected: Version) -> Result<Lease, LeaseError> {
-        self.inner.replace(lease, expected).await
-    }
-    async fn delete(&self, key: &LeaseKey, expected: Version) -> Result<(), LeaseError> {
-        self.inner.delete(key, expected).await
-    }
-    async fn heartbeat(
-        &self,
-        group: &GroupName,
-        host: &HostName,
-        incarnation: &str,
-        written_at: Timestamp,
-        expected: Option<Version>,
-    ) -> Result<Heartbeat, LeaseError> {
-        self.inner
-            .heartbeat(group, host, incarnation, written_at, expected)
-            .await
-    }
-    async fn remove_heartbeat(
-        &self,
-        group: &GroupName,
-        host: &HostName,
-        expected: Version,
-    ) -> Result<(), LeaseError> {
-        self.inner.remove_heartbeat(group, host, expected).await
     }
     async fn membership(&self, group: &GroupName) -> Result<Membership, LeaseError> {
         let mut m = self.inner.membership(group).await?;

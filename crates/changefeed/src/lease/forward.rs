@@ -1,0 +1,125 @@
+//! [`ForwardingStore`]: the one delegation every [`LeaseStore`] wrapper shares.
+//!
+//! A wrapper (counting calls, cutting a host off in a test, injecting faults in the simulator)
+//! changes what happens around a few calls and passes every other call on unchanged. It
+//! implements [`ForwardingStore`] instead of [`LeaseStore`]: [`ForwardingStore::inner`] names
+//! the wrapped store, [`ForwardingStore::before`] runs before each call (and may refuse it),
+//! and any method it does not override forwards to the inner store. Every [`ForwardingStore`]
+//! is a [`LeaseStore`].
+//!
+//! Both traits have the same method names, so a call like `wrapper.list(…)` is ambiguous where
+//! both are in scope: name [`ForwardingStore`] by its path in the `impl`, and keep only
+//! [`LeaseStore`] imported where the wrapper is used.
+
+use async_trait::async_trait;
+
+use super::{Changes, LeaseStore, Listing};
+use crate::error::LeaseError;
+use crate::model::{
+    GroupName, Heartbeat, HostName, Lease, LeaseKey, Membership, Timestamp, Version,
+};
+
+/// Writes [`StoreOp`], [`ForwardingStore`] and the [`LeaseStore`] impl of every
+/// [`ForwardingStore`] from one table of the [`LeaseStore`] methods, so each signature is
+/// written once.
+macro_rules! forwarding {
+    ($($op:ident => $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {
+        /// A [`LeaseStore`] call, as [`ForwardingStore::before`] sees it.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
+        pub enum StoreOp {
+            $(
+                #[doc = concat!("[`LeaseStore::", stringify!($name), "`].")]
+                $op,
+            )*
+        }
+
+        impl StoreOp {
+            /// The method's name (`list`, `replace` …), as [`LeaseError::Store`] names an
+            /// operation.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(StoreOp::$op => stringify!($name),)*
+                }
+            }
+        }
+
+        /// A [`LeaseStore`] that wraps another: every call it does not override goes to
+        /// [`ForwardingStore::inner`] after [`ForwardingStore::before`]. Implement this instead
+        /// of [`LeaseStore`] (which every implementor gets) and override only what differs; an
+        /// override that still calls the inner store calls `before` itself if it wants it.
+        #[async_trait]
+        pub trait ForwardingStore: Send + Sync + std::fmt::Debug {
+            /// The wrapped store.
+            fn inner(&self) -> &dyn LeaseStore;
+
+            /// Runs before each forwarded call; an error is returned instead of making the
+            /// call. Does nothing by default.
+            ///
+            /// # Errors
+            /// Whatever the wrapper wants the caller to see instead of the call's result.
+            async fn before(&self, op: StoreOp) -> Result<(), LeaseError> {
+                let _ = op;
+                Ok(())
+            }
+
+            $(
+                #[doc = concat!(
+                    "[`LeaseStore::", stringify!($name), "`] on [`ForwardingStore::inner`], ",
+                    "after [`ForwardingStore::before`].\n\n# Errors\n",
+                    "Those of [`ForwardingStore::before`] and of the inner store."
+                )]
+                async fn $name(&self, $($arg: $ty),*) -> Result<$ret, LeaseError> {
+                    self.before(StoreOp::$op).await?;
+                    self.inner().$name($($arg),*).await
+                }
+            )*
+        }
+
+        #[async_trait]
+        impl<T: ForwardingStore> LeaseStore for T {
+            $(
+                async fn $name(&self, $($arg: $ty),*) -> Result<$ret, LeaseError> {
+                    ForwardingStore::$name(self, $($arg),*).await
+                }
+            )*
+        }
+    };
+}
+
+forwarding! {
+    List => list(group: &GroupName) -> Listing;
+    Get => get(key: &LeaseKey) -> Option<Lease>;
+    Create => create(lease: &Lease) -> Option<Lease>;
+    Replace => replace(lease: &Lease, expected: Version) -> Lease;
+    Delete => delete(key: &LeaseKey, expected: Version) -> ();
+    Heartbeat => heartbeat(
+        group: &GroupName,
+        host: &HostName,
+        incarnation: &str,
+        written_at: Timestamp,
+        expected: Option<Version>
+    ) -> Heartbeat;
+    RemoveHeartbeat => remove_heartbeat(
+        group: &GroupName,
+        host: &HostName,
+        expected: Version
+    ) -> ();
+    Membership => membership(group: &GroupName) -> Membership;
+    ListChanges => list_changes(group: &GroupName, since: u64) -> Option<Changes>;
+}
+
+impl StoreOp {
+    /// Whether the call writes (`create`, `replace`, `delete`, `heartbeat`,
+    /// `remove_heartbeat`) rather than reads.
+    pub fn is_write(self) -> bool {
+        matches!(
+            self,
+            StoreOp::Create
+                | StoreOp::Replace
+                | StoreOp::Delete
+                | StoreOp::Heartbeat
+                | StoreOp::RemoveHeartbeat
+        )
+    }
+}

@@ -764,7 +764,10 @@ pub fn release(args: ReleaseArgs) -> anyhow::Result<ExitCode> {
             eprintln!("warning: {bad}");
         }
         match &row {
-            Some(h) => match store.remove_heartbeat(&group, &host, h.version).await {
+            Some(h) => match store
+                .remove_heartbeat(&group, &host, &h.incarnation, h.version)
+                .await
+            {
                 Ok(()) => println!("removed heartbeat row of {host}"),
                 Err(err) => {
                     failed += 1;

@@ -931,6 +931,7 @@ impl LeaseStore for DynamoLeaseStore {
         &self,
         group: &GroupName,
         host: &HostName,
+        incarnation: &str,
         expected: Version,
     ) -> Result<(), LeaseError> {
         let result = self
@@ -939,10 +940,12 @@ impl LeaseStore for DynamoLeaseStore {
             .table_name(&self.table)
             .key(PK, s(heartbeat_pk(group)))
             .key(SK, s(format!("{HOST_PREFIX}{host}")))
-            .condition_expression("attribute_not_exists(#pk) OR #v = :v")
+            .condition_expression("attribute_not_exists(#pk) OR (#v = :v AND #inc = :inc)")
             .expression_attribute_names("#pk", PK)
             .expression_attribute_names("#v", A_VERSION)
+            .expression_attribute_names("#inc", A_INCARNATION)
             .expression_attribute_values(":v", n(expected.0))
+            .expression_attribute_values(":inc", s(incarnation.to_string()))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .return_consumed_capacity(ReturnConsumedCapacity::Total)
             .send()

@@ -279,7 +279,8 @@ impl Sql {
             ),
             hb_remove: format!(
                 "WITH del AS (
-                    DELETE FROM {heartbeats} WHERE grp = $1 AND host = $2 AND version = $3
+                    DELETE FROM {heartbeats}
+                    WHERE grp = $1 AND host = $2 AND version = $3 AND incarnation = $4
                     RETURNING 1
                  ), cur AS (
                     SELECT {hb_cols} FROM {heartbeats}
@@ -677,16 +678,17 @@ impl LeaseStore for PostgresLeaseStore {
         &self,
         group: &GroupName,
         host: &HostName,
+        incarnation: &str,
         expected: Version,
     ) -> Result<(), LeaseError> {
-        let (g, h) = (group.to_string(), host.to_string());
+        let (g, h, inc) = (group.to_string(), host.to_string(), incarnation.to_string());
         let v = i64::try_from(expected.0).unwrap_or(i64::MAX);
         let rows = self
             .query(
                 "remove_heartbeat",
                 format!("{group}/{host}"),
                 &self.sql.hb_remove,
-                &[&g, &h, &v],
+                &[&g, &h, &v, &inc],
             )
             .await?;
         match rows.first() {

@@ -626,14 +626,16 @@ impl LeaseStore for SqliteLeaseStore {
         &self,
         group: &GroupName,
         host: &HostName,
+        incarnation: &str,
         expected: Version,
     ) -> Result<(), LeaseError> {
         let (group, host) = (group.clone(), host.clone());
+        let incarnation = incarnation.to_string();
         self.run("remove_heartbeat", format!("{group}/{host}"), move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             match read_heartbeat(&tx, &group, &host)? {
                 None => return Ok(()),
-                Some(row) if row.version == expected => {}
+                Some(row) if row.version == expected && *row.incarnation == *incarnation => {}
                 Some(row) => {
                     return Err(LeaseError::HeartbeatConflict {
                         group: group.to_string(),

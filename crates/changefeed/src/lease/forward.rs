@@ -103,6 +103,7 @@ forwarding! {
     RemoveHeartbeat => remove_heartbeat(
         group: &GroupName,
         host: &HostName,
+        incarnation: &str,
         expected: Version
     ) -> ();
     Membership => membership(group: &GroupName) -> Membership;

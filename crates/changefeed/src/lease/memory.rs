@@ -247,6 +247,7 @@ impl LeaseStore for MemoryLeaseStore {
         &self,
         group: &GroupName,
         host: &HostName,
+        incarnation: &str,
         expected: Version,
     ) -> Result<(), LeaseError> {
         let mut groups = self.lock();
@@ -255,7 +256,7 @@ impl LeaseStore for MemoryLeaseStore {
         };
         match g.hosts.get(host) {
             None => Ok(()),
-            Some(row) if row.version == expected => {
+            Some(row) if row.version == expected && &*row.incarnation == incarnation => {
                 g.hosts.remove(host);
                 Ok(())
             }

@@ -125,15 +125,22 @@ pub trait LeaseStore: Send + Sync + std::fmt::Debug {
         expected: Option<Version>,
     ) -> Result<Heartbeat, LeaseError>;
 
-    /// Removes `host`'s heartbeat row if it is at `expected` (a host leaving gracefully, or an
-    /// operator clearing a dead one). Removing a row that is already gone succeeds.
+    /// Removes `host`'s heartbeat row if it is at `expected` and was written by `incarnation`
+    /// (a host leaving gracefully, or a leader or operator clearing a dead one). Removing a row
+    /// that is already gone succeeds.
+    ///
+    /// The incarnation is part of the condition because a host that registers again starts a
+    /// new row at version 1: a removal sent on a stale view (a request held by a stall or a
+    /// slow network) must not delete the live row that reached the same version again.
     ///
     /// # Errors
-    /// [`LeaseError::HeartbeatConflict`] if the row is at another version; [`LeaseError::Store`].
+    /// [`LeaseError::HeartbeatConflict`] if the row is at another version or incarnation;
+    /// [`LeaseError::Store`].
     async fn remove_heartbeat(
         &self,
         group: &GroupName,
         host: &HostName,
+        incarnation: &str,
         expected: Version,
     ) -> Result<(), LeaseError>;
 

@@ -221,7 +221,7 @@ impl Host {
             match self
                 .p
                 .store
-                .remove_heartbeat(&row.group, &row.host, row.version)
+                .remove_heartbeat(&row.group, &row.host, &row.incarnation, row.version)
                 .await
             {
                 Ok(()) => return,
@@ -395,7 +395,7 @@ impl Host {
             match self
                 .p
                 .store
-                .remove_heartbeat(&hb.group, &hb.host, hb.version)
+                .remove_heartbeat(&hb.group, &hb.host, &hb.incarnation, hb.version)
                 .await
             {
                 Ok(()) => info!(host = %hb.host, "removed the heartbeat row of a dead host"),

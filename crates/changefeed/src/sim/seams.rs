@@ -564,10 +564,13 @@ impl crate::lease::ForwardingStore for SimStore {
         &self,
         group: &GroupName,
         host: &HostName,
+        incarnation: &str,
         expected: Version,
     ) -> Result<(), LeaseError> {
         self.pre("remove_heartbeat").await?;
-        self.inner.remove_heartbeat(group, host, expected).await?;
+        self.inner
+            .remove_heartbeat(group, host, incarnation, expected)
+            .await?;
         let at = self.world.now();
         self.world.log().trace.push(
             at,

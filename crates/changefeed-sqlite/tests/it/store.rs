@@ -391,15 +391,15 @@ async fn heartbeats_are_compare_and_swap_and_read_with_the_counter() {
     assert_eq!(m.hosts[1], hb2);
 
     assert!(matches!(
-        store.remove_heartbeat(&group, &b, Version::FIRST).await,
+        store.remove_heartbeat(&group, &b, "inc-1", Version::FIRST).await,
         Err(LeaseError::HeartbeatConflict { .. })
     ));
     store
-        .remove_heartbeat(&group, &b, hb2.version)
+        .remove_heartbeat(&group, &b, "inc-1", hb2.version)
         .await
         .unwrap();
     store
-        .remove_heartbeat(&group, &b, hb2.version)
+        .remove_heartbeat(&group, &b, "inc-1", hb2.version)
         .await
         .unwrap(); // already gone: fine
     assert_eq!(store.membership(&group).await.unwrap().hosts.len(), 1);

@@ -182,10 +182,13 @@ impl LeaseStore for Faulty {
         &self,
         group: &GroupName,
         host: &HostName,
+        incarnation: &str,
         expected: Version,
     ) -> Result<(), LeaseError> {
         self.gate("remove_heartbeat").await?;
-        self.inner.remove_heartbeat(group, host, expected).await
+        self.inner
+            .remove_heartbeat(group, host, incarnation, expected)
+            .await
     }
     async fn membership(&self, group: &GroupName) -> Result<Membership, LeaseError> {
         self.gate("membership").await?;

@@ -552,17 +552,25 @@ async fn heartbeats_are_compare_and_swap(f: &dyn LeaseStoreFixture) {
     );
     assert!(
         matches!(
-            store.remove_heartbeat(&g, &a, first.version).await,
+            store.remove_heartbeat(&g, &a, "inc-1", first.version).await,
             Err(LeaseError::HeartbeatConflict { .. })
         ),
         "a stale remove conflicts"
     );
+    assert!(
+        matches!(
+            store.remove_heartbeat(&g, &a, "inc-0", second.version).await,
+            Err(LeaseError::HeartbeatConflict { .. })
+        ),
+        "a remove naming another incarnation conflicts, even at the current version (a host \
+         that registered again restarts its versions)"
+    );
     store
-        .remove_heartbeat(&g, &a, second.version)
+        .remove_heartbeat(&g, &a, "inc-1", second.version)
         .await
         .expect("remove");
     store
-        .remove_heartbeat(&g, &a, second.version)
+        .remove_heartbeat(&g, &a, "inc-1", second.version)
         .await
         .expect("removing twice is fine");
     let m = store.membership(&g).await.expect("membership");

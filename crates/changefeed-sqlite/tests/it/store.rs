@@ -391,7 +391,9 @@ async fn heartbeats_are_compare_and_swap_and_read_with_the_counter() {
     assert_eq!(m.hosts[1], hb2);
 
     assert!(matches!(
-        store.remove_heartbeat(&group, &b, "inc-1", Version::FIRST).await,
+        store
+            .remove_heartbeat(&group, &b, "inc-1", Version::FIRST)
+            .await,
         Err(LeaseError::HeartbeatConflict { .. })
     ));
     store

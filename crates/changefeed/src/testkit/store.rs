@@ -559,7 +559,9 @@ async fn heartbeats_are_compare_and_swap(f: &dyn LeaseStoreFixture) {
     );
     assert!(
         matches!(
-            store.remove_heartbeat(&g, &a, "inc-0", second.version).await,
+            store
+                .remove_heartbeat(&g, &a, "inc-0", second.version)
+                .await,
             Err(LeaseError::HeartbeatConflict { .. })
         ),
         "a remove naming another incarnation conflicts, even at the current version (a host \

@@ -1,8 +1,11 @@
-//! The DynamoDB lease store against DynamoDB Local (started by `.ci/run`).
+//! The DynamoDB lease store against DynamoDB Local (started by `.ci/run`): the core's lease
+//! store conformance suite and fleet scenarios, and what is DynamoDB's own (paged lists, KCL
+//! import).
 //!
 //! Every client here is built from `AwsOptions::local`: static test credentials and a region,
 //! so the AWS SDK never asks the EC2 instance-metadata address; tests never leave the machine.
 
+mod fleet;
 mod kcl;
 mod store;
 

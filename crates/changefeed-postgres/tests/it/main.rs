@@ -1,5 +1,6 @@
 //! Integration tests for the PostgreSQL backend against a real server: the core's conformance
-//! suites, the outbox gap under concurrent writers, re-partitioning, and a short fleet run.
+//! suites and fleet scenarios, the outbox gap under concurrent writers, re-partitioning, and
+//! what `list_changes` does that is PostgreSQL's own (schema migration, the deletion horizon).
 //!
 //! The server comes from `CHANGEFEED_TEST_POSTGRES_URL` (default
 //! `postgres://postgres@127.0.0.1:5432/test`); `.ci/run` starts one. Every test works on
@@ -8,7 +9,7 @@
 // A failed unwrap in a test is a failed test with its cause: that is what we want here.
 #![allow(clippy::unwrap_used)]
 
-mod changes;
+mod change_stamps;
 mod common;
 mod dead_letter;
 mod feed;

@@ -12,6 +12,10 @@ use changefeed_postgres::{PgOptions, PostgresError, PostgresLeaseStore, LEASE_SC
 
 use crate::common::{raw_client, url, Prefixes};
 
+/// How many counter moves of deletions the suite's handles keep: short, so the suite's check
+/// of the horizon runs it out in 144 writes, yet above the 32 moves its racing reader may lag.
+const CHANGES_KEPT: u64 = 64;
+
 /// Fresh tables; every `connect` opens a new pool, so racing handles race through the server.
 struct Fixture {
     options: PgOptions,
@@ -24,12 +28,31 @@ impl LeaseStoreFixture for Fixture {
         Arc::new(
             PostgresLeaseStore::connect_with(self.options.clone())
                 .await
-                .unwrap(),
+                .unwrap()
+                .changes_kept(CHANGES_KEPT),
         )
     }
 
     fn answers_changes(&self) -> bool {
         true
+    }
+
+    fn changes_horizon(&self) -> Option<u64> {
+        Some(CHANGES_KEPT)
+    }
+
+    async fn deletion_records(&self, group: &GroupName) -> Option<u64> {
+        let sql = format!(
+            "SELECT count(*) FROM \"{}_lease_deletions\" WHERE grp = $1",
+            self.prefix
+        );
+        let n: i64 = raw_client()
+            .await
+            .query_one(&sql, &[&group.as_str()])
+            .await
+            .unwrap()
+            .get(0);
+        Some(u64::try_from(n).unwrap())
     }
 
     async fn corrupt(&self, key: &LeaseKey, how: Corruption) {

@@ -11,7 +11,7 @@ use changefeed::model::{
 };
 use changefeed::testkit::{lease_store_conformance, Corruption, LeaseStoreFixture};
 use changefeed::LeaseError;
-use changefeed_sqlite::{SqliteError, SqliteLeaseStore, SCHEMA_VERSION};
+use changefeed_sqlite::{SqliteError, SqliteLeaseStore, CHANGE_HORIZON, SCHEMA_VERSION};
 use tempfile::TempDir;
 
 /// A fresh database file; every `connect` opens a new connection to it.
@@ -54,6 +54,26 @@ impl LeaseStoreFixture for Fixture {
 
     fn answers_changes(&self) -> bool {
         true
+    }
+
+    fn changes_horizon(&self) -> Option<u64> {
+        Some(CHANGE_HORIZON)
+    }
+
+    async fn deletion_records(&self, group: &GroupName) -> Option<u64> {
+        let (path, group) = (self.path.clone(), group.to_string());
+        let n: i64 = tokio::task::spawn_blocking(move || {
+            let conn = rusqlite::Connection::open(path).unwrap();
+            conn.query_row(
+                "SELECT COUNT(*) FROM changefeed_deletions WHERE group_name = ?1",
+                [group],
+                |r| r.get(0),
+            )
+            .unwrap()
+        })
+        .await
+        .unwrap();
+        Some(u64::try_from(n).unwrap())
     }
 
     async fn corrupt(&self, key: &LeaseKey, how: Corruption) {

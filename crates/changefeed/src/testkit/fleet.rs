@@ -1,8 +1,14 @@
-//! Fleet scenarios: several processors on one store and one in-memory feed, on virtual time,
-//! checked against a delivery ledger. Every backend runs them with its own store.
+//! Fleet scenarios: several processors on one store and one in-memory feed, checked against a
+//! delivery ledger. Every backend runs every scenario with its own store.
 //!
-//! Each scenario expects a paused tokio runtime (`#[tokio::test(start_paused = true)]`), so
-//! expiries and intervals pass in virtual time.
+//! A scenario is written in scenario time: the settings of [`scenario_settings`] (10 s expiry,
+//! 2 s cycles), its waits and the bounds it asserts. The [`Timing`] argument says how that time
+//! passes. [`Timing::Paused`] runs it on paused tokio time
+//! (`#[tokio::test(start_paused = true)]`), where a minute costs nothing: the in-memory store,
+//! and SQLite, whose blocking calls hold the paused clock until they return. A store on a real
+//! server cannot run there (while a call waits on a socket the runtime is idle, so paused time
+//! jumps ahead and every timer fires at once), so it runs on [`Timing::Real`]: real time, every
+//! duration divided by a speed-up, each asserted bound widened by an allowance for round trips.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -14,10 +20,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::{Clock, VirtualClock};
 use crate::error::LeaseError;
-use crate::lease::{LeaseStore, Listing};
+use crate::lease::{LeaseStore, StoreOp};
 use crate::model::{
-    Batch, GroupName, Heartbeat, HostName, Lease, LeaseKey, LeaseState, Membership, PartitionId,
-    Position, Timestamp, Version,
+    Batch, GroupName, Lease, LeaseKey, LeaseState, PartitionId, Position, Timestamp,
 };
 use crate::processor::{
     CloseReason, Context, Handler, HandlerError, Processor, ProcessorError, ProcessorHandle,
@@ -32,6 +37,85 @@ pub const KEYS: u64 = 97;
 /// Makes a fresh store handle; called once per host (a new connection for a real backend).
 pub type StoreFactory = Arc<dyn Fn() -> Arc<dyn LeaseStore> + Send + Sync>;
 
+/// How a scenario's time passes: the backend difference the fleet scenarios take as an
+/// argument, as the conformance suites take fixture flags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Timing {
+    /// Paused tokio time: scenario time is tokio time, exactly, and every bound is asserted as
+    /// written. The test must run on a paused runtime (`start_paused = true`).
+    Paused,
+    /// Real time, for a store on a real server: every duration of the scenario (the hosts'
+    /// settings, its waits) is divided by `speedup`, and each tight bound it asserts is widened
+    /// for store round trips and scheduling: `allowance` of real time is added to an upper
+    /// bound ("owned again within …"), a quarter of it taken off a lower bound ("not taken
+    /// before …"). Safety checks (no delivery after a takeover, no continuation moving back)
+    /// are not widened.
+    Real {
+        /// How many times faster than scenario time the hosts run (at least 1).
+        speedup: u32,
+        /// Real time added to each tight upper bound (a quarter of it taken off a lower one).
+        allowance: Duration,
+    },
+}
+
+impl Timing {
+    fn speedup(self) -> u32 {
+        match self {
+            Timing::Paused => 1,
+            Timing::Real { speedup, .. } => speedup.max(1),
+        }
+    }
+
+    /// `d` of scenario time as it passes on the tokio clock.
+    pub fn real(self, d: Duration) -> Duration {
+        d / self.speedup()
+    }
+
+    /// `d` of the tokio clock in scenario time.
+    pub fn scenario(self, d: Duration) -> Duration {
+        d * self.speedup()
+    }
+
+    /// The allowance in scenario time, added to upper bounds (zero on paused time).
+    pub fn allowance(self) -> Duration {
+        match self {
+            Timing::Paused => Duration::ZERO,
+            Timing::Real { allowance, .. } => self.scenario(allowance),
+        }
+    }
+
+    /// How much earlier a lower bound is checked, in scenario time (zero on paused time): a
+    /// quarter of the allowance. Only the check's own round trips and a late wake-up can carry
+    /// it past the event it bounds, and the bound must stay close to what it checks.
+    pub fn early(self) -> Duration {
+        self.allowance() / 4
+    }
+
+    /// `settings`, written in scenario time, as the hosts run them: every duration divided by
+    /// the speed-up (unchanged on paused time).
+    pub fn settings(self, settings: &Settings) -> Settings {
+        let d = |d: Duration| self.real(d);
+        let mut s = settings.clone();
+        s.lease_expiry = d(s.lease_expiry);
+        s.renew_interval = d(s.renew_interval);
+        s.safety_margin = d(s.safety_margin);
+        s.acquire_interval = d(s.acquire_interval);
+        s.full_list_interval = d(s.full_list_interval);
+        s.poll_delay = d(s.poll_delay);
+        s.handoff_timeout = d(s.handoff_timeout);
+        if let crate::processor::CheckpointMode::Interval(i) = s.checkpoint_mode {
+            s.checkpoint_mode = crate::processor::CheckpointMode::Interval(d(i));
+        }
+        s.handler_timeout = s.handler_timeout.map(d);
+        s.shutdown_timeout = d(s.shutdown_timeout);
+        s.min_backoff = d(s.min_backoff);
+        s.max_backoff = d(s.max_backoff);
+        s.sync_interval = d(s.sync_interval);
+        s.cleanup_delay = d(s.cleanup_delay);
+        s
+    }
+}
+
 /// One delivery of one record.
 #[derive(Debug, Clone)]
 pub struct Delivery {
@@ -41,7 +125,7 @@ pub struct Delivery {
     pub partition: PartitionId,
     /// The record's payload (a unique sequence number).
     pub record: u64,
-    /// Virtual time since the fleet started.
+    /// Scenario time since the fleet started.
     pub at: Duration,
 }
 
@@ -63,12 +147,15 @@ struct LedgerHandler {
     host: String,
     ledger: Arc<Ledger>,
     origin: tokio::time::Instant,
+    timing: Timing,
 }
 
 #[async_trait]
 impl Handler for LedgerHandler {
     async fn handle(&self, ctx: &Context, batch: &Batch) -> Result<(), HandlerError> {
-        let at = tokio::time::Instant::now() - self.origin;
+        let at = self
+            .timing
+            .scenario(tokio::time::Instant::now() - self.origin);
         let mut d = self.ledger.deliveries.lock().expect("ledger lock");
         for r in &batch.records {
             let record = std::str::from_utf8(&r.data)?.parse()?;
@@ -136,63 +223,13 @@ impl Faulty {
 }
 
 #[async_trait]
-impl LeaseStore for Faulty {
-    async fn list(&self, group: &GroupName) -> Result<Listing, LeaseError> {
-        self.gate("list").await?;
-        self.inner.list(group).await
+impl crate::lease::ForwardingStore for Faulty {
+    fn inner(&self) -> &dyn LeaseStore {
+        &*self.inner
     }
-    async fn get(&self, key: &LeaseKey) -> Result<Option<Lease>, LeaseError> {
-        self.gate("get").await?;
-        self.inner.get(key).await
-    }
-    async fn list_changes(
-        &self,
-        group: &GroupName,
-        since: u64,
-    ) -> Result<Option<crate::lease::Changes>, LeaseError> {
-        self.gate("list_changes").await?;
-        self.inner.list_changes(group, since).await
-    }
-    async fn create(&self, lease: &Lease) -> Result<Option<Lease>, LeaseError> {
-        self.gate("create").await?;
-        self.inner.create(lease).await
-    }
-    async fn replace(&self, lease: &Lease, expected: Version) -> Result<Lease, LeaseError> {
-        self.gate("replace").await?;
-        self.inner.replace(lease, expected).await
-    }
-    async fn delete(&self, key: &LeaseKey, expected: Version) -> Result<(), LeaseError> {
-        self.gate("delete").await?;
-        self.inner.delete(key, expected).await
-    }
-    async fn heartbeat(
-        &self,
-        group: &GroupName,
-        host: &HostName,
-        incarnation: &str,
-        written_at: Timestamp,
-        expected: Option<Version>,
-    ) -> Result<Heartbeat, LeaseError> {
-        self.gate("heartbeat").await?;
-        self.inner
-            .heartbeat(group, host, incarnation, written_at, expected)
-            .await
-    }
-    async fn remove_heartbeat(
-        &self,
-        group: &GroupName,
-        host: &HostName,
-        incarnation: &str,
-        expected: Version,
-    ) -> Result<(), LeaseError> {
-        self.gate("remove_heartbeat").await?;
-        self.inner
-            .remove_heartbeat(group, host, incarnation, expected)
-            .await
-    }
-    async fn membership(&self, group: &GroupName) -> Result<Membership, LeaseError> {
-        self.gate("membership").await?;
-        self.inner.membership(group).await
+
+    async fn before(&self, op: StoreOp) -> Result<(), LeaseError> {
+        self.gate(op.as_str()).await
     }
 }
 
@@ -205,8 +242,11 @@ pub struct Fleet {
     pub ledger: Arc<Ledger>,
     /// The group.
     pub group: GroupName,
-    /// Settings every host gets.
+    /// Settings every host gets, in scenario time ([`Timing::settings`] gives what the hosts
+    /// run).
     pub settings: Settings,
+    /// How scenario time passes.
+    pub timing: Timing,
     hosts: BTreeMap<String, (ProcessorHandle, Faulty)>,
     origin: tokio::time::Instant,
     written: u64,
@@ -236,8 +276,14 @@ pub fn scenario_settings() -> Settings {
 }
 
 impl Fleet {
-    /// A fleet over `partitions` partitions, with a lease created for each.
+    /// A fleet over `partitions` partitions, with a lease created for each, on paused time.
     pub async fn new(stores: StoreFactory, partitions: u32) -> Self {
+        Self::timed(stores, partitions, Timing::Paused).await
+    }
+
+    /// A fleet over `partitions` partitions, with a lease created for each, whose time passes
+    /// as `timing` says.
+    pub async fn timed(stores: StoreFactory, partitions: u32, timing: Timing) -> Self {
         let feed = MemoryFeed::new(partitions);
         let group = GroupName::new("fleet").expect("valid");
         let store = stores();
@@ -256,6 +302,7 @@ impl Fleet {
             ledger: Arc::new(Ledger::default()),
             group,
             settings: scenario_settings(),
+            timing,
             hosts: BTreeMap::new(),
             origin: tokio::time::Instant::now(),
             written: 0,
@@ -263,8 +310,8 @@ impl Fleet {
         }
     }
 
-    /// A fleet over `partitions` partitions with no lease created up front: the leader's
-    /// partition sync creates them, and follows splits and merges. Syncs every acquire
+    /// A fleet over `partitions` partitions with no lease created up front, on paused time: the
+    /// leader's partition sync creates them, and follows splits and merges. Syncs every acquire
     /// interval and deletes finished leases 4 s after their children start.
     pub async fn with_sync(stores: StoreFactory, partitions: u32) -> Self {
         let feed = MemoryFeed::new(partitions);
@@ -277,6 +324,7 @@ impl Fleet {
             ledger: Arc::new(Ledger::default()),
             group: GroupName::new("fleet").expect("valid"),
             settings,
+            timing: Timing::Paused,
             hosts: BTreeMap::new(),
             origin: tokio::time::Instant::now(),
             written: 0,
@@ -377,10 +425,11 @@ impl Fleet {
                 host: name.to_string(),
                 ledger: self.ledger.clone(),
                 origin: self.origin,
+                timing: self.timing,
             })
             .clock(clock)
             .seed(self.next_seed)
-            .settings(self.settings.clone())
+            .settings(self.timing.settings(&self.settings))
             .build()
             .expect("valid settings");
         (p, faulty)
@@ -434,33 +483,43 @@ impl Fleet {
         }
     }
 
-    /// Advances virtual time by `d`, writing `per_sec` records each second.
+    /// Scenario time since the fleet was made.
+    pub fn elapsed(&self) -> Duration {
+        self.timing.scenario(self.origin.elapsed())
+    }
+
+    /// Lets `d` of scenario time pass, writing `per_sec` records each second of it, a quarter
+    /// of a second's worth at a time.
     pub async fn run_for(&mut self, d: Duration, per_sec: u64) {
         let step = Duration::from_millis(250);
-        let mut left = d;
-        while !left.is_zero() {
-            let s = step.min(left);
+        let start = tokio::time::Instant::now();
+        let mut done = Duration::ZERO;
+        while done < d {
+            let s = step.min(d - done);
             self.write(per_sec * s.as_millis() as u64 / 1000);
-            tokio::time::sleep(s).await;
-            left -= s;
+            done += s;
+            // Until a deadline rather than for a step, so time spent reading the store between
+            // steps does not stretch the run on real time.
+            tokio::time::sleep_until(start + self.timing.real(done)).await;
         }
     }
 
-    /// Runs until every record written has been delivered, or `limit` passes. Returns whether
-    /// everything was delivered.
+    /// Runs until every record written has been delivered, or `limit` of scenario time passes.
+    /// Returns whether everything was delivered.
     pub async fn drain(&mut self, limit: Duration) -> bool {
-        let step = Duration::from_millis(250);
-        let mut waited = Duration::ZERO;
-        while waited < limit {
+        let step = self.timing.real(Duration::from_millis(250));
+        let deadline = tokio::time::Instant::now() + self.timing.real(limit);
+        loop {
             let delivered: BTreeSet<u64> =
                 self.ledger.deliveries().iter().map(|d| d.record).collect();
             if delivered.len() as u64 == self.written {
                 return true;
             }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
             tokio::time::sleep(step).await;
-            waited += step;
         }
-        false
     }
 
     /// The leases as stored.
@@ -535,7 +594,8 @@ pub fn assert_balanced(owners: &BTreeMap<PartitionId, Option<String>>, hosts: &[
     }
 }
 
-/// Watches owners every 250 ms for `d`, returning how many times each lease changed owner.
+/// Watches owners every 250 ms of scenario time for `d`, returning how many times each lease
+/// changed owner.
 pub async fn watch_moves(
     fleet: &mut Fleet,
     d: Duration,
@@ -544,10 +604,9 @@ pub async fn watch_moves(
     let mut moves: BTreeMap<PartitionId, usize> = BTreeMap::new();
     let mut prev = fleet.owners().await;
     let step = Duration::from_millis(250);
-    let mut waited = Duration::ZERO;
-    while waited < d {
+    let end = fleet.elapsed() + d;
+    while fleet.elapsed() < end {
         fleet.run_for(step, per_sec).await;
-        waited += step;
         let now = fleet.owners().await;
         for (p, o) in &now {
             if o.is_some() && prev.get(p).is_some_and(|po| po.is_some() && po != o) {
@@ -563,11 +622,12 @@ pub async fn watch_moves(
 /// arrival every host is within one of its share, each lease moved at most once, and the
 /// ledger shows no duplicate and no gap (design, "Balancing": hand-off is zero-gap,
 /// zero-duplicate).
-pub async fn scenario_rebalance_on_arrivals(stores: StoreFactory) {
-    let mut fleet = Fleet::new(stores, 200).await;
+pub async fn scenario_rebalance_on_arrivals(stores: StoreFactory, timing: Timing) {
+    let mut fleet = Fleet::timed(stores, 200, timing).await;
+    let slack = timing.allowance();
     let window = fleet.settings.acquire_interval * 2;
     fleet.start("host-00");
-    fleet.run_for(window, 100).await;
+    fleet.run_for(window + slack, 100).await;
     assert_balanced(&fleet.owners().await, &fleet.running());
     for arrivals in [vec![1], (2..11).collect::<Vec<_>>()] {
         for i in arrivals {
@@ -575,7 +635,7 @@ pub async fn scenario_rebalance_on_arrivals(stores: StoreFactory) {
         }
         // A new host asks for hand-offs once it has been registered for one renew interval
         // (so hosts starting together see each other); from then on, two acquire intervals.
-        let arrival = fleet.settings.renew_interval + window + Duration::from_millis(250);
+        let arrival = fleet.settings.renew_interval + window + Duration::from_millis(250) + slack;
         let moves = watch_moves(&mut fleet, arrival, 100).await;
         assert_balanced(&fleet.owners().await, &fleet.running());
         if let Some((p, n)) = moves.iter().find(|(_, n)| **n > 1) {
@@ -590,7 +650,7 @@ pub async fn scenario_rebalance_on_arrivals(stores: StoreFactory) {
         );
     }
     assert!(
-        fleet.drain(Duration::from_secs(30)).await,
+        fleet.drain(Duration::from_secs(30) + slack).await,
         "everything delivered"
     );
     let dups = fleet.check_ledger();
@@ -601,9 +661,15 @@ pub async fn scenario_rebalance_on_arrivals(stores: StoreFactory) {
 }
 
 /// Scenario: a host is killed (no release); every lease it owned is owned again within
-/// `lease_expiry + acquire_interval`, taken in one cycle, and nothing is lost.
-pub async fn scenario_killed_host_leases_taken_in_one_cycle(stores: StoreFactory, skews: [i64; 3]) {
-    let mut fleet = Fleet::new(stores, 60).await;
+/// `lease_expiry + acquire_interval`, taken in one cycle, and nothing is lost. The hosts'
+/// wall clocks are off by `skews` (ms): rule 2, no clock agreement is needed.
+pub async fn scenario_killed_host_leases_taken_in_one_cycle(
+    stores: StoreFactory,
+    skews: [i64; 3],
+    timing: Timing,
+) {
+    let mut fleet = Fleet::timed(stores, 60, timing).await;
+    let slack = timing.allowance();
     for (i, skew) in skews.iter().enumerate() {
         fleet.start_skewed(&format!("h{i}"), *skew);
     }
@@ -619,26 +685,20 @@ pub async fn scenario_killed_host_leases_taken_in_one_cycle(stores: StoreFactory
     assert!(!victims.is_empty());
     fleet.kill("h0");
     // The bound is inclusive: the cycle that takes them may run at the deadline instant itself.
-    let deadline =
-        fleet.settings.lease_expiry + fleet.settings.acquire_interval + Duration::from_millis(50);
+    let deadline = fleet.settings.lease_expiry
+        + fleet.settings.acquire_interval
+        + Duration::from_millis(50)
+        + slack;
     // Just before the earliest possible expiry nobody has taken them (no premature take).
-    fleet
-        .run_for(
-            fleet.settings.lease_expiry - fleet.settings.acquire_interval,
-            200,
-        )
-        .await;
+    let quiet = (fleet.settings.lease_expiry - fleet.settings.acquire_interval)
+        .saturating_sub(timing.early());
+    fleet.run_for(quiet, 200).await;
     let owners = fleet.owners().await;
     assert!(
         victims.iter().all(|p| owners[p].as_deref() == Some("h0")),
         "a dead host's leases are not taken before lease_expiry"
     );
-    fleet
-        .run_for(
-            deadline - (fleet.settings.lease_expiry - fleet.settings.acquire_interval),
-            200,
-        )
-        .await;
+    fleet.run_for(deadline - quiet, 200).await;
     let owners = fleet.owners().await;
     for p in &victims {
         let o = owners[p].as_deref();
@@ -648,30 +708,37 @@ pub async fn scenario_killed_host_leases_taken_in_one_cycle(stores: StoreFactory
         );
     }
     assert_balanced(&owners, &fleet.running());
-    assert!(fleet.drain(Duration::from_secs(30)).await);
+    assert!(fleet.drain(Duration::from_secs(30) + slack).await);
     fleet.check_ledger();
     for h in fleet.running() {
         fleet.stop(&h).await.expect("stop");
     }
 }
 
-/// Scenario: a host cut off from the store stops delivering before another host takes its
-/// leases (rule 3), and no continuation ever moves backwards (rule 4).
+/// Scenario: a host cut off from the store (its calls fail or hang, as `mode` says) stops
+/// delivering before another host takes its leases (rule 3), and no continuation ever moves
+/// backwards (rule 4).
 ///
 /// Hosts checkpoint at most every 30 s, so a worker keeps delivering between store writes:
 /// only fencing stops it (with a checkpoint per batch, the failing checkpoint would).
-pub async fn scenario_cut_off_host_fences_before_takeover(stores: StoreFactory, mode: FaultMode) {
-    let mut fleet = Fleet::new(stores, 30).await;
+pub async fn scenario_cut_off_host_fences_before_takeover(
+    stores: StoreFactory,
+    mode: FaultMode,
+    timing: Timing,
+) {
+    let mut fleet = Fleet::timed(stores, 30, timing).await;
+    let slack = timing.allowance();
     fleet.settings.checkpoint_mode =
         crate::processor::CheckpointMode::Interval(Duration::from_secs(30));
     for i in 0..3 {
         fleet.start(&format!("h{i}"));
     }
     fleet.run_for(Duration::from_secs(10), 200).await;
-    let cut_at = tokio::time::Instant::now() - fleet.origin;
+    let cut_at = fleet.elapsed();
     fleet.set_store_mode("h0", mode);
     let mut continuations: BTreeMap<PartitionId, u64> = BTreeMap::new();
-    for _ in 0..120 {
+    let end = cut_at + Duration::from_secs(30);
+    while fleet.elapsed() < end {
         fleet.run_for(Duration::from_millis(250), 200).await;
         for l in fleet.leases().await {
             if let Some(c) = &l.continuation {
@@ -720,7 +787,7 @@ pub async fn scenario_cut_off_host_fences_before_takeover(stores: StoreFactory, 
     let owners = fleet.owners().await;
     assert!(owners.values().all(|o| o.as_deref() != Some("h0")));
     fleet.set_store_mode("h0", FaultMode::Healthy);
-    assert!(fleet.drain(Duration::from_secs(30)).await);
+    assert!(fleet.drain(Duration::from_secs(30) + slack).await);
     fleet.check_ledger();
     fleet.kill("h0");
     for h in fleet.running() {
@@ -734,8 +801,12 @@ pub async fn scenario_cut_off_host_fences_before_takeover(stores: StoreFactory, 
 /// safety_margin` of confirming that no request is pending.
 ///
 /// Checkpoints are written at most every 30 s, so only that rule stops the owner.
-pub async fn scenario_owner_blind_to_request_stops_before_steal(stores: StoreFactory) {
-    let mut fleet = Fleet::new(stores, 4).await;
+pub async fn scenario_owner_blind_to_request_stops_before_steal(
+    stores: StoreFactory,
+    timing: Timing,
+) {
+    let mut fleet = Fleet::timed(stores, 4, timing).await;
+    let slack = timing.allowance();
     fleet.settings.checkpoint_mode =
         crate::processor::CheckpointMode::Interval(Duration::from_secs(30));
     fleet.start("a");
@@ -779,7 +850,7 @@ pub async fn scenario_owner_blind_to_request_stops_before_steal(stores: StoreFac
         );
     }
     fleet.set_store_mode("a", FaultMode::Healthy);
-    assert!(fleet.drain(Duration::from_secs(60)).await);
+    assert!(fleet.drain(Duration::from_secs(60) + slack).await);
     fleet.check_ledger();
     for h in fleet.running() {
         fleet.stop(&h).await.expect("stop");
@@ -788,12 +859,13 @@ pub async fn scenario_owner_blind_to_request_stops_before_steal(stores: StoreFac
 
 /// Scenario: graceful stop releases every lease with its continuation; a restart resumes
 /// exactly after the last checkpoint (rule 6): no duplicate, no gap.
-pub async fn scenario_graceful_stop_and_resume(stores: StoreFactory) {
-    let mut fleet = Fleet::new(stores, 8).await;
+pub async fn scenario_graceful_stop_and_resume(stores: StoreFactory, timing: Timing) {
+    let mut fleet = Fleet::timed(stores, 8, timing).await;
+    let slack = timing.allowance();
     fleet.start("a");
     fleet.start("b");
     fleet.run_for(Duration::from_secs(10), 100).await;
-    assert!(fleet.drain(Duration::from_secs(10)).await);
+    assert!(fleet.drain(Duration::from_secs(10) + slack).await);
     fleet.stop("a").await.expect("stop a");
     fleet.stop("b").await.expect("stop b");
     let leases = fleet.leases().await;
@@ -816,20 +888,24 @@ pub async fn scenario_graceful_stop_and_resume(stores: StoreFactory) {
     fleet.write(200);
     fleet.start("a");
     fleet.run_for(Duration::from_secs(6), 0).await;
-    assert!(fleet.drain(Duration::from_secs(20)).await);
+    assert!(fleet.drain(Duration::from_secs(20) + slack).await);
     assert_eq!(fleet.check_ledger(), 0, "resume delivers no duplicate");
     fleet.stop("a").await.expect("stop");
 }
 
 /// Scenario: a second live process with a host name in use is refused; after a crash, a
 /// restart under the same name takes the name and its leases back.
-pub async fn scenario_duplicate_host_refused_restart_takes_back(stores: StoreFactory) {
-    let mut fleet = Fleet::new(stores, 6).await;
+pub async fn scenario_duplicate_host_refused_restart_takes_back(
+    stores: StoreFactory,
+    timing: Timing,
+) {
+    let mut fleet = Fleet::timed(stores, 6, timing).await;
+    let slack = timing.allowance();
     fleet.start("a");
     fleet.run_for(Duration::from_secs(4), 10).await;
     let (twin, _) = fleet.processor("a", 0);
     let cancel = CancellationToken::new();
-    let result = tokio::time::timeout(Duration::from_secs(60), twin.run(cancel)).await;
+    let result = tokio::time::timeout(timing.real(Duration::from_secs(60)), twin.run(cancel)).await;
     match result {
         Ok(Err(ProcessorError::DuplicateHost { host, .. })) => assert_eq!(host, "a"),
         other => panic!("a second process named a must be refused, got {other:?}"),
@@ -842,7 +918,7 @@ pub async fn scenario_duplicate_host_refused_restart_takes_back(stores: StoreFac
     fleet.start("a");
     fleet
         .run_for(
-            fleet.settings.lease_expiry + fleet.settings.acquire_interval * 2,
+            fleet.settings.lease_expiry + fleet.settings.acquire_interval * 2 + slack,
             10,
         )
         .await;
@@ -851,7 +927,7 @@ pub async fn scenario_duplicate_host_refused_restart_takes_back(stores: StoreFac
         .await
         .values()
         .all(|o| o.as_deref() == Some("a")));
-    assert!(fleet.drain(Duration::from_secs(20)).await);
+    assert!(fleet.drain(Duration::from_secs(20) + slack).await);
     fleet.check_ledger();
     fleet.stop("a").await.expect("stop");
 }
@@ -859,8 +935,12 @@ pub async fn scenario_duplicate_host_refused_restart_takes_back(stores: StoreFac
 /// Scenario: a host joins after another crashed (its heartbeat row is still there, owning
 /// nothing): exactly the newcomer's share moves, each lease once. The crashed host's row must
 /// not count as a live host owed a share.
-pub async fn scenario_newcomer_after_crash_moves_only_its_share(stores: StoreFactory) {
-    let mut fleet = Fleet::new(stores, 60).await;
+pub async fn scenario_newcomer_after_crash_moves_only_its_share(
+    stores: StoreFactory,
+    timing: Timing,
+) {
+    let mut fleet = Fleet::timed(stores, 60, timing).await;
+    let slack = timing.allowance();
     for i in 0..3 {
         fleet.start(&format!("h{i}"));
     }
@@ -868,7 +948,7 @@ pub async fn scenario_newcomer_after_crash_moves_only_its_share(stores: StoreFac
     fleet.kill("h0");
     // Its leases are taken within lease_expiry + acquire_interval; its row is removed by the
     // leader at a cycle after that.
-    let takeover = fleet.settings.lease_expiry + fleet.settings.acquire_interval * 3;
+    let takeover = fleet.settings.lease_expiry + fleet.settings.acquire_interval * 3 + slack;
     fleet.run_for(takeover, 100).await;
     let m = (fleet.stores)()
         .membership(&fleet.group)
@@ -881,7 +961,7 @@ pub async fn scenario_newcomer_after_crash_moves_only_its_share(stores: StoreFac
     let before = fleet.owners().await;
     assert_balanced(&before, &fleet.running());
     fleet.start("h3");
-    let settle = fleet.settings.renew_interval + fleet.settings.acquire_interval * 4;
+    let settle = fleet.settings.renew_interval + fleet.settings.acquire_interval * 4 + slack;
     let moves = watch_moves(&mut fleet, settle, 100).await;
     let after = fleet.owners().await;
     assert_balanced(&after, &fleet.running());
@@ -894,7 +974,7 @@ pub async fn scenario_newcomer_after_crash_moves_only_its_share(stores: StoreFac
         moved, to_newcomer,
         "only the newcomer's share moves ({to_newcomer}), got {moved} moves: {moves:?}"
     );
-    assert!(fleet.drain(Duration::from_secs(30)).await);
+    assert!(fleet.drain(Duration::from_secs(30) + slack).await);
     fleet.check_ledger();
     for h in fleet.running() {
         fleet.stop(&h).await.expect("stop");

@@ -4,6 +4,10 @@
 //! [`feed_source_conformance`]. A backend's own tests call them with a fixture factory; the
 //! in-memory implementations run them first. Backend differences go in through the fixture
 //! traits, never by forking the suite. A check that fails panics with a message naming it.
+//!
+//! [`fleet`] holds the processor's fleet scenarios, which every backend runs too: each takes a
+//! store factory and a [`fleet::Timing`] (paused tokio time, or real time with short timings
+//! for a store on a server), the one backend difference they admit.
 
 mod feed;
 pub mod fleet;

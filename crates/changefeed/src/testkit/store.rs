@@ -1,12 +1,14 @@
 //! The lease store conformance suite.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 
 use crate::error::LeaseError;
-use crate::lease::LeaseStore;
+use crate::lease::{Changes, LeaseStore};
 use crate::model::{
     Continuation, GroupName, HostName, Lease, LeaseKey, LeaseState, PartitionId, Position,
     Timestamp, Version,
@@ -32,9 +34,27 @@ pub trait LeaseStoreFixture: Send + Sync {
     async fn corrupt(&self, key: &LeaseKey, how: Corruption);
     /// Whether the store answers [`LeaseStore::list_changes`] (`Some`). A store that says so
     /// fails the suite when it answers `None`; one that does not (the default) passes the
-    /// check of what the answer holds vacuously, and its hosts list in full on every move.
+    /// checks of what the answer holds vacuously, and its hosts list in full on every move.
+    ///
+    /// The checks of the answer count counter values: each write that changes hands moves the
+    /// counter by exactly one, as every shipped store counts.
     fn answers_changes(&self) -> bool {
         false
+    }
+    /// How many counter moves back the store keeps the deletions `list_changes` reports
+    /// (SQLite's `CHANGE_HORIZON`, PostgreSQL's `changes_kept`, the in-memory store's log):
+    /// after more deletions than that in a row, exactly the last that many are answered, and a
+    /// `since` before them is `None`. `None` (the default): the store keeps no such bound, and
+    /// the check of it is skipped. The check writes twice the horizon: a fixture may give its
+    /// store a short one.
+    fn changes_horizon(&self) -> Option<u64> {
+        None
+    }
+    /// How many deletion records the store holds for `group`, counted in the backend directly
+    /// (as a person reading the table would), so the suite can check they stay within the
+    /// horizon. `None` (the default): the fixture does not count them.
+    async fn deletion_records(&self, _group: &GroupName) -> Option<u64> {
+        None
     }
 }
 
@@ -71,6 +91,10 @@ where
         invalid_leases_are_refused,
         ten_thousand_leases_list,
         changes_since_a_counter_hold_what_changed_hands,
+        unreadable_changed_rows_are_named_and_never_hide_the_others,
+        changes_made_on_one_connection_are_read_on_another_in_one_snapshot,
+        deletions_are_kept_for_the_horizon_then_forgotten,
+        an_incremental_reader_of_racing_writers_agrees_with_a_full_list,
     ];
     for (name, check) in all {
         let fixture = factory().await;
@@ -682,122 +706,604 @@ async fn ten_thousand_leases_list(f: &dyn LeaseStoreFixture) {
     }
 }
 
+// ---- list_changes -------------------------------------------------------------------------
+//
+// Every check below first asks the store for the changes at its current counter. A store that
+// answers `None` there passes it vacuously, unless its fixture says it answers (then it fails).
+
+async fn counter(store: &dyn LeaseStore, g: &GroupName) -> u64 {
+    store
+        .membership(g)
+        .await
+        .expect("membership")
+        .change_counter
+}
+
+/// Whether the store answers `list_changes` for `g`; `false` only when the fixture does not
+/// say it does.
+async fn answers(f: &dyn LeaseStoreFixture, store: &dyn LeaseStore, g: &GroupName) -> bool {
+    let now = counter(store, g).await;
+    let answer = store.list_changes(g, now).await.expect("list_changes");
+    assert!(
+        answer.is_some() || !f.answers_changes(),
+        "the fixture says the store answers list_changes, but it answered None for group {g} \
+         at its current counter {now}"
+    );
+    answer.is_some()
+}
+
+async fn answered(store: &dyn LeaseStore, g: &GroupName, since: u64) -> Changes {
+    store
+        .list_changes(g, since)
+        .await
+        .expect("list_changes")
+        .unwrap_or_else(|| panic!("list_changes({g}, {since}) must answer, got None"))
+}
+
+async fn unanswered(store: &dyn LeaseStore, g: &GroupName, since: u64) {
+    let got = store.list_changes(g, since).await.expect("list_changes");
+    assert!(
+        got.is_none(),
+        "list_changes({g}, {since}) must be None: {got:?}"
+    );
+}
+
+/// A changed lease as (partition, version, owner).
+type Row = (String, u64, Option<String>);
+
+/// The changed leases and the deleted partitions of an answer with no malformed row.
+fn summary(c: &Changes) -> (Vec<Row>, Vec<String>) {
+    assert!(c.malformed.is_empty(), "{:?}", c.malformed);
+    (
+        c.leases
+            .iter()
+            .map(|l| {
+                (
+                    l.key.partition.to_string(),
+                    l.version.0,
+                    l.owner.as_ref().map(|h| h.to_string()),
+                )
+            })
+            .collect(),
+        c.deleted.iter().map(|k| k.partition.to_string()).collect(),
+    )
+}
+
+fn row(p: &str, version: u64, owner: Option<&str>) -> Row {
+    (p.to_string(), version, owner.map(str::to_string))
+}
+
+fn names(ps: &[&str]) -> Vec<String> {
+    ps.iter().map(|p| p.to_string()).collect()
+}
+
+async fn take(store: &dyn LeaseStore, lease: &Lease, by: &str) -> Lease {
+    let mut next = owned(lease.clone(), by);
+    next.next_owner = None;
+    store
+        .replace(&next, lease.version)
+        .await
+        .unwrap_or_else(|e| panic!("take {} by {by}: {e}", lease.key))
+}
+
+async fn checkpoint(store: &dyn LeaseStore, lease: &Lease, at: &str) -> Lease {
+    let mut next = lease.clone();
+    next.continuation = Some(Continuation::new(at));
+    store
+        .replace(&next, lease.version)
+        .await
+        .unwrap_or_else(|e| panic!("checkpoint {}: {e}", lease.key))
+}
+
 /// For a store that answers [`LeaseStore::list_changes`]: it returns exactly the leases
-/// created or changing hands after the counter asked about (not those only checkpointed), the
-/// keys deleted, and a counter matching the membership's; and `None` for a counter it has not
-/// reached. A store that answers `None` passes (the processor then lists in full).
+/// created or changing hands (state, owner, next owner) after the counter asked about, at
+/// their current rows and in partition order, not those only checkpointed; the keys deleted;
+/// a counter matching the membership's; and `None` for a counter it has not reached.
 async fn changes_since_a_counter_hold_what_changed_hands(f: &dyn LeaseStoreFixture) {
     let store = f.connect().await;
+    let store = store.as_ref();
     let g = group("changes");
-    let mut rows = Vec::new();
-    for p in ["a", "b", "c", "d"] {
-        rows.push(
-            must_create(
-                store.as_ref(),
-                &Lease::new(key("changes", p), Position::Beginning),
-            )
-            .await,
-        );
-    }
-    let since = store
-        .membership(&g)
-        .await
-        .expect("membership")
-        .change_counter;
-    let Some(none_yet) = store.list_changes(&g, since).await.expect("list_changes") else {
-        assert!(
-            !f.answers_changes(),
-            "the fixture says the store answers list_changes, but it answered None at its \
-             current counter {since}"
-        );
+    if !answers(f, store, &g).await {
         return;
-    };
-    assert!(
-        none_yet.leases.is_empty() && none_yet.deleted.is_empty(),
-        "nothing changed after {since}: {none_yet:?}"
+    }
+    // A group nothing was ever written to is at counter 0, and has not reached 1.
+    let empty = answered(store, &g, 0).await;
+    assert_eq!((empty.counter, summary(&empty)), (0, (vec![], vec![])));
+    unanswered(store, &g, 1).await;
+
+    // Each creation moves the counter once; answers are in partition order.
+    let mut rows = BTreeMap::new();
+    for p in ["f", "a", "e", "b", "d", "c"] {
+        let lease = Lease::new(key("changes", p), Position::Beginning);
+        rows.insert(p, must_create(store, &lease).await);
+    }
+    let all = answered(store, &g, 0).await;
+    assert_eq!(all.counter, 6, "one counter move per creation");
+    let created: Vec<Row> = ["a", "b", "c", "d", "e", "f"]
+        .iter()
+        .map(|p| row(p, 1, None))
+        .collect();
+    assert_eq!(summary(&all), (created, vec![]));
+    assert_eq!(
+        summary(&answered(store, &g, 3).await),
+        (
+            vec![row("b", 1, None), row("c", 1, None), row("d", 1, None)],
+            vec![]
+        ),
+        "only the creations after the third"
     );
-    assert_eq!(none_yet.counter, since);
-    // b changes hands; c only moves its checkpoint; d is deleted; e is created.
-    let b = store
-        .replace(&owned(rows[1].clone(), "h1"), rows[1].version)
-        .await
-        .expect("take b");
-    let mut c = rows[2].clone();
-    c.continuation = Some(Continuation::new("c-1"));
-    store.replace(&c, c.version).await.expect("checkpoint c");
+
+    // c and e change hands before the counter asked about.
+    let c = take(store, &rows["c"], "h0").await;
+    let e = take(store, &rows["e"], "h0").await;
+    let since = counter(store, &g).await;
+    // a changes hands, then only checkpoints: listed once, as it is now.
+    let a = take(store, &rows["a"], "h1").await;
+    let after_a = counter(store, &g).await;
+    let a = checkpoint(store, &a, "a-1").await;
+    // b only checkpoints and gains a property: not listed.
+    let mut b = rows["b"].clone();
+    b.continuation = Some(Continuation::new("b-9"));
+    b.properties.insert("note".into(), "x".into());
+    store.replace(&b, b.version).await.expect("checkpoint b");
+    // c is asked to hand off (its next owner changes): listed.
+    let mut asked = c.clone();
+    asked.next_owner = Some(host("h2"));
+    let c = store.replace(&asked, c.version).await.expect("ask for c");
+    // d is deleted: deleted only.
     store
-        .delete(&rows[3].key, rows[3].version)
+        .delete(&rows["d"].key, rows["d"].version)
         .await
         .expect("delete d");
-    let e = must_create(
-        store.as_ref(),
-        &Lease::new(key("changes", "e"), Position::Beginning),
+    // e, at version 2, is deleted and created again at version 1: in both lists, so a reader
+    // applying deletions first drops the higher-versioned row it holds for the new one.
+    store.delete(&e.key, e.version).await.expect("delete e");
+    let e = must_create(store, &Lease::new(e.key.clone(), Position::Beginning)).await;
+    // g is created and deleted: deleted only. h is created.
+    let g_row = must_create(store, &Lease::new(key("changes", "g"), Position::Beginning)).await;
+    store
+        .delete(&g_row.key, g_row.version)
+        .await
+        .expect("delete g");
+    let h = must_create(store, &Lease::new(key("changes", "h"), Position::Beginning)).await;
+    // Another group's changes stay there.
+    must_create(
+        store,
+        &Lease::new(key("changes-other", "a"), Position::Beginning),
     )
     .await;
-    let now = store
-        .membership(&g)
-        .await
-        .expect("membership")
-        .change_counter;
-    let changes = store
-        .list_changes(&g, since)
-        .await
-        .expect("list_changes")
-        .expect("a store that answered once answers again");
-    assert_eq!(changes.counter, now, "the counter as of the read");
-    let got: Vec<(String, Version)> = changes
-        .leases
-        .iter()
-        .map(|l| (l.key.partition.to_string(), l.version))
-        .collect();
+
+    let now = counter(store, &g).await;
     assert_eq!(
-        got,
-        vec![("b".to_string(), b.version), ("e".to_string(), e.version)],
-        "changed hands or created, in partition order, at their current version"
+        now,
+        since + 8,
+        "a take, a hand-off request, three deletions and three creations move the counter once \
+         each; checkpoints and properties do not"
     );
-    assert_eq!(changes.deleted, vec![rows[3].key.clone()]);
-    assert!(changes.malformed.is_empty());
-    let later = store.list_changes(&g, now).await.expect("list_changes");
-    assert!(later.is_some_and(|c| c.leases.is_empty() && c.deleted.is_empty()));
-    // A lease deleted and created again restarts its versions: a reader holding the old row
-    // must see the deletion too, or it would keep its higher-versioned stale copy.
-    store.delete(&b.key, b.version).await.expect("delete b");
-    let b_again = must_create(
-        store.as_ref(),
-        &Lease::new(key("changes", "b"), Position::Beginning),
-    )
-    .await;
-    let both = store
-        .list_changes(&g, now)
+    let changes = answered(store, &g, since).await;
+    assert_eq!(changes.counter, now, "the counter as of the read");
+    assert!(changes.malformed.is_empty(), "{:?}", changes.malformed);
+    assert_eq!(
+        changes.leases,
+        vec![a, c, e.clone(), h.clone()],
+        "the current rows (checkpoint and next owner included) of what was created or changed \
+         hands, in partition order"
+    );
+    assert_eq!(summary(&changes).1, names(&["d", "e", "g"]));
+    // Only what came after the value asked about.
+    let later = answered(store, &g, after_a).await;
+    assert_eq!(
+        summary(&later),
+        (
+            vec![
+                row("c", 3, Some("h0")),
+                row("e", 1, None),
+                row("h", 1, None)
+            ],
+            names(&["d", "e", "g"])
+        )
+    );
+    assert_eq!(
+        summary(&answered(store, &g, now - 1).await),
+        (vec![row("h", 1, None)], vec![])
+    );
+    let nothing = answered(store, &g, now).await;
+    assert_eq!(
+        (nothing.counter, summary(&nothing)),
+        (now, (vec![], vec![]))
+    );
+    for ahead in [now + 1, now + 1000, u64::MAX] {
+        // A counter the store has not reached cannot be answered.
+        unanswered(store, &g, ahead).await;
+    }
+    // Groups are isolated; a group never written to is at counter 0.
+    let other = answered(store, &group("changes-other"), 0).await;
+    assert_eq!(summary(&other), (vec![row("a", 1, None)], vec![]));
+    let never = group("changes-never-written");
+    let none = answered(store, &never, 0).await;
+    assert_eq!((none.counter, summary(&none)), (0, (vec![], vec![])));
+    unanswered(store, &never, 5).await;
+}
+
+/// An unreadable row that changed hands is reported by key in [`Changes::malformed`] and hides
+/// neither the readable rows nor the deletions; an unreadable row that did not change is not
+/// in the answer (a full list reports it).
+async fn unreadable_changed_rows_are_named_and_never_hide_the_others(f: &dyn LeaseStoreFixture) {
+    let store = f.connect().await;
+    let store = store.as_ref();
+    let g = group("bad-changes");
+    if !answers(f, store, &g).await {
+        return;
+    }
+    let mut rows = Vec::new();
+    for p in ["a", "b", "c", "d"] {
+        let lease = Lease::new(key("bad-changes", p), Position::Beginning);
+        rows.push(must_create(store, &lease).await);
+    }
+    let since = counter(store, &g).await;
+    take(store, &rows[0], "h1").await;
+    take(store, &rows[1], "h1").await;
+    store
+        .delete(&rows[2].key, rows[2].version)
         .await
-        .expect("list_changes")
-        .expect("answers");
-    assert_eq!(both.deleted, vec![b.key.clone()], "{both:?}");
-    let got: Vec<(String, Version)> = both
+        .expect("delete c");
+    // b changed hands and is then broken by hand; d is broken but did not change.
+    f.corrupt(&key("bad-changes", "b"), Corruption::BadPropertiesJson)
+        .await;
+    f.corrupt(&key("bad-changes", "d"), Corruption::UnknownState)
+        .await;
+    let changes = answered(store, &g, since).await;
+    let readable: Vec<String> = changes
         .leases
         .iter()
-        .map(|l| (l.key.partition.to_string(), l.version))
+        .map(|l| l.key.partition.to_string())
         .collect();
-    assert_eq!(got, vec![("b".to_string(), b_again.version)]);
-    let now = store
-        .membership(&g)
+    assert_eq!(readable, ["a"], "the readable row is still there");
+    let deleted: Vec<String> = changes.deleted.iter().map(|k| k.to_string()).collect();
+    assert_eq!(deleted, ["bad-changes/c"], "the deletion is still there");
+    assert_eq!(changes.malformed.len(), 1, "{:?}", changes.malformed);
+    match &changes.malformed[0] {
+        LeaseError::Malformed { key, reason } => {
+            assert_eq!(key, "bad-changes/b");
+            assert!(
+                reason.to_lowercase().contains("properties"),
+                "the reason names what is wrong: {reason}"
+            );
+        }
+        other => panic!("expected Malformed, got {other:?}"),
+    }
+    let listing = store.list(&g).await.expect("list");
+    assert_eq!(
+        listing.malformed.len(),
+        2,
+        "a full list names both broken rows: {:?}",
+        listing.malformed
+    );
+}
+
+/// Changes written through one connection are answered on another, each answer one snapshot:
+/// while one connection hands a lease from host to host, every answer read on another holds
+/// the row written by the hand-over its counter counts.
+async fn changes_made_on_one_connection_are_read_on_another_in_one_snapshot(
+    f: &dyn LeaseStoreFixture,
+) {
+    let (one, two) = (f.connect().await, f.connect().await);
+    let g = group("snap");
+    if !answers(f, one.as_ref(), &g).await {
+        return;
+    }
+    let mut rows = Vec::new();
+    for p in ["0", "1", "2", "3"] {
+        let lease = Lease::new(key("snap", p), Position::Beginning);
+        rows.push(must_create(one.as_ref(), &lease).await);
+    }
+    let seen = answered(two.as_ref(), &g, 0).await;
+    assert_eq!(seen.counter, 4);
+    assert_eq!(seen.leases, rows, "created on one, read on two");
+    let taken = take(one.as_ref(), &rows[1], "h1").await;
+    let seen = answered(two.as_ref(), &g, 4).await;
+    assert_eq!((seen.counter, seen.leases), (5, vec![taken]));
+    let taken = take(two.as_ref(), &rows[2], "h2").await;
+    two.delete(&rows[3].key, rows[3].version)
         .await
-        .expect("membership")
-        .change_counter;
-    assert!(
+        .expect("delete 3");
+    let seen = answered(one.as_ref(), &g, 5).await;
+    assert_eq!(seen.counter, 7);
+    assert_eq!(seen.counter, counter(two.as_ref(), &g).await);
+    assert_eq!(seen.leases, vec![taken], "changed on two, read on one");
+    assert_eq!(seen.deleted, vec![rows[3].key.clone()]);
+
+    // The n-th hand-over moves the counter to base + n and the lease to version n + 1, owned
+    // by h{n}: an answer at counter base + n must hold exactly that row. Every 20 hand-overs
+    // the writer waits for a read counted after it began the hand-over, so reads interleave
+    // with writes on any runtime (the reader always reads once more after the last one).
+    const HANDOVERS: u64 = 200;
+    let base = counter(one.as_ref(), &g).await;
+    let (reads, mut reads_seen) = tokio::sync::watch::channel(0u64);
+    let writer = tokio::spawn({
+        let one = one.clone();
+        let mut lease = rows[0].clone();
+        async move {
+            for n in 1..=HANDOVERS {
+                let before = *reads_seen.borrow_and_update();
+                lease = take(one.as_ref(), &lease, &format!("h{n}")).await;
+                if n % 20 == 0 {
+                    reads_seen
+                        .wait_for(|r| *r > before)
+                        .await
+                        .expect("the reader keeps its end until the writer is done");
+                }
+            }
+        }
+    });
+    loop {
+        let seen = answered(two.as_ref(), &g, base).await;
+        reads.send_modify(|r| *r += 1);
+        let n = seen.counter - base;
+        if n == 0 {
+            assert!(seen.leases.is_empty(), "{seen:?}");
+        } else {
+            assert_eq!(seen.leases.len(), 1, "{seen:?}");
+            let lease = &seen.leases[0];
+            assert_eq!(lease.owner, Some(host(&format!("h{n}"))), "at counter {n}");
+            assert_eq!(lease.version, Version(n + 1), "at counter {n}");
+        }
+        if n == HANDOVERS {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    writer.await.expect("writer task");
+    assert!(*reads.borrow() >= HANDOVERS / 20);
+}
+
+/// Deletion records are bounded: after more deletions in a row than the fixture's horizon,
+/// exactly the last that many are answered, a `since` before them is `None` (whichever handle
+/// asks), the store holds no more records than that, another group's deletion is neither
+/// counted nor forgotten with them, and a key deleted then created again is answered again.
+async fn deletions_are_kept_for_the_horizon_then_forgotten(f: &dyn LeaseStoreFixture) {
+    let Some(horizon) = f.changes_horizon() else {
+        return;
+    };
+    let (store, reader) = (f.connect().await, f.connect().await);
+    let (store, reader) = (store.as_ref(), reader.as_ref());
+    let g = group("churn");
+    if !answers(f, store, &g).await {
+        return;
+    }
+    // Another group's deletion, before the churn.
+    let other_group = group("churn-other");
+    let other = must_create(
+        store,
+        &Lease::new(key("churn-other", "z"), Position::Beginning),
+    )
+    .await;
+    store
+        .delete(&other.key, other.version)
+        .await
+        .expect("delete");
+
+    let n = horizon + 8;
+    let name = |i: u64| format!("{i:05}");
+    let mut rows = Vec::new();
+    for i in 0..n {
+        let lease = Lease::new(key("churn", &name(i)), Position::Beginning);
+        rows.push(must_create(store, &lease).await);
+    }
+    let created = counter(store, &g).await;
+    assert_eq!(created, n);
+    for (i, lease) in (0..).zip(&rows) {
         store
-            .list_changes(&g, now + 1000)
+            .delete(&lease.key, lease.version)
             .await
-            .expect("list_changes")
-            .is_none(),
-        "a counter the store has not reached cannot be answered"
+            .expect("delete");
+        // Counted at each delete once the records could exceed the bound (every delete for
+        // a short horizon, the last few for a long one).
+        if i + 1 >= horizon && (horizon <= 256 || i + 10 >= n) {
+            if let Some(kept) = f.deletion_records(&g).await {
+                assert!(
+                    kept <= horizon,
+                    "{kept} deletion records after {} deletes, more than the horizon {horizon}",
+                    i + 1
+                );
+            }
+        }
+    }
+    let now = counter(store, &g).await;
+    assert_eq!(now, 2 * n);
+    if let Some(kept) = f.deletion_records(&g).await {
+        assert_eq!(
+            kept, horizon,
+            "the deletions of the last {horizon} moves are kept, no more"
+        );
+    }
+    // Within the horizon: exactly the keys deleted after the value asked about.
+    let oldest = now - horizon;
+    let kept = answered(reader, &g, oldest).await;
+    let expected: Vec<String> = (n - horizon..n).map(name).collect();
+    assert_eq!(summary(&kept), (vec![], expected));
+    assert_eq!(
+        summary(&answered(reader, &g, now - 1).await),
+        (vec![], vec![name(n - 1)])
     );
-    assert!(
-        store
-            .list_changes(&group("changes-never-written"), 5)
-            .await
-            .expect("list_changes")
-            .is_none(),
-        "a group never written to is at counter 0"
+    // Behind it: not answered, whichever handle asks.
+    for since in [0, 1, created, oldest - 1] {
+        unanswered(reader, &g, since).await;
+        unanswered(store, &g, since).await;
+    }
+    // Creations are answered as ever: a key deleted then created again lists again.
+    let back = must_create(
+        store,
+        &Lease::new(key("churn", &name(5)), Position::Beginning),
+    )
+    .await;
+    assert_eq!(
+        summary(&answered(reader, &g, now).await),
+        (vec![row(&name(5), back.version.0, None)], vec![])
     );
+    // The other group's deletion was neither forgotten nor counted with these.
+    assert_eq!(
+        summary(&answered(reader, &other_group, 1).await),
+        (vec![], names(&["z"]))
+    );
+    if let Some(kept) = f.deletion_records(&other_group).await {
+        assert_eq!(kept, 1, "the other group's deletion record is kept");
+    }
+}
+
+/// A small deterministic generator, so the racing check needs no RNG passed in.
+struct XorShift(u64);
+
+impl XorShift {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// One racing write on a random partition of group `race`: create it if absent, else take,
+/// ask for, release or (rarely) delete it. Returns whether it moved the counter; losing a race
+/// (conflict, gone) is expected and moves nothing.
+async fn random_write(store: &dyn LeaseStore, me: &HostName, rng: &mut XorShift) -> bool {
+    let k = key("race", &format!("{:02}", rng.below(16)));
+    let current = match store.get(&k).await.expect("get") {
+        None => {
+            return store
+                .create(&Lease::new(k, Position::Beginning))
+                .await
+                .expect("create")
+                .is_some()
+        }
+        Some(l) => l,
+    };
+    let roll = rng.below(10);
+    if roll == 0 {
+        return match store.delete(&current.key, current.version).await {
+            Ok(()) => true,
+            Err(LeaseError::Conflict { .. } | LeaseError::NotFound { .. }) => false,
+            Err(e) => panic!("delete {k}: {e}"),
+        };
+    }
+    let mut next = current.clone();
+    match (roll, current.state) {
+        (1..=4, _) => {
+            next.state = LeaseState::Owned;
+            next.owner = Some(me.clone());
+            next.next_owner = None;
+        }
+        (5..=7, LeaseState::Owned) => next.next_owner = Some(me.clone()),
+        _ => {
+            next.state = LeaseState::Available;
+            next.owner = None;
+            next.next_owner = None;
+        }
+    }
+    if !current.ownership_differs(&next) {
+        // Every write here changes hands, so the versions a copy kept from list_changes holds
+        // are the current ones (a checkpoint-only write is not listed, by design).
+        return false;
+    }
+    match store.replace(&next, current.version).await {
+        Ok(_) => true,
+        Err(LeaseError::Conflict { .. } | LeaseError::NotFound { .. }) => false,
+        Err(e) => panic!("replace {k}: {e}"),
+    }
+}
+
+/// Applies `changes` to `copy` as a host does: deletions first, then the current rows.
+fn apply(copy: &mut BTreeMap<PartitionId, Lease>, changes: Changes) {
+    assert!(changes.malformed.is_empty(), "{:?}", changes.malformed);
+    for k in changes.deleted {
+        copy.remove(&k.partition);
+    }
+    for lease in changes.leases {
+        copy.insert(lease.key.partition.clone(), lease);
+    }
+}
+
+/// Four writers, each on its own connection, create, take, ask for, release and delete 16
+/// leases as fast as they can, while a reader on another connection keeps a copy of the group
+/// from `list_changes` alone. Every answer must be consistent with its counter: at the end the
+/// copy equals a full list, field for field (versions included). The writers stay within 32
+/// counter moves of the reader, so a short horizon never forgets what it has not read.
+async fn an_incremental_reader_of_racing_writers_agrees_with_a_full_list(
+    f: &dyn LeaseStoreFixture,
+) {
+    const LAG: u64 = 32;
+    let reader = f.connect().await;
+    let g = group("race");
+    if !answers(f, reader.as_ref(), &g).await {
+        return;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let written = Arc::new(AtomicU64::new(0));
+    // The counter the reader has caught up with.
+    let (caught_up, watch) = tokio::sync::watch::channel(0u64);
+    let mut writers = Vec::new();
+    for w in 0..4u64 {
+        let store = f.connect().await;
+        let (stop, written, mut watch) = (stop.clone(), written.clone(), watch.clone());
+        writers.push(tokio::spawn(async move {
+            let me = host(&format!("w{w}"));
+            let mut rng = XorShift(0x9E37_79B9_7F4A_7C15 ^ (w + 1).wrapping_mul(0x2545_F491));
+            while !stop.load(Ordering::SeqCst) {
+                let lag_ok =
+                    |read: &u64| written.load(Ordering::SeqCst) <= read.saturating_add(LAG);
+                if !lag_ok(&watch.borrow()) {
+                    // Woken by the reader's progress, or by its last send when it stops.
+                    let _ = watch.changed().await;
+                    continue;
+                }
+                if random_write(store.as_ref(), &me, &mut rng).await {
+                    written.fetch_add(1, Ordering::SeqCst);
+                }
+                tokio::task::yield_now().await;
+            }
+        }));
+    }
+    let mut copy = BTreeMap::new();
+    let (mut last, mut reads, mut nonempty) = (0u64, 0u32, 0u32);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while written.load(Ordering::SeqCst) < 200 || nonempty < 20 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the race never got going: {} writes, {reads} reads ({nonempty} with changes) in \
+             60 s",
+            written.load(Ordering::SeqCst)
+        );
+        let changes = answered(reader.as_ref(), &g, last).await;
+        assert!(changes.counter >= last, "the counter went back");
+        if !changes.leases.is_empty() || !changes.deleted.is_empty() {
+            nonempty += 1;
+        }
+        last = changes.counter;
+        apply(&mut copy, changes);
+        reads += 1;
+        caught_up.send_replace(last);
+        tokio::task::yield_now().await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    caught_up.send_replace(u64::MAX);
+    for w in writers {
+        w.await.expect("writer task");
+    }
+    let changes = answered(reader.as_ref(), &g, last).await;
+    last = changes.counter;
+    apply(&mut copy, changes);
+    assert_eq!(last, counter(reader.as_ref(), &g).await);
+    assert_eq!(
+        last,
+        written.load(Ordering::SeqCst),
+        "one move per write that won"
+    );
+    let listing = reader.list(&g).await.expect("list");
+    assert!(listing.malformed.is_empty());
+    let copy: Vec<Lease> = copy.into_values().collect();
+    assert_eq!(
+        copy, listing.leases,
+        "the copy kept from list_changes equals a full list"
+    );
+    assert!(reads > 20, "{reads} reads");
 }

@@ -23,8 +23,18 @@ impl LeaseStoreFixture for MemoryStoreFixture {
         true
     }
 
+    fn changes_horizon(&self) -> Option<u64> {
+        // The store's log of counter moves (docs/backends.md).
+        Some(16_384)
+    }
+
     async fn corrupt(&self, key: &LeaseKey, how: Corruption) {
-        self.0.corrupt(key, &format!("{how:?}"));
+        // The reasons a real store would give for such a row.
+        let reason = match how {
+            Corruption::BadPropertiesJson => "properties: not a JSON object of strings",
+            Corruption::UnknownState => "state: unknown state `borrowed`",
+        };
+        self.0.corrupt(key, reason);
     }
 }
 

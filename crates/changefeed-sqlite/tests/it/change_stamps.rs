@@ -1,17 +1,18 @@
-//! `list_changes` on a real SQLite file: what it answers, from which counter on (a database
-//! migrated from schema 1, deletions forgotten past the horizon, writers that do not stamp),
-//! and across connections.
+//! How SQLite answers `list_changes` from its change stamps, where that is SQLite's own: a
+//! file migrated from schema 1 answers from its counter at migration on, a writer that does
+//! not stamp makes earlier counters unanswerable, and partition ids edited by hand in the
+//! lease rows or the deletion records are named by key. What every store answering
+//! `list_changes` must do (exactly what changed hands, malformed rows, other connections, the
+//! deletion horizon, racing writers) is checked by the core's conformance suite in `store.rs`.
 
 use std::path::Path;
-use std::sync::Arc;
 
 use changefeed::lease::{Changes, LeaseStore};
-use changefeed::model::{Continuation, GroupName, Lease, LeaseKey, Position, Version};
-use changefeed::testkit::{Corruption, LeaseStoreFixture};
+use changefeed::model::{Continuation, GroupName, Lease, LeaseKey, Position};
 use changefeed::LeaseError;
-use changefeed_sqlite::{SqliteLeaseStore, CHANGE_HORIZON, SCHEMA_VERSION};
+use changefeed_sqlite::{SqliteLeaseStore, SCHEMA_VERSION};
 
-use crate::store::{host, key, owned_by, Fixture};
+use crate::store::{key, owned_by, Fixture};
 
 fn group(name: &str) -> GroupName {
     GroupName::new(name).unwrap()
@@ -109,90 +110,10 @@ async fn take(store: &dyn LeaseStore, lease: &Lease, by: &str) -> Lease {
 }
 
 #[tokio::test]
-async fn list_changes_answers_with_exactly_what_changed_hands() {
-    // The store answers (a `None` here fails), with the leases created or changing hands and
-    // the keys deleted after `since`, at their current rows, in partition order.
-    let fx = Fixture::new();
-    let store = fx.store().await;
-    let g = group("g");
-    let empty = answered(&store, &g, 0).await;
-    assert_eq!((empty.counter, summary(&empty)), (0, (vec![], vec![])));
-    unanswered(&store, &g, 1).await;
-
-    let c = create(&store, key("g", "c")).await;
-    let a = create(&store, key("g", "a")).await;
-    let b = create(&store, key("g", "b")).await;
-    let x = create(&store, key("g", "x")).await;
-    let all = answered(&store, &g, 0).await;
-    assert_eq!(all.counter, 4);
-    assert_eq!(
-        summary(&all),
-        (
-            vec![
-                row("a", 1, None),
-                row("b", 1, None),
-                row("c", 1, None),
-                row("x", 1, None)
-            ],
-            vec![]
-        )
-    );
-
-    let c = take(&store, &c, "h0").await;
-    let since = counter(&store, &g).await;
-    let a = take(&store, &a, "h1").await; // changes hands
-    let after_a = counter(&store, &g).await;
-    let mut b_moved = b.clone(); // only checkpoints and changes a property
-    b_moved.continuation = Some(Continuation::new("b-9"));
-    b_moved.properties.insert("note".into(), "x".into());
-    store.replace(&b_moved, b.version).await.unwrap();
-    let mut c_asked = c.clone(); // a hand-off request: next_owner changes
-    c_asked.next_owner = Some(host("h2"));
-    let c_asked = store.replace(&c_asked, c.version).await.unwrap();
-    let d = create(&store, key("g", "d")).await; // created and deleted: deleted only
-    store.delete(&d.key, d.version).await.unwrap();
-    // Deleted and created again: deleted, and its new row, so a reader applying deletions
-    // first ends up with the new row even though its version went back to 1.
-    store.delete(&x.key, x.version).await.unwrap();
-    create(&store, key("g", "x")).await;
-    // Another group's changes stay there.
-    create(&store, key("other", "a")).await;
-
-    let now = counter(&store, &g).await;
-    let changes = answered(&store, &g, since).await;
-    assert_eq!(changes.counter, now, "the counter as of the read");
-    assert_eq!(
-        summary(&changes),
-        (
-            vec![
-                row("a", 2, Some("h1")),
-                row("c", 3, Some("h0")),
-                row("x", 1, None)
-            ],
-            names(&["d", "x"])
-        )
-    );
-    assert_eq!(changes.leases[0], a);
-    assert_eq!(changes.leases[1], c_asked);
-
-    let later = answered(&store, &g, after_a).await;
-    assert_eq!(
-        summary(&later),
-        (
-            vec![row("c", 3, Some("h0")), row("x", 1, None)],
-            names(&["d", "x"])
-        )
-    );
-    let none = answered(&store, &g, now).await;
-    assert_eq!((none.counter, summary(&none)), (now, (vec![], vec![])));
-    unanswered(&store, &g, now + 1).await;
-    unanswered(&store, &g, u64::MAX).await;
-    let other = answered(&store, &group("other"), 0).await;
-    assert_eq!(summary(&other), (vec![row("a", 1, None)], vec![]));
-}
-
-#[tokio::test]
-async fn unreadable_changed_rows_are_named_by_key_and_never_hide_the_others() {
+async fn unreadable_partition_ids_of_changed_rows_and_deletion_records_are_named_by_key() {
+    // A partition id edited by hand in a changed lease row or in a deletion record is reported
+    // by key, and hides neither the readable rows nor the answer (the conformance suite breaks
+    // the other columns).
     let fx = Fixture::new();
     let store = fx.store().await;
     let g = group("g");
@@ -205,8 +126,6 @@ async fn unreadable_changed_rows_are_named_by_key_and_never_hide_the_others() {
         take(&store, lease, "h1").await;
     }
     store.delete(&rows[3].key, rows[3].version).await.unwrap();
-    fx.corrupt(&key("g", "a"), Corruption::BadPropertiesJson)
-        .await;
     fx.edit(
         "UPDATE changefeed_leases SET partition = ' bad id' WHERE partition = 'b'",
         vec![],
@@ -224,7 +143,7 @@ async fn unreadable_changed_rows_are_named_by_key_and_never_hide_the_others() {
         .iter()
         .map(|l| l.key.partition.to_string())
         .collect();
-    assert_eq!(got, ["c"], "the readable row is still there");
+    assert_eq!(got, ["a", "c"], "the readable rows are still there");
     assert!(changes.deleted.is_empty());
     let mut bad: Vec<(String, String)> = changes
         .malformed
@@ -236,9 +155,8 @@ async fn unreadable_changed_rows_are_named_by_key_and_never_hide_the_others() {
         .collect();
     bad.sort();
     let keys: Vec<&str> = bad.iter().map(|(k, _)| k.as_str()).collect();
-    assert_eq!(keys, ["g/ bad id", "g/ gone", "g/a"]);
+    assert_eq!(keys, ["g/ bad id", "g/ gone"]);
     assert!(bad[1].1.contains("deletion record"), "{:?}", bad[1]);
-    assert!(bad[2].1.contains("properties"), "{:?}", bad[2]);
 }
 
 /// Migration 1 as version 1 of this crate ran it, with the version table it kept: a file from
@@ -392,111 +310,4 @@ async fn a_writer_that_does_not_stamp_makes_earlier_counters_unanswerable() {
     unanswered(&store, &g, 3).await;
     let changes = answered(&store, &g, 4).await;
     assert_eq!(summary(&changes), (vec![row("b", 1, None)], vec![]));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn deletions_are_kept_for_the_horizon_then_forgotten() {
-    // Deletion records stay bounded: those more than CHANGE_HORIZON counter moves old are
-    // forgotten, and a `since` older than a forgotten one is answered `None`.
-    let fx = Fixture::new();
-    let store = fx.store().await;
-    let g = group("churn");
-    // Each round is a create (one move) and a delete (one move) of a new key, so deletions are
-    // at the even counter values 2, 4, .., 2 * rounds.
-    let rounds = CHANGE_HORIZON / 2 + 8;
-    for i in 0..rounds {
-        let lease = create(&store, key("churn", &format!("{i:05}"))).await;
-        store.delete(&lease.key, lease.version).await.unwrap();
-    }
-    let now = counter(&store, &g).await;
-    assert_eq!(now, 2 * rounds);
-    let kept = count(
-        &fx.path,
-        "SELECT COUNT(*) FROM changefeed_deletions WHERE group_name = 'churn'",
-    )
-    .await;
-    assert_eq!(
-        u64::try_from(kept).unwrap(),
-        CHANGE_HORIZON / 2,
-        "deletions in the last CHANGE_HORIZON moves are kept, no more"
-    );
-
-    let horizon = now - CHANGE_HORIZON; // the newest deletion forgotten
-    for since in [0, 1, horizon - 1] {
-        unanswered(&store, &g, since).await;
-    }
-    let from_horizon = answered(&store, &g, horizon).await;
-    assert!(from_horizon.leases.is_empty());
-    assert_eq!(
-        u64::try_from(from_horizon.deleted.len()).unwrap(),
-        CHANGE_HORIZON / 2
-    );
-    let first_kept = (horizon / 2) as usize; // round i deleted at 2 * (i + 1)
-    assert_eq!(
-        from_horizon.deleted.first().unwrap().partition.as_str(),
-        format!("{first_kept:05}")
-    );
-    let last = answered(&store, &g, now - 1).await;
-    assert_eq!(
-        summary(&last),
-        (vec![], names(&[&format!("{:05}", rounds - 1)]))
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_second_connection_sees_the_changes_of_the_first_in_one_snapshot() {
-    let fx = Fixture::new();
-    let (one, two) = (fx.store().await, fx.store().await);
-    let g = group("g");
-    let mut rows = Vec::new();
-    for p in ["0", "1", "2", "3"] {
-        rows.push(create(&one, key("g", p)).await);
-    }
-    let seen = answered(&two, &g, 0).await;
-    assert_eq!(seen.counter, 4);
-    assert_eq!(seen.leases, rows);
-
-    let taken = take(&one, &rows[1], "h1").await;
-    let seen = answered(&two, &g, 4).await;
-    assert_eq!((seen.counter, seen.leases), (5, vec![taken]));
-    let taken = take(&two, &rows[2], "h2").await;
-    two.delete(&rows[3].key, rows[3].version).await.unwrap();
-    let seen = answered(&one, &g, 5).await;
-    assert_eq!(seen.counter, 7);
-    assert_eq!(seen.leases, vec![taken]);
-    assert_eq!(seen.deleted, vec![rows[3].key.clone()]);
-
-    // While the first connection hands a lease from host to host, every answer read on the
-    // second is one snapshot: the n-th hand-over moves the counter to base + n, so the row
-    // returned must be the one that hand-over wrote.
-    let base = counter(&one, &g).await;
-    let one = Arc::new(one);
-    let writer = tokio::spawn({
-        let one = Arc::clone(&one);
-        let mut lease = rows[0].clone();
-        async move {
-            for n in 1..=200 {
-                lease = take(one.as_ref(), &lease, &format!("h{n}")).await;
-            }
-        }
-    });
-    let mut reads = 0;
-    loop {
-        let seen = answered(&two, &g, base).await;
-        let n = seen.counter - base;
-        if n == 0 {
-            assert!(seen.leases.is_empty());
-        } else {
-            assert_eq!(seen.leases.len(), 1, "{seen:?}");
-            let lease = &seen.leases[0];
-            assert_eq!(lease.owner, Some(host(&format!("h{n}"))), "at counter {n}");
-            assert_eq!(lease.version, Version(n + 1));
-        }
-        reads += 1;
-        if n == 200 {
-            break;
-        }
-    }
-    writer.await.unwrap();
-    assert!(reads > 1);
 }

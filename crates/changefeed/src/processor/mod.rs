@@ -2,7 +2,7 @@
 //!
 //! A [`Processor`] registers this host's heartbeat, then every acquire interval reads the
 //! group's membership (O(hosts) rows), lists the leases only when ownership changed, asks the
-//! [`BalanceStrategy`] for a plan, and applies it by compare-and-swap: takes free and dead
+//! [`crate::balance::BalanceStrategy`] for a plan, and applies it by compare-and-swap: takes free and dead
 //! hosts' leases, asks over-quota hosts for hand-offs, and runs one worker per owned lease. It
 //! owns the shell; the decisions live in the pure [`crate::balance`] module.
 //!

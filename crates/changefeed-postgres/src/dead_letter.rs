@@ -9,7 +9,6 @@
 //! (`docs/backends.md`, "Dead-letter tables").
 
 use async_trait::async_trait;
-use base64::Engine as _;
 use changefeed::processor::{DeadLetter, DeadLetterSink, HandlerError};
 
 use crate::db::{table, Db, PgOptions};
@@ -95,10 +94,12 @@ impl PostgresDeadLetters {
 #[async_trait]
 impl DeadLetterSink for PostgresDeadLetters {
     async fn dead_letter(&self, letter: &DeadLetter) -> Result<(), HandlerError> {
-        let records = records_json(letter).map_err(|source| PostgresError::Encode {
-            what: "dead-letter records",
-            source,
-        })?;
+        let records = letter
+            .records_json()
+            .map_err(|source| PostgresError::Encode {
+                what: "dead-letter records",
+                source,
+            })?;
         let group = letter.key.group.as_str();
         let partition = letter.key.partition.as_str();
         let host = letter.host.as_str();
@@ -124,33 +125,4 @@ impl DeadLetterSink for PostgresDeadLetters {
             .await?;
         Ok(())
     }
-}
-
-/// The letter's records as a JSON array, each as `changefeed run` pipes a record to its
-/// handler: `data` when the payload is UTF-8, `data_b64` (standard base64) otherwise.
-fn records_json(letter: &DeadLetter) -> Result<String, serde_json::Error> {
-    let partition = letter.key.partition.as_str();
-    let records: Vec<serde_json::Value> = letter
-        .batch
-        .records
-        .iter()
-        .map(|r| {
-            let mut o = serde_json::Map::new();
-            o.insert("partition".into(), partition.into());
-            o.insert("key".into(), r.key.as_str().into());
-            match std::str::from_utf8(&r.data) {
-                Ok(text) => o.insert("data".into(), text.into()),
-                Err(_) => o.insert(
-                    "data_b64".into(),
-                    base64::engine::general_purpose::STANDARD
-                        .encode(&r.data)
-                        .into(),
-                ),
-            };
-            o.insert("continuation".into(), r.continuation.as_str().into());
-            o.insert("timestamp".into(), r.timestamp.map(|t| t.millis()).into());
-            serde_json::Value::Object(o)
-        })
-        .collect();
-    serde_json::to_string(&records)
 }

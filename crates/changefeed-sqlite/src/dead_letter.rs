@@ -11,7 +11,6 @@ use std::path::Path;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use base64::Engine as _;
 use changefeed::clock::{Clock, SystemClock};
 use changefeed::processor::{DeadLetter, DeadLetterSink, HandlerError};
 use rusqlite::params;
@@ -91,10 +90,12 @@ impl SqliteDeadLetters {
 #[async_trait]
 impl DeadLetterSink for SqliteDeadLetters {
     async fn dead_letter(&self, letter: &DeadLetter) -> Result<(), HandlerError> {
-        let records = records_json(letter).map_err(|source| SqliteError::Encode {
-            what: "dead-letter records",
-            source,
-        })?;
+        let records = letter
+            .records_json()
+            .map_err(|source| SqliteError::Encode {
+                what: "dead-letter records",
+                source,
+            })?;
         let group = letter.key.group.to_string();
         let partition = letter.key.partition.to_string();
         let host = letter.host.to_string();
@@ -123,33 +124,4 @@ impl DeadLetterSink for SqliteDeadLetters {
             .map_err(SqliteError::Sqlite)?;
         Ok(())
     }
-}
-
-/// The letter's records as a JSON array, each as `changefeed run` pipes a record to its
-/// handler: `data` when the payload is UTF-8, `data_b64` (standard base64) otherwise.
-fn records_json(letter: &DeadLetter) -> Result<String, serde_json::Error> {
-    let partition = letter.key.partition.as_str();
-    let records: Vec<serde_json::Value> = letter
-        .batch
-        .records
-        .iter()
-        .map(|r| {
-            let mut o = serde_json::Map::new();
-            o.insert("partition".into(), partition.into());
-            o.insert("key".into(), r.key.as_str().into());
-            match std::str::from_utf8(&r.data) {
-                Ok(text) => o.insert("data".into(), text.into()),
-                Err(_) => o.insert(
-                    "data_b64".into(),
-                    base64::engine::general_purpose::STANDARD
-                        .encode(&r.data)
-                        .into(),
-                ),
-            };
-            o.insert("continuation".into(), r.continuation.as_str().into());
-            o.insert("timestamp".into(), r.timestamp.map(|t| t.millis()).into());
-            serde_json::Value::Object(o)
-        })
-        .collect();
-    serde_json::to_string(&records)
 }

@@ -206,6 +206,41 @@ pub struct DeadLetter {
     pub failures: u32,
 }
 
+impl DeadLetter {
+    /// The letter's records as a JSON array, each as `changefeed run` pipes a record to its
+    /// handler: `data` when the payload is UTF-8, `data_b64` (standard base64) otherwise.
+    ///
+    /// # Errors
+    /// A serialisation error (not expected for these plain values).
+    pub fn records_json(&self) -> Result<String, serde_json::Error> {
+        use base64::Engine as _;
+        let partition = self.key.partition.as_str();
+        let records: Vec<serde_json::Value> = self
+            .batch
+            .records
+            .iter()
+            .map(|r| {
+                let mut o = serde_json::Map::new();
+                o.insert("partition".into(), partition.into());
+                o.insert("key".into(), r.key.as_str().into());
+                match std::str::from_utf8(&r.data) {
+                    Ok(text) => o.insert("data".into(), text.into()),
+                    Err(_) => o.insert(
+                        "data_b64".into(),
+                        base64::engine::general_purpose::STANDARD
+                            .encode(&r.data)
+                            .into(),
+                    ),
+                };
+                o.insert("continuation".into(), r.continuation.as_str().into());
+                o.insert("timestamp".into(), r.timestamp.map(|t| t.millis()).into());
+                serde_json::Value::Object(o)
+            })
+            .collect();
+        serde_json::to_string(&records)
+    }
+}
+
 /// Where batches that keep failing go so that their partition can move on (opt-in: see
 /// [`super::Settings::dead_letter_after`]). Once `dead_letter` returns `Ok`, the checkpoint
 /// moves past the batch.

@@ -1,7 +1,7 @@
 //! The host loop: every acquire interval, read membership, list what changed, balance, and
 //! apply the plan by compare-and-swap; one worker per owned lease; the bounded graceful stop.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,45 +14,25 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Instrument};
 
 use super::builder::Processor;
-use super::heartbeat::{self, Liveness, ProcessorError};
-use super::host_state::{self, LeaseTable, Listing, Read, Requests, TakeConflict};
+use super::heartbeat::{self, ProcessorError};
+use super::host_state::{HostState, Read, Signal, StateConfig, TakeKind};
 use super::{sync, worker};
 use crate::error::LeaseError;
 use crate::lineage::ParentsRule;
-use crate::model::{HostName, Lease, LeaseState, PartitionId};
+use crate::model::{Heartbeat, Lease, Membership, PartitionId};
 
-/// Why a lease is taken: free or expired (a take), or an unhonoured hand-off (a steal).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum TakeKind {
-    Take,
-    Steal,
-}
-
+/// A running worker's handles: how to stop it and how to tell it of a newer row.
 struct WorkerSlot {
     cancel: CancellationToken,
     hint: watch::Sender<Option<Lease>>,
-    known_version: crate::model::Version,
 }
 
-/// Tells the worker of `lease`, if one runs, about that row if it is newer than what the
-/// worker knows.
-fn hint(workers: &mut HashMap<PartitionId, WorkerSlot>, lease: &Lease) {
-    if let Some(slot) = workers.get_mut(&lease.key.partition) {
-        if lease.version > slot.known_version {
-            slot.known_version = lease.version;
-            slot.hint.send_replace(Some(lease.clone()));
-        }
-    }
-}
-
+/// The async shell around [`HostState`]: store calls, the heartbeat task, workers.
 pub(super) struct Host {
     p: Processor,
     group_label: String,
-    liveness: Liveness,
-    /// The listed leases and what they say of this host (pure).
-    table: LeaseTable,
-    /// When and at what counter the table was listed (pure).
-    listing: Listing,
+    /// Every decision, and the state they are made on (pure).
+    state: HostState,
     workers: HashMap<PartitionId, WorkerSlot>,
     worker_tasks: JoinSet<()>,
     worker_cancel: CancellationToken,
@@ -62,15 +42,6 @@ pub(super) struct Host {
     fence_deadline: heartbeat::FenceDeadline,
     /// When this host last confirmed its workers know of every hand-off request.
     view: heartbeat::ViewStamp,
-    /// The hand-off requests this host waits on (pure).
-    requests: Requests,
-    /// When this host registered. Hand-off requests wait one renew interval after it, so that
-    /// hosts started together see each other before computing shares (otherwise the first to
-    /// run would ask for a share of a smaller fleet, and leases would move twice).
-    registered_at: Instant,
-    /// Set when the last plan was cut short (deferred requests): plan again next cycle even if
-    /// nothing changed.
-    replan: bool,
     /// The leader's partition sync and cleanup (runs only while this host leads).
     syncer: sync::Syncer,
     /// Lag per owned partition, for the `changefeed_lag_records` gauge.
@@ -93,13 +64,23 @@ impl Host {
         let (exits_tx, exits_rx) = mpsc::unbounded_channel();
         let p_now = p.clock.now();
         let fence_at = p_now + p.settings.fence_after();
-        let table = LeaseTable::new(p.host.clone());
+        let config = StateConfig {
+            lease_expiry: p.settings.lease_expiry,
+            full_list_interval: p.settings.full_list_interval,
+            handoff_timeout: p.settings.handoff_timeout,
+            // Hand-off requests wait one renew interval after registering, so that hosts
+            // started together see each other before computing shares.
+            grace: p.settings.renew_interval,
+            parents: if p.hooks.child_before_parent() {
+                ParentsRule::Ignore
+            } else {
+                ParentsRule::Wait
+            },
+        };
         Self {
             group_label: p.group.to_string(),
-            table,
+            state: HostState::new(p.host.clone(), config, p_now),
             p,
-            liveness: Liveness::default(),
-            listing: Listing::default(),
             workers: HashMap::new(),
             worker_tasks: JoinSet::new(),
             worker_cancel: CancellationToken::new(),
@@ -108,9 +89,6 @@ impl Host {
             fenced_tx: watch::channel(false).0,
             fence_deadline: heartbeat::FenceDeadline::new(fence_at),
             view: heartbeat::ViewStamp::new(p_now),
-            requests: Requests::default(),
-            registered_at: p_now,
-            replan: false,
             syncer: sync::Syncer::default(),
             lag: Arc::default(),
             malformed: BTreeSet::new(),
@@ -120,7 +98,7 @@ impl Host {
     pub(super) async fn run(
         mut self,
         cancel: CancellationToken,
-        row: crate::model::Heartbeat,
+        row: Heartbeat,
     ) -> Result<(), ProcessorError> {
         let hb_cancel = CancellationToken::new();
         let mut hb_task = JoinSet::new();
@@ -216,7 +194,7 @@ impl Host {
     /// Removes this host's heartbeat row. A renewal cut short by the stop may still have
     /// landed and moved the row's version: the removal then retries at the version the store
     /// reports, as long as the row is still this incarnation's.
-    async fn remove_own_heartbeat(&self, mut row: crate::model::Heartbeat) {
+    async fn remove_own_heartbeat(&self, mut row: Heartbeat) {
         for _ in 0..5 {
             match self
                 .p
@@ -247,10 +225,26 @@ impl Host {
     fn on_exit(&mut self, exit: worker::WorkerExit) {
         debug!(partition = %exit.partition, reason = ?exit.reason, "worker exited");
         self.workers.remove(&exit.partition);
-        // Whatever the reason, the lease changed hands or state: plan next cycle. A hand-off,
-        // release or finish moved the change counter; a worker stopped by the fence left the
-        // lease ours, and `adopt_own_leases` resumes it.
-        self.replan = true;
+        self.state.worker_exited(&exit.partition);
+    }
+
+    /// Tells the workers what the state decided they must know, in order.
+    fn flush(&mut self) {
+        for signal in self.state.signals() {
+            match signal {
+                Signal::Hint(row) => {
+                    if let Some(slot) = self.workers.get(&row.key.partition) {
+                        slot.hint.send_replace(Some(row));
+                    }
+                }
+                Signal::Stop(partition) => {
+                    if let Some(slot) = self.workers.get(&partition) {
+                        info!(%partition, "lease deleted; stopping its worker");
+                        slot.cancel.cancel();
+                    }
+                }
+            }
+        }
     }
 
     fn fenced(&self) -> bool {
@@ -271,30 +265,17 @@ impl Host {
         }
         let lapses = self.fence_deadline.lapses();
         let sent = self.p.clock.now();
-        let membership = match self.p.store.membership(&self.p.group).await {
-            Ok(m) => m,
-            Err(err) => {
-                warn!(error = %err, "reading membership failed");
-                return;
-            }
+        let Some(membership) = self.membership().await else {
+            return;
         };
         // Read the clock after the read returns: a heartbeat version is first seen when the
         // read completes, however long the store took (rule 2 must not count a slow read's
         // wait as time the version stood still).
         let now = self.p.clock.now();
-        self.liveness.observe(&membership, now);
-        let mut live = host_state::live_hosts(
-            self.liveness.live(now, self.p.settings.lease_expiry),
-            &self.p.host,
-        );
-        let read = self.listing.next_read(
-            membership.change_counter,
-            &live,
-            now,
-            self.p.settings.full_list_interval,
-        );
-        let need_list = read != Read::Nothing;
-        if need_list {
+        self.state.observe(&membership, now);
+        let read = self.state.next_read(membership.change_counter, now);
+        let listed = read != Read::Nothing;
+        if listed {
             // Rows that only moved their checkpoint are not in a list of changes, so a take may
             // find a newer version than the cached one: see `retry_takes`.
             let read_result = if read == Read::Full {
@@ -302,68 +283,64 @@ impl Host {
             } else {
                 self.list_changes(membership.change_counter).await
             };
-            match read_result {
-                Ok(counter) => {
-                    // Workers learn of every request this list holds before the view stamp
-                    // says they may: hints first, then the stamp.
-                    self.send_hints();
-                    self.view.confirm(sent);
-                    // Judge liveness from a membership read made after the list. A host judged
-                    // dead from the earlier read may have re-registered and taken leases since;
-                    // its takes can show in the list only with its new heartbeat (it registers
-                    // first), so this read sees it live and its leases are not taken as free.
-                    match self.p.store.membership(&self.p.group).await {
-                        Ok(m) => {
-                            let now = self.p.clock.now();
-                            self.liveness.observe(&m, now);
-                            live = host_state::live_hosts(
-                                self.liveness.live(now, self.p.settings.lease_expiry),
-                                &self.p.host,
-                            );
-                        }
-                        Err(err) => {
-                            warn!(error = %err, "reading membership failed");
-                            // The list was not balanced on: list again next cycle rather than
-                            // skip balancing until the counter moves.
-                            self.listing.invalidate();
-                            return;
-                        }
-                    }
-                    self.listing.listed(read, counter, &live, now);
-                }
+            let counter = match read_result {
+                Ok(counter) => counter,
                 Err(err) => {
                     warn!(error = %err, "listing leases failed");
                     return;
                 }
-            }
+            };
+            // Workers learn of every request this list holds before the view stamp says they
+            // may: hints first, then the stamp.
+            self.state.hint_all();
+            self.flush();
+            self.view.confirm(sent);
+            // Judge liveness from a membership read made after the list. A host judged dead
+            // from the earlier read may have re-registered and taken leases since; its takes
+            // can show in the list only with its new heartbeat (it registers first), so this
+            // read sees it live and its leases are not taken as free.
+            let Some(after) = self.membership().await else {
+                // The list was not balanced on: list again next cycle rather than skip
+                // balancing until the counter moves.
+                self.state.invalidate();
+                return;
+            };
+            self.state.observe(&after, self.p.clock.now());
+            self.state.listed(read, counter, now);
         } else {
             // The counter did not move since the last list, whose hints were sent: no request
             // was written before this read that the workers do not know of.
             self.view.confirm(sent);
         }
-        let synced = self.sync(&live, now).await;
-        self.forget_dead_hosts(&membership, &live, sent, lapses)
-            .await;
-        if !need_list && !synced {
-            // Nothing changed hands: the cached list is accurate; only time-based decisions
-            // (overdue hand-offs) can differ.
-            if !self.requests.any() && !self.replan {
-                self.publish_gauges();
-                return;
-            }
+        let synced = self.sync(now).await;
+        self.forget_dead_hosts(&membership, sent, lapses).await;
+        if !self.state.wants_plan(listed || synced) {
+            // Nothing changed hands and no request waits: the cached list is accurate.
+            self.publish_gauges();
+            return;
         }
         if self.cut_short(lapses) {
             // Stalled mid-cycle past the fence: what was read is stale, and a fenced host
             // neither takes nor asks.
-            self.replan = true;
+            self.state.defer();
             return;
         }
-        // Set again below by anything that wants another look next cycle.
-        self.replan = false;
-        self.send_hints();
+        self.state.begin_plan();
+        self.flush();
         self.adopt_own_leases().await;
-        self.balance(&live, now).await;
+        self.balance(now).await;
         self.publish_gauges();
+    }
+
+    /// Reads the group's membership; a failure is logged and ends the cycle.
+    async fn membership(&self) -> Option<Membership> {
+        match self.p.store.membership(&self.p.group).await {
+            Ok(m) => Some(m),
+            Err(err) => {
+                warn!(error = %err, "reading membership failed");
+                None
+            }
+        }
     }
 
     /// The leader removes the heartbeat row of a host judged dead once it owns no lease any
@@ -376,14 +353,8 @@ impl Host {
     /// stale view could hit the new row of a host that came back: rows are removed only while
     /// the membership read (sent at `sent`) is younger than the safety margin and this host
     /// has not stalled past its fence since the cycle began.
-    async fn forget_dead_hosts(
-        &mut self,
-        membership: &crate::model::Membership,
-        live: &[HostName],
-        sent: Instant,
-        lapses: u64,
-    ) {
-        for hb in host_state::dead_rows(&self.p.host, &membership.hosts, live, &self.table) {
+    async fn forget_dead_hosts(&mut self, membership: &Membership, sent: Instant, lapses: u64) {
+        for hb in self.state.dead_rows(&membership.hosts) {
             let age = self.p.clock.now().saturating_duration_since(sent);
             if self.cut_short(lapses) || age >= self.p.settings.safety_margin {
                 debug!(
@@ -406,8 +377,8 @@ impl Host {
 
     /// Runs the partition sync when this host leads (the first live host by name) and it is
     /// due. Returns whether the lease table changed, after re-listing it.
-    async fn sync(&mut self, live: &[HostName], now: Instant) -> bool {
-        if !host_state::leads(&self.p.host, live) {
+    async fn sync(&mut self, now: Instant) -> bool {
+        if !self.state.leads() {
             self.syncer.reset();
             return false;
         }
@@ -421,9 +392,9 @@ impl Host {
                 self.p.source.as_ref(),
                 &self.p.group,
                 &self.p.settings,
-                self.table.rows(),
+                self.state.rows(),
                 now,
-                self.listing.counter,
+                self.state.listed_counter(),
             )
             .await;
         match report {
@@ -431,14 +402,12 @@ impl Host {
                 debug!(?report, "partition sync changed the lease table");
                 match self.p.store.list(&self.p.group).await {
                     Ok(listing) => {
-                        self.set_leases(listing.leases);
-                        // The counter moved with our writes: list again next cycle too.
-                        self.listing.invalidate();
+                        self.state.relisted(listing.leases);
                         true
                     }
                     Err(err) => {
                         warn!(error = %err, "listing leases after the sync failed");
-                        self.listing.invalidate();
+                        self.state.invalidate();
                         false
                     }
                 }
@@ -453,7 +422,7 @@ impl Host {
 
     fn publish_gauges(&self) {
         metrics::gauge!("changefeed_leases_owned", "group" => self.group_label.clone())
-            .set(self.workers.len() as f64);
+            .set(self.state.running() as f64);
         metrics::gauge!("changefeed_malformed_leases", "group" => self.group_label.clone())
             .set(self.malformed.len() as f64);
     }
@@ -467,15 +436,27 @@ impl Host {
             warn!(error = %bad, "unreadable lease row skipped; fix it with `changefeed reset --force`");
         }
         self.malformed = listing.malformed.iter().filter_map(malformed_key).collect();
-        self.set_leases(listing.leases);
-        self.stop_workers_of_deleted_leases(&listing.malformed);
+        // A row that is only unreadable does not count as deleted: its worker keeps running.
+        let unreadable: HashSet<&str> = listing
+            .malformed
+            .iter()
+            .filter_map(|e| match e {
+                LeaseError::Malformed { key, .. } => Some(key.as_str()),
+                _ => None,
+            })
+            .collect();
+        let group = &self.p.group;
+        self.state.listed_all(listing.leases, |p| {
+            unreadable.contains(format!("{group}/{p}").as_str())
+        });
+        self.flush();
         Ok(counter)
     }
 
     /// Reads only what changed hands since the last list, when the store can say; lists in
     /// full otherwise. Returns the change counter the cached leases are now at.
     async fn list_changes(&mut self, counter: u64) -> Result<u64, LeaseError> {
-        let Some(since) = self.listing.counter else {
+        let Some(since) = self.state.listed_counter() else {
             return self.full_list(counter).await;
         };
         let Some(changes) = self.p.store.list_changes(&self.p.group, since).await? else {
@@ -491,80 +472,21 @@ impl Host {
         }
         for key in &changes.deleted {
             self.malformed.remove(key.to_string().as_str());
-            self.table.remove(&key.partition);
-            if let Some(slot) = self.workers.get(&key.partition) {
-                info!(partition = %key.partition, "lease deleted; stopping its worker");
-                slot.cancel.cancel();
-            }
         }
-        for lease in changes.leases {
-            self.remember(lease);
-        }
-        Ok(changes.counter)
-    }
-
-    /// Puts a row newer than the cached one (or a new one) into the table, and tells its
-    /// worker.
-    fn remember(&mut self, lease: Lease) {
-        if let Some(row) = self.table.remember(lease) {
-            hint(&mut self.workers, row);
-        }
-    }
-
-    /// Keeps a fresh listing (hints follow in `send_hints`).
-    fn set_leases(&mut self, leases: Vec<Lease>) {
-        self.table.replace_all(leases);
-    }
-
-    /// Stops the workers whose lease is gone from a fresh listing (a retired stream's lease
-    /// deleted by the leader): an idle worker would otherwise only notice at its next write.
-    /// A row that is only unreadable (listed as malformed) does not count as deleted.
-    fn stop_workers_of_deleted_leases(&mut self, malformed: &[LeaseError]) {
-        let unreadable: std::collections::HashSet<&str> = malformed
+        let deleted: Vec<PartitionId> = changes
+            .deleted
             .iter()
-            .filter_map(|e| match e {
-                LeaseError::Malformed { key, .. } => Some(key.as_str()),
-                _ => None,
-            })
+            .map(|k| k.partition.clone())
             .collect();
-        let mut gone: Vec<&PartitionId> = self
-            .workers
-            .keys()
-            .filter(|p| self.table.get(p).is_none())
-            .filter(|p| !unreadable.contains(format!("{}/{p}", self.p.group).as_str()))
-            .collect();
-        gone.sort_unstable();
-        for partition in gone {
-            info!(%partition, "lease deleted; stopping its worker");
-            if let Some(slot) = self.workers.get(partition) {
-                slot.cancel.cancel();
-            }
-        }
-    }
-
-    /// Tells each worker about a newer row of its lease (a hand-off request, or a new owner)
-    /// that it has not been told of yet.
-    fn send_hints(&mut self) {
-        if !self.table.take_hint_all() {
-            // Rows taken in one by one were hinted as they came (`remember`).
-            return;
-        }
-        // In partition order, not the map's: the order workers wake in must not depend on
-        // hashing (the simulator replays runs exactly).
-        let mut partitions: Vec<PartitionId> = self.workers.keys().cloned().collect();
-        partitions.sort_unstable();
-        for p in partitions {
-            if let Some(row) = self.table.get(&p) {
-                hint(&mut self.workers, row);
-            }
-        }
+        self.state.listed_changes(&deleted, changes.leases);
+        self.flush();
+        Ok(changes.counter)
     }
 
     /// Leases the store says are ours but no worker runs (a restart under the same name, or a
     /// fence that was lowered): claim them by CAS and start workers.
     async fn adopt_own_leases(&mut self) {
-        let mine = self.table.to_adopt(|p| self.workers.contains_key(p));
-        for lease in mine {
+        for lease in self.state.to_adopt() {
             match self.p.store.replace(&lease, lease.version).await {
                 Ok(stored) => {
                     info!(lease = %stored.key, "resuming a lease this host owns");
@@ -574,95 +496,50 @@ impl Host {
                     // Our own checkpoints moved it since it was listed: retry next cycle
                     // with the current row, if it is still ours.
                     debug!(lease = %lease.key, "could not resume lease: it changed");
-                    self.remember(*current);
-                    self.replan = true;
+                    self.state.keep_and_replan(*current);
+                    self.flush();
                 }
                 Err(err) => debug!(lease = %lease.key, error = %err, "could not resume lease"),
             }
         }
     }
 
-    async fn balance(&mut self, live: &[HostName], now: Instant) {
-        // Track how long our hand-off requests have been pending, on our own clock.
+    /// Carries out the plan: takes and steals, hand-off requests, releases.
+    async fn balance(&mut self, now: Instant) {
+        // Hand-off requests are timed on this host's own clock from when it first sees them.
         let seen = self.p.clock.now();
-        let me = self.p.host.clone();
-        self.requests.sync(self.table.asked(), seen);
-        let parents = if self.p.hooks.child_before_parent() {
-            ParentsRule::Ignore
-        } else {
-            ParentsRule::Wait
-        };
-        let (plan, held) = host_state::plan(
-            &host_state::PlanInput {
-                me: &me,
-                live,
-                table: &self.table,
-                requests: &self.requests,
-                now,
-                registered_at: self.registered_at,
-                handoff_timeout: self.p.settings.handoff_timeout,
-                grace: self.p.settings.renew_interval,
-                parents,
-            },
-            self.p.strategy.as_ref(),
-        );
-        if held {
-            self.replan = true;
-        }
-        if plan.is_empty() {
+        let actions = self.state.actions(now, seen, self.p.strategy.as_ref());
+        if actions.takes.is_empty() && actions.requests.is_empty() && actions.releases.is_empty() {
             return;
         }
-        debug!(?plan, "balance plan");
+        debug!(?actions, "balance plan");
         let mut retry: Vec<Lease> = Vec::new();
-        for (partition, kind) in plan
-            .take
-            .iter()
-            .map(|p| (p, TakeKind::Take))
-            .chain(plan.steal.iter().map(|p| (p, TakeKind::Steal)))
-        {
-            let Some(lease) = self.table.get(partition).cloned() else {
-                continue;
-            };
-            if self.workers.contains_key(partition) {
-                // Our worker of an earlier ownership has not stopped yet: it could adopt the
-                // new row as its own and write its stale position. Take it once it has.
-                self.replan = true;
-                continue;
-            }
-            match self.take(&lease, kind).await {
+        for (lease, kind) in &actions.takes {
+            match self.take(lease, *kind).await {
                 Ok(()) => {}
                 Err(LeaseError::Conflict { current, .. }) => {
                     // The cached row is older than the store's. If only its checkpoint moved
                     // (the owner wrote one before it died, after we listed), take it at the
                     // current version once a fresh membership read still shows that owner
                     // dead; otherwise plan again next cycle with the current row.
-                    debug!(lease = %lease.key, ?kind, "could not take lease: it changed");
-                    match host_state::on_take_conflict(&lease, &current, kind == TakeKind::Steal) {
-                        TakeConflict::RetryAfterMembership => retry.push(*current),
-                        TakeConflict::Replan => {
-                            self.remember(*current);
-                            self.replan = true;
-                        }
-                    }
+                    debug!(lease = %lease.key, %kind, "could not take lease: it changed");
+                    retry.extend(self.state.take_conflict(lease, *current, *kind));
+                    self.flush();
                 }
-                Err(err) => debug!(lease = %lease.key, error = %err, ?kind, "could not take lease"),
+                Err(err) => debug!(lease = %lease.key, error = %err, %kind, "could not take lease"),
             }
         }
         if !retry.is_empty() {
             self.retry_takes(retry).await;
         }
-        for req in &plan.request_handoff {
-            let Some(mut lease) = self.table.get(&req.partition).cloned() else {
-                continue;
-            };
+        for req in &actions.requests {
             // A conflict that only reflects a checkpoint of the owner is retried against the
             // current row, as long as the request still makes sense.
+            let mut current: Option<Lease> = None;
             for _attempt in 0..3 {
-                if !host_state::may_request(&lease, &req.from, live) {
+                let Some((lease, next)) = self.state.request_row(req, current.as_ref()) else {
                     break;
-                }
-                let mut next = lease.clone();
-                next.next_owner = Some(me.clone());
+                };
                 match self.p.store.replace(&next, lease.version).await {
                     Ok(_) => {
                         info!(lease = %lease.key, from = %req.from, "asked for hand-off");
@@ -670,11 +547,11 @@ impl Host {
                         // Timed from when the write returned: it landed by then, so the
                         // owner's workers stop delivering within handoff_timeout −
                         // safety_margin of it unless told (see `heartbeat::ViewStamp`).
-                        self.requests
-                            .written(req.partition.clone(), self.p.clock.now());
+                        self.state
+                            .requested(req.partition.clone(), self.p.clock.now());
                         break;
                     }
-                    Err(LeaseError::Conflict { current, .. }) => lease = *current,
+                    Err(LeaseError::Conflict { current: c, .. }) => current = Some(*c),
                     Err(err) => {
                         debug!(lease = %lease.key, error = %err, "hand-off request not written");
                         break;
@@ -682,7 +559,7 @@ impl Host {
                 }
             }
         }
-        for partition in &plan.release {
+        for partition in &actions.releases {
             if let Some(slot) = self.workers.get(partition) {
                 info!(%partition, "releasing lease by plan");
                 slot.cancel.cancel();
@@ -695,63 +572,43 @@ impl Host {
     /// after the conflict: a host that came back registers before it writes a lease, so an
     /// owner that re-adopted its lease shows a new heartbeat here and keeps it.
     async fn retry_takes(&mut self, rows: Vec<Lease>) {
-        let membership = match self.p.store.membership(&self.p.group).await {
-            Ok(m) => m,
-            Err(err) => {
-                warn!(error = %err, "reading membership failed");
-                for row in rows {
-                    self.remember(row);
-                }
-                self.replan = true;
-                return;
+        let Some(membership) = self.membership().await else {
+            for row in rows {
+                self.state.keep_and_replan(row);
             }
+            self.flush();
+            return;
         };
-        let now = self.p.clock.now();
-        self.liveness.observe(&membership, now);
-        let live = self.liveness.live(now, self.p.settings.lease_expiry);
+        let live = self
+            .state
+            .live_after_conflict(&membership, self.p.clock.now());
         for row in rows {
-            if !host_state::may_retry_take(
-                &row,
-                &live,
-                self.workers.contains_key(&row.key.partition),
-            ) {
-                self.remember(row);
-                self.replan = true;
+            if !self.state.retry_take(&row, &live) {
+                self.flush();
                 continue;
             }
             match self.take(&row, TakeKind::Take).await {
                 Ok(()) => {}
-                Err(LeaseError::Conflict { current, .. }) => {
-                    self.remember(*current);
-                    self.replan = true;
-                }
+                Err(LeaseError::Conflict { current, .. }) => self.state.keep_and_replan(*current),
                 Err(err) => {
                     debug!(lease = %row.key, error = %err, "could not take lease");
-                    self.remember(row);
-                    self.replan = true;
+                    self.state.keep_and_replan(row);
                 }
             }
+            self.flush();
         }
     }
 
-    /// Takes `row` for this host by CAS at its version (`kind`: "take" of a free or expired
-    /// lease, or "steal" of an unhonoured hand-off), then caches the new row and starts its
+    /// Takes `row` for this host by CAS at its version (`kind`: a take of a free or expired
+    /// lease, or a steal of an unhonoured hand-off), then caches the new row and starts its
     /// worker. The caller decides what a failure means.
     async fn take(&mut self, row: &Lease, kind: TakeKind) -> Result<(), LeaseError> {
-        let mut next = row.clone();
-        next.state = LeaseState::Owned;
-        next.owner = Some(self.p.host.clone());
-        next.next_owner = None;
+        let next = self.state.taken_row(row);
         let stored = self.p.store.replace(&next, row.version).await?;
-        info!(lease = %stored.key, previous = ?row.owner, kind = if kind == TakeKind::Steal { "steal" } else { "take" }, "took lease");
-        let counter = if kind == TakeKind::Steal {
-            "changefeed_leases_stolen_total"
-        } else {
-            "changefeed_leases_taken_total"
-        };
-        metrics::counter!(counter, "group" => self.group_label.clone()).increment(1);
-        self.requests.taken(&row.key.partition);
-        self.remember(stored.clone());
+        info!(lease = %stored.key, previous = ?row.owner, %kind, "took lease");
+        metrics::counter!(kind.metric(), "group" => self.group_label.clone()).increment(1);
+        self.state.took(stored.clone());
+        self.flush();
         self.start_worker(stored);
         Ok(())
     }
@@ -772,12 +629,12 @@ impl Host {
             hint_rx.mark_unchanged();
         }
         let seed = self.p.rng.gen::<u64>();
+        self.state.worker_started(&lease);
         self.workers.insert(
             partition,
             WorkerSlot {
                 cancel: cancel.clone(),
                 hint: hint_tx,
-                known_version: lease.version,
             },
         );
         let args = worker::WorkerArgs {

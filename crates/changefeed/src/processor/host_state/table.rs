@@ -1,13 +1,9 @@
-//! The host's decisions, pure: what to read next, what the cached lease table holds, who
-//! leads, which dead hosts' rows to remove, and what to plan. No I/O, no clock reads, no
-//! async: time comes in as an argument, as in raft-rs's `RawNode`.
-//!
-//! The shell ([`super::host`]) reads the store, feeds the results in here, asks for the
-//! decisions, carries them out (store calls, workers) and feeds the outcomes back. What this
-//! module owns: the lease table ([`LeaseTable`]: the listed rows, the partitions this host
-//! owns and was asked for, and whether the workers must be told of a whole new listing), the
-//! listing state ([`Listing`]: counter, live hosts and time of the last list), the hand-off
-//! requests this host waits on ([`Requests`]) and the plan built from them ([`plan`]).
+//! The parts of the host state and the pure decisions over them: the lease table
+//! ([`LeaseTable`]: the listed rows, the partitions this host owns and was asked for, and
+//! whether the workers must be told of a whole new listing), the listing state ([`Listing`]:
+//! counter, live hosts and time of the last list), the hand-off requests this host waits on
+//! ([`Requests`]), the plan built from them ([`plan`]), leader choice, dead hosts' rows, and
+//! what a conflicting take or hand-off request leads to.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -286,7 +282,7 @@ impl Requests {
     }
 
     /// Whether the request for `partition` has waited `timeout` at `now`.
-    fn overdue(&self, partition: &PartitionId, now: Instant, timeout: Duration) -> bool {
+    pub(crate) fn overdue(&self, partition: &PartitionId, now: Instant, timeout: Duration) -> bool {
         self.asked_at
             .get(partition)
             .is_some_and(|at| now.saturating_duration_since(*at) >= timeout)
@@ -380,7 +376,3 @@ pub(crate) fn on_take_conflict(listed: &Lease, current: &Lease, steal: bool) -> 
 pub(crate) fn may_retry_take(row: &Lease, live: &[HostName], worker_running: bool) -> bool {
     !row.owner.as_ref().is_some_and(|o| live.contains(o)) && !worker_running
 }
-
-#[cfg(test)]
-#[path = "host_state_tests.rs"]
-mod tests;

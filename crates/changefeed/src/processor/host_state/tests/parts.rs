@@ -430,4 +430,3 @@ fn a_retried_take_waits_for_the_owner_to_be_dead_and_the_old_worker_gone() {
         "our old worker still runs"
     );
 }
-

@@ -1,0 +1,55 @@
+//! Azure Cosmos DB lease store for changefeed: leases, heartbeats and the change counter as
+//! documents in one container.
+//!
+//! [`CosmosLeaseStore`] implements the core's [`LeaseStore`](changefeed::lease::LeaseStore) on
+//! one Cosmos DB (NoSQL API) container, through the documented REST API signed with the
+//! account key. This crate owns the document layout and the mapping of documents to the core's
+//! model; the lease protocol, balancing and lineage stay in the core. It does not read a Cosmos
+//! DB change feed (no feed source yet).
+//!
+//! # Documents
+//!
+//! The container's partition key is `/group`: all of a group's documents are one logical
+//! partition, so listing is a single-partition query and an ownership change is a
+//! transactional batch with the group's change counter.
+//!
+//! | document | id | fields |
+//! |---|---|---|
+//! | lease | `lease.` + the partition id, escaped | `partition`, `state`, `owner`, `next_owner`, `continuation`, `start`, `parents`, `properties`, `version`, `changed_at` |
+//! | heartbeat | `host.` + the host name, escaped | `host`, `incarnation`, `version`, `written_at` |
+//! | change counter | `counter` | `counter`, `deletions_from` |
+//! | deletion record | `deleted.` + the counter value (20 digits) | `partition`, `deleted_at` |
+//!
+//! `changed_at` is the counter value of the lease's last change of hands, which lets
+//! [`list_changes`](changefeed::lease::LeaseStore::list_changes) answer with one query on it
+//! (and on `deleted_at`); deletion records older than
+//! [`CosmosOptions::changes_kept`] counter moves are removed, and `deletions_from` says from
+//! which counter value on they are all there.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use changefeed::lease::LeaseStore;
+//! use changefeed::model::{GroupName, Lease, LeaseKey, PartitionId, Position};
+//! use changefeed_cosmos::{CosmosLeaseStore, CosmosOptions};
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // A local server; for an account: https://ACCOUNT.documents.azure.com:443/ and .key(…).
+//! let options = CosmosOptions::new("http://127.0.0.1:8081", "app", "leases");
+//! let store = CosmosLeaseStore::connect(&options).await?;
+//! let key = LeaseKey::new(GroupName::new("orders")?, PartitionId::new("0")?);
+//! assert!(store.create(&Lease::new(key.clone(), Position::Beginning)).await?.is_some());
+//! assert!(store.create(&Lease::new(key.clone(), Position::Beginning)).await?.is_none());
+//! assert_eq!(store.list(&key.group).await?.leases.len(), 1);
+//! # Ok(()) }
+//! ```
+#![warn(missing_docs)]
+
+pub mod doc;
+mod error;
+mod rest;
+mod store;
+
+pub use error::CosmosError;
+pub use rest::{Usage, API_VERSION};
+pub use store::{CosmosLeaseStore, CosmosOptions, DEFAULT_CHANGES_KEPT, EMULATOR_KEY};

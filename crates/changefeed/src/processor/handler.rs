@@ -151,6 +151,16 @@ pub trait Handler: Send + Sync + 'static {
     /// Any error: the batch is retried, never skipped.
     async fn handle(&self, ctx: &Context, batch: &Batch) -> Result<(), HandlerError>;
 
+    /// Processes one batch the caller shares: the processor calls this, and by default it
+    /// calls [`Handler::handle`]. Override it (keeping the two equivalent) to keep the batch
+    /// past the call or hand it to another task without copying it, as [`handler_fn`] does.
+    ///
+    /// # Errors
+    /// As [`Handler::handle`].
+    async fn handle_shared(&self, ctx: &Context, batch: Arc<Batch>) -> Result<(), HandlerError> {
+        self.handle(ctx, &batch).await
+    }
+
     /// Called once when the worker stops, with the reason.
     async fn close(&self, _ctx: &Context, _reason: CloseReason) {}
 }
@@ -183,8 +193,14 @@ where
     F: Fn(Context, Arc<Batch>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
 {
+    /// Copies the batch for the closure, which takes it by value; the processor calls
+    /// [`Handler::handle_shared`] instead, which does not.
     async fn handle(&self, ctx: &Context, batch: &Batch) -> Result<(), HandlerError> {
         (self.0)(ctx.clone(), Arc::new(batch.clone())).await
+    }
+
+    async fn handle_shared(&self, ctx: &Context, batch: Arc<Batch>) -> Result<(), HandlerError> {
+        (self.0)(ctx.clone(), batch).await
     }
 }
 
@@ -251,4 +267,57 @@ impl DeadLetter {
 pub trait DeadLetterSink: Send + Sync + std::fmt::Debug + 'static {
     /// Stores `letter` durably.
     async fn dead_letter(&self, letter: &DeadLetter) -> Result<(), HandlerError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::SystemClock;
+    use crate::lease::MemoryLeaseStore;
+    use crate::model::{GroupName, Lease, Position};
+
+    /// `handler_fn` hands its closure the batch the processor shares, not a copy of it.
+    #[tokio::test]
+    async fn handler_fn_gets_the_shared_batch_not_a_copy() {
+        let partition = PartitionId::new("0").expect("a valid partition");
+        let key = LeaseKey::new(
+            GroupName::new("g").expect("a valid group"),
+            partition.clone(),
+        );
+        let host = HostName::new("a").expect("a valid host");
+        let cell = LeaseCell::new(
+            Lease::new(key.clone(), Position::Beginning),
+            Arc::new(MemoryLeaseStore::new()),
+            host.clone(),
+            Arc::new(SystemClock),
+        );
+        let ctx = Context {
+            partition,
+            key,
+            host,
+            cell: Arc::new(cell),
+            fencing_token: 1,
+            cancel: CancellationToken::new(),
+        };
+        let batch = Arc::new(Batch {
+            records: Vec::new(),
+            continuation: None,
+            end_of_partition: false,
+        });
+        let shared = batch.clone();
+        let handler = handler_fn(move |_, got: Arc<Batch>| {
+            let same = Arc::ptr_eq(&got, &shared);
+            async move {
+                if same {
+                    Ok(())
+                } else {
+                    Err("the closure got a copy".into())
+                }
+            }
+        });
+        let result = handler.handle_shared(&ctx, batch.clone()).await;
+        assert!(result.is_ok(), "{result:?}");
+        // Called by reference, it has to copy.
+        assert!(handler.handle(&ctx, &batch).await.is_err());
+    }
 }

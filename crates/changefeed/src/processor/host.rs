@@ -248,13 +248,13 @@ impl Host {
     }
 
     fn fenced(&self) -> bool {
-        *self.fenced_tx.borrow() || self.p.clock.now() >= self.fence_deadline.get()
+        self.fence_deadline.is_fenced(self.p.clock.now())
     }
 
     /// Whether this host has been fenced, or stalled past its fence (a lapse), since a cycle
     /// that began with `lapses` lapses: then that cycle's reads are stale.
     fn cut_short(&self, lapses: u64) -> bool {
-        self.fenced() || self.fence_deadline.lapses() != lapses
+        self.fence_deadline.fenced_since(self.p.clock.now(), lapses)
     }
 
     async fn cycle(&mut self) {

@@ -9,3 +9,4 @@ mod lineage;
 mod multistream;
 mod processor;
 mod sim;
+mod worker;

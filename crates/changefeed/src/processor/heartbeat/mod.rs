@@ -212,49 +212,111 @@ pub(crate) async fn register(
     }
 }
 
-/// When this host must consider itself fenced: `lease_expiry − safety_margin` after its last
-/// successful heartbeat was sent. Workers read it themselves before every batch, so a host
-/// that wakes from a long stall (a GC pause, a suspended VM) is fenced at once, whichever of
-/// its tasks runs first.
+/// This host's fence: the one record of whether its workers may still deliver and write.
+///
+/// The host is fenced from `lease_expiry − safety_margin` after its last successful heartbeat
+/// was sent (the *deadline*), and while the heartbeat task holds the fence *raised* (its timer
+/// saw the deadline pass, or its row was taken over) until a renewal lowers it. Only the
+/// heartbeat task ([`run`]) writes the record; workers and the host loop read it themselves
+/// on their own reading of the clock, so a host that wakes from a long stall (a GC pause, a
+/// suspended VM) is fenced at once, whichever of its tasks runs first. The `fenced` watch the
+/// heartbeat task sends alongside only wakes tasks that wait; it decides nothing.
 ///
 /// It also counts *lapses*: renewals sent after the deadline had already passed. Other hosts
 /// may have taken this host's leases during a lapse, so a worker started before one must stop
 /// even though the deadline has moved forward again (after a stall, the heartbeat task may
-/// renew before a worker gets to look at the clock).
+/// renew before a worker gets to look at the clock): see [`FenceDeadline::fenced_since`].
 #[derive(Debug, Clone)]
-pub(crate) struct FenceDeadline(Arc<std::sync::Mutex<(Instant, u64)>>);
+pub(crate) struct FenceDeadline(Arc<std::sync::Mutex<FenceState>>);
+
+#[derive(Debug, Clone, Copy)]
+struct FenceState {
+    /// The deadline.
+    at: Instant,
+    /// Renewals sent at or after the deadline they moved.
+    lapses: u64,
+    /// Raised by the heartbeat task, until a renewal lowers it.
+    raised: bool,
+}
 
 impl FenceDeadline {
     pub(crate) fn new(at: Instant) -> Self {
-        Self(Arc::new(std::sync::Mutex::new((at, 0))))
+        Self(Arc::new(std::sync::Mutex::new(FenceState {
+            at,
+            lapses: 0,
+            raised: false,
+        })))
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, (Instant, u64)> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, FenceState> {
         // The lock only guards plain copies; a poisoned lock still holds valid ones.
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The deadline: fenced from then on unless a renewal moves it.
     pub(crate) fn get(&self) -> Instant {
-        self.lock().0
+        self.lock().at
     }
 
     /// How many lapses there have been.
     pub(crate) fn lapses(&self) -> u64 {
-        self.lock().1
+        self.lock().lapses
+    }
+
+    /// Whether this host is fenced at `now`: the fence is raised or its deadline has passed.
+    pub(crate) fn is_fenced(&self, now: Instant) -> bool {
+        let state = self.lock();
+        state.raised || now >= state.at
+    }
+
+    /// Whether a task that began when there had been `lapses` lapses (read with
+    /// [`FenceDeadline::lapses`]) must stop at `now`: the fence is raised, its deadline has
+    /// passed, or the host has lapsed since.
+    pub(crate) fn fenced_since(&self, now: Instant, lapses: u64) -> bool {
+        let state = self.lock();
+        state.raised || now >= state.at || state.lapses != lapses
     }
 
     /// A renewal sent at `sent` succeeded: the deadline moves to `at`, and if `sent` was past
     /// the old deadline, that was a lapse.
     fn renewed(&self, sent: Instant, at: Instant) {
         let mut state = self.lock();
-        if sent >= state.0 {
-            state.1 += 1;
+        if sent >= state.at {
+            state.lapses += 1;
         }
-        state.0 = at;
+        state.at = at;
     }
 
     fn set(&self, at: Instant) {
-        self.lock().0 = at;
+        self.lock().at = at;
+    }
+
+    fn set_raised(&self, raised: bool) {
+        self.lock().raised = raised;
+    }
+}
+
+/// The heartbeat task's side of the fence: the record, and the watch that wakes the tasks
+/// waiting for it. A raise is recorded before it rings and a lowering rings before it is
+/// recorded, so a task the watch shows fenced reads the record fenced too.
+struct FenceWriter {
+    record: FenceDeadline,
+    doorbell: watch::Sender<bool>,
+}
+
+impl FenceWriter {
+    fn is_raised(&self) -> bool {
+        self.record.lock().raised
+    }
+
+    fn raise(&self) {
+        self.record.set_raised(true);
+        self.doorbell.send_replace(true);
+    }
+
+    fn lower(&self) {
+        self.doorbell.send_replace(false);
+        self.record.set_raised(false);
     }
 }
 
@@ -308,8 +370,12 @@ pub(crate) async fn run(
     write_timeout: Duration,
     deadline_shared: FenceDeadline,
 ) -> Result<Heartbeat, ProcessorError> {
+    let fence = FenceWriter {
+        record: deadline_shared,
+        doorbell: fenced,
+    };
     let mut last_ok_sent = clock.now();
-    deadline_shared.set(last_ok_sent + fence_after);
+    fence.record.set(last_ok_sent + fence_after);
     let base_incarnation = row.incarnation.clone();
     let mut rejoins = 0u32;
     loop {
@@ -319,10 +385,10 @@ pub(crate) async fn run(
         tokio::select! {
             biased;
             _ = cancel.cancelled() => return Ok(row),
-            _ = clock.sleep(fence_in), if !*fenced.borrow() => {
+            _ = clock.sleep(fence_in), if !fence.is_raised() => {
                 warn!(host = %row.host, "no successful heartbeat for lease_expiry − safety_margin; fencing: workers stop");
                 metrics::counter!("changefeed_fenced_total").increment(1);
-                fenced.send_replace(true);
+                fence.raise();
                 continue;
             }
             _ = clock.sleep(wait) => {}
@@ -345,20 +411,21 @@ pub(crate) async fn run(
         };
         match result {
             Some(Ok(hb)) if clock.now().saturating_duration_since(sent) > write_timeout => {
-                // It landed, but later than the bound: it may have reached the store after
-                // observers had judged this host dead by its previous version, so it must not
-                // extend the deadline (found by the simulator, seed 325: a write held by a stall
-                // and applied after a takeover). Adopt the version; the next renewal counts.
+                // Only a renewal that returned within `write_timeout` of being sent moves the
+                // deadline: a later one (a write held by a stall) may have reached the store
+                // after observers judged this host dead by its previous version and took its
+                // leases. Adopt the version; the next renewal counts
+                // (`tests::late_renewal_does_not_extend_the_fence`).
                 warn!(host = %row.host, "heartbeat landed too late to count; not extending the fence");
                 row = hb;
             }
             Some(Ok(hb)) => {
                 row = hb;
                 last_ok_sent = sent;
-                deadline_shared.renewed(sent, sent + fence_after);
-                if *fenced.borrow() {
+                fence.record.renewed(sent, sent + fence_after);
+                if fence.is_raised() {
                     info!(host = %row.host, "heartbeat succeeded again; fence lowered");
-                    fenced.send_replace(false);
+                    fence.lower();
                 }
             }
             Some(Err(LeaseError::HeartbeatConflict {
@@ -371,10 +438,10 @@ pub(crate) async fn run(
             Some(Err(LeaseError::HeartbeatConflict { current: None, .. })) => {
                 // The row was removed: this host was judged dead (its leases are taken) or an
                 // operator released it. It is fenced by now; register afresh and carry on.
-                // The new row starts again at version 1, so it must carry a new incarnation
-                // token: an observer that saw (version 1, old token) before would otherwise
-                // see no change and judge this host dead while it is alive (found by the
-                // simulator, seed 761).
+                // Observers see a host live while its (version, incarnation) changes, and the
+                // new row starts again at version 1: it carries a new incarnation, or one back
+                // at a version an observer saw before would look unchanged and its host dead
+                // while alive (`tests::reregistered_row_is_seen_to_change`).
                 rejoins += 1;
                 let token = format!("{base_incarnation}.r{rejoins}");
                 match store
@@ -385,9 +452,9 @@ pub(crate) async fn run(
                         warn!(host = %row.host, "heartbeat row had been removed; registered again");
                         row = hb;
                         last_ok_sent = sent;
-                        deadline_shared.renewed(sent, sent + fence_after);
-                        if *fenced.borrow() {
-                            fenced.send_replace(false);
+                        fence.record.renewed(sent, sent + fence_after);
+                        if fence.is_raised() {
+                            fence.lower();
                         }
                     }
                     Err(err) => warn!(host = %row.host, error = %err, "re-registering failed"),
@@ -395,7 +462,7 @@ pub(crate) async fn run(
             }
             Some(Err(LeaseError::HeartbeatConflict { current, .. })) => {
                 error!(host = %row.host, current = ?current.map(|c| c.incarnation), "heartbeat row taken over or removed; stopping");
-                fenced.send_replace(true);
+                fence.raise();
                 return Err(ProcessorError::Superseded {
                     group: row.group.to_string(),
                     host: row.host.to_string(),
@@ -408,10 +475,13 @@ pub(crate) async fn run(
                 warn!(host = %row.host, "heartbeat timed out");
             }
         }
-        if clock.now() >= last_ok_sent + fence_after && !*fenced.borrow() {
+        if clock.now() >= last_ok_sent + fence_after && !fence.is_raised() {
             warn!(host = %row.host, "no successful heartbeat for lease_expiry − safety_margin; fencing: workers stop");
             metrics::counter!("changefeed_fenced_total").increment(1);
-            fenced.send_replace(true);
+            fence.raise();
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,438 @@
+//! One worker per owned lease: read → deliver to the handler → checkpoint → repeat.
+//!
+//! The worker owns every write to its lease row while it runs ([`LeaseCell`], in `cell.rs`).
+//! It stops when the lease is lost, handed off, finished or released, when the processor stops,
+//! or when its host is fenced. The parts:
+//!
+//! - this file: the worker's state, its read → deliver → checkpoint loop, and opening the
+//!   reader and the handler;
+//! - `call.rs`: delivering a batch, the handler call raced against every deadline that may end
+//!   it, and the dead-letter sink;
+//! - `confirm.rs`: what the worker knows of its lease between writes (the host loop's hints,
+//!   its own reads), and the hand-off confirmations a delivery needs;
+//! - `checkpoint.rs`: checkpointing, finishing, releasing and handing the lease off;
+//! - `retry.rs`: the one retry policy every retried operation follows;
+//! - `cell.rs`: the lease row and its compare-and-swap writes.
+//!
+//! Whether the host is fenced is asked of one place, [`Fence`]; the host's heartbeat task
+//! keeps the record ([`FenceDeadline`]).
+
+mod call;
+mod cell;
+mod checkpoint;
+mod confirm;
+mod retry;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::rngs::SmallRng;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn, Instrument};
+
+pub(crate) use cell::LeaseCell;
+
+use self::call::Delivered;
+use self::cell::carried_failures;
+use self::retry::{Backoff, GaveUp, Policy, Retry};
+use super::config::Settings;
+use super::handler::{CloseReason, Context, DeadLetterSink, Handler};
+use super::heartbeat::{FenceDeadline, ViewStamp};
+use super::hooks::Hooks;
+use crate::clock::Clock;
+use crate::lease::LeaseStore;
+use crate::model::{Batch, Continuation, HostName, Lease, PartitionId};
+use crate::source::{FeedSource, PartitionReader};
+
+/// How often a worker refreshes its partition's lag estimate, at most.
+const LAG_REFRESH: Duration = Duration::from_secs(10);
+
+/// The lag of every partition this host reads, summed into the `changefeed_lag_records`
+/// gauge (label `group`).
+#[derive(Debug, Default)]
+pub(crate) struct LagBook {
+    by_partition: std::sync::Mutex<std::collections::BTreeMap<PartitionId, u64>>,
+}
+
+impl LagBook {
+    fn update(&self, group: &str, partition: &PartitionId, records: Option<u64>) {
+        // The lock guards a small map whose every update is a single insert or remove.
+        let mut map = self.by_partition.lock().unwrap_or_else(|p| p.into_inner());
+        match records {
+            Some(n) => map.insert(partition.clone(), n),
+            None => map.remove(partition),
+        };
+        let total: u64 = map.values().sum();
+        metrics::gauge!("changefeed_lag_records", "group" => group.to_string()).set(total as f64);
+    }
+}
+
+/// Everything a worker needs.
+pub(crate) struct WorkerArgs {
+    pub lease: Lease,
+    pub store: Arc<dyn LeaseStore>,
+    pub source: Arc<dyn FeedSource>,
+    pub handler: Arc<dyn Handler>,
+    pub host: HostName,
+    pub settings: Arc<Settings>,
+    pub clock: Arc<dyn Clock>,
+    pub cancel: CancellationToken,
+    /// Rings when the heartbeat task raises the fence (read through [`Fence`]).
+    pub fenced: watch::Receiver<bool>,
+    /// The host's fence (read through [`Fence`]).
+    pub fence_deadline: FenceDeadline,
+    pub view: ViewStamp,
+    pub hint: watch::Receiver<Option<Lease>>,
+    pub exits: mpsc::UnboundedSender<WorkerExit>,
+    pub rng: SmallRng,
+    pub group_label: String,
+    pub hooks: Hooks,
+    pub lag: Arc<LagBook>,
+    pub dead_letter: Option<Arc<dyn DeadLetterSink>>,
+}
+
+/// Sent to the host loop when a worker stops.
+#[derive(Debug)]
+pub(crate) struct WorkerExit {
+    pub partition: PartitionId,
+    pub reason: CloseReason,
+}
+
+/// The worker's one answer to "is my host fenced?", and a wake-up for when it may have
+/// become so.
+///
+/// The answer is the host's [`FenceDeadline`] (raised by the heartbeat task, or past its
+/// deadline on this worker's own reading of the clock, or lapsed since this worker started:
+/// see [`FenceDeadline::fenced_since`]). The heartbeat task's watch only wakes a worker that
+/// waits; it is never read for the answer.
+struct Fence {
+    record: FenceDeadline,
+    /// The record's lapses when this worker started: any later one stops it.
+    lapses: u64,
+    doorbell: watch::Receiver<bool>,
+    clock: Arc<dyn Clock>,
+    /// The simulator's `NoFencing` bug: the worker ignores the fence.
+    ignored: bool,
+}
+
+impl Fence {
+    fn new(args: &WorkerArgs) -> Self {
+        Self {
+            record: args.fence_deadline.clone(),
+            lapses: args.fence_deadline.lapses(),
+            doorbell: args.fenced.clone(),
+            clock: args.clock.clone(),
+            ignored: args.hooks.no_fencing(),
+        }
+    }
+
+    /// Whether this worker must stop delivering and writing now.
+    fn is_up(&self) -> bool {
+        !self.ignored && self.record.fenced_since(self.clock.now(), self.lapses)
+    }
+
+    /// When the host is fenced unless a renewal moves the deadline first (`None` if ignored).
+    fn deadline(&self) -> Option<Instant> {
+        (!self.ignored).then(|| self.record.get())
+    }
+
+    /// Completes once the heartbeat task has raised the fence; never when the fence is
+    /// ignored or the heartbeat task is gone (the deadline still holds then: see
+    /// [`Fence::is_up`]).
+    fn raised(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut doorbell = self.doorbell.clone();
+        let ignored = self.ignored;
+        async move {
+            if ignored || doorbell.wait_for(|raised| *raised).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+}
+
+enum Step {
+    Continue,
+    Stop(CloseReason),
+}
+
+/// What follows a failed attempt of a retried operation.
+enum Next {
+    /// The backoff was waited out: try again.
+    Retry,
+    /// A stop or the fence ended the wait.
+    Interrupted,
+    /// The policy gives up.
+    GaveUp(GaveUp),
+}
+
+struct Worker {
+    args: WorkerArgs,
+    cell: Arc<LeaseCell>,
+    ctx: Context,
+    fence: Fence,
+    backoff: Backoff,
+    /// Delivered to the handler but not yet checkpointed.
+    pending: Option<Continuation>,
+    last_checkpoint_at: Instant,
+    last_lag_at: Option<Instant>,
+    /// When this worker's own lease write or read last showed no hand-off request (the time
+    /// it was sent).
+    confirmed_at: Option<Instant>,
+    /// Failed calls of the batch after the checkpoint, by every owner (from the lease row).
+    failures: u32,
+    /// The last checkpoint this worker knows of.
+    checkpointed: Option<Continuation>,
+}
+
+/// Runs one worker to its end and reports why it stopped.
+pub(crate) async fn run(args: WorkerArgs) {
+    let partition = args.lease.key.partition.clone();
+    let span = tracing::info_span!("worker", partition = %partition);
+    let exits = args.exits.clone();
+    let reason = async move {
+        let mut cell = LeaseCell::new(
+            args.lease.clone(),
+            args.store.clone(),
+            args.host.clone(),
+            args.clock.clone(),
+        );
+        cell.hooks = args.hooks;
+        let cell = Arc::new(cell);
+        let ctx = Context {
+            partition: args.lease.key.partition.clone(),
+            key: args.lease.key.clone(),
+            host: args.host.clone(),
+            cell: cell.clone(),
+            fencing_token: args.lease.version.0,
+            cancel: CancellationToken::new(),
+        };
+        let mut worker = Worker {
+            fence: Fence::new(&args),
+            backoff: Backoff::new(&args.settings),
+            last_checkpoint_at: args.clock.now(),
+            failures: carried_failures(&args.lease),
+            checkpointed: args.lease.continuation.clone(),
+            args,
+            cell,
+            ctx,
+            pending: None,
+            last_lag_at: None,
+            confirmed_at: None,
+        };
+        let reason = worker.run().await;
+        worker
+            .args
+            .lag
+            .update(&worker.args.group_label, &worker.ctx.partition, None);
+        worker.args.handler.close(&worker.ctx, reason).await;
+        info!(reason = ?reason, "worker stopped");
+        reason
+    }
+    .instrument(span)
+    .await;
+    // The host loop may already be gone during shutdown; nothing to tell then.
+    let _ = exits.send(WorkerExit { partition, reason });
+}
+
+impl Worker {
+    /// Sleeps `d` unless stopped or fenced first. Returns false if interrupted.
+    async fn pause(&mut self, d: Duration) -> bool {
+        let sleep = self.args.clock.sleep(d);
+        tokio::select! {
+            biased;
+            _ = self.args.cancel.cancelled() => false,
+            _ = self.fence.raised() => false,
+            _ = sleep => true,
+        }
+    }
+
+    /// Waits out the backoff before retry `attempt` of what `policy` retries.
+    async fn back_off(&mut self, policy: Policy, attempt: u32) -> bool {
+        let d = self.backoff.delay(attempt, &mut self.args.rng);
+        debug!(lease = %self.ctx.key, what = policy.what(), attempt, delay = ?d, "backing off before retrying");
+        if policy.stop_ends_wait() {
+            self.pause(d).await
+        } else {
+            self.args.clock.sleep(d).await;
+            true
+        }
+    }
+
+    /// After a failed attempt of `retry`'s operation (`retryable`: what the error's seam says
+    /// of it): gives up by its policy, or waits out the backoff before the next attempt.
+    async fn after_failure(&mut self, retry: &mut Retry, retryable: bool) -> Next {
+        match retry.failed(retryable, || self.fence.is_up()) {
+            Err(why) => Next::GaveUp(why),
+            Ok(attempt) => {
+                if self.back_off(retry.policy(), attempt).await {
+                    Next::Retry
+                } else {
+                    Next::Interrupted
+                }
+            }
+        }
+    }
+
+    async fn run(&mut self) -> CloseReason {
+        let mut reader = match self.open_reader().await {
+            Ok(Some(r)) => r,
+            Ok(None) => return self.stop_reason(),
+            Err(reason) => return reason,
+        };
+        if let Err(reason) = self.open_handler().await {
+            return reason;
+        }
+        loop {
+            match self.step(reader.as_mut()).await {
+                Step::Continue => {}
+                Step::Stop(CloseReason::Shutdown) => {
+                    return self.shutdown().await;
+                }
+                Step::Stop(reason) => return reason,
+            }
+        }
+    }
+
+    fn stop_reason(&self) -> CloseReason {
+        if self.args.cancel.is_cancelled() {
+            CloseReason::Shutdown
+        } else {
+            CloseReason::LeaseLost
+        }
+    }
+
+    /// Opens the partition at the lease's position ([`Policy::OPEN_READER`]). `Ok(None)`: a
+    /// stop or the fence came first.
+    async fn open_reader(&mut self) -> Result<Option<Box<dyn PartitionReader>>, CloseReason> {
+        let position = self.args.lease.resume_position();
+        let mut retry = Retry::new(Policy::OPEN_READER);
+        loop {
+            let err = match self
+                .args
+                .source
+                .open(&self.args.lease.key.partition, &position)
+                .await
+            {
+                Ok(r) => return Ok(Some(r)),
+                Err(err) => err,
+            };
+            if err.is_retryable() {
+                warn!(lease = %self.args.lease.key, error = %err, "opening the partition failed; retrying");
+            }
+            match self.after_failure(&mut retry, err.is_retryable()).await {
+                Next::Retry => {}
+                Next::Interrupted => return Ok(None),
+                Next::GaveUp(_) => {
+                    // An unknown continuation or partition: report it with the key, keep the
+                    // checkpoint as it is, and give the lease back.
+                    tracing::error!(lease = %self.args.lease.key, error = %err, "cannot read the partition; releasing the lease with its checkpoint unchanged");
+                    metrics::counter!("changefeed_source_errors_total", "group" => self.args.group_label.clone()).increment(1);
+                    return Err(self.release_or_lost(None, CloseReason::SourceFailed).await);
+                }
+            }
+        }
+    }
+
+    /// Calls [`Handler::open`] ([`Policy::open_handler`]).
+    async fn open_handler(&mut self) -> Result<(), CloseReason> {
+        let mut retry = Retry::new(Policy::open_handler(self.args.settings.handler_max_retries));
+        loop {
+            let Err(err) = self.args.handler.open(&self.ctx).await else {
+                return Ok(());
+            };
+            warn!(lease = %self.ctx.key, error = %err, "handler open failed");
+            match self.after_failure(&mut retry, true).await {
+                Next::Retry => {}
+                Next::Interrupted => return Err(self.stop_reason()),
+                Next::GaveUp(_) => {
+                    return Err(self.release_or_lost(None, CloseReason::HandlerFailed).await)
+                }
+            }
+        }
+    }
+
+    async fn step(&mut self, reader: &mut dyn PartitionReader) -> Step {
+        if self.args.cancel.is_cancelled() {
+            return Step::Stop(CloseReason::Shutdown);
+        }
+        if self.fence.is_up() {
+            warn!(lease = %self.ctx.key, "host fenced; stopping without further writes");
+            return Step::Stop(CloseReason::LeaseLost);
+        }
+        if self.args.hint.has_changed().unwrap_or(false) {
+            if let Some(reason) = self.apply_hint().await {
+                return Step::Stop(reason);
+            }
+        }
+        let batch = match self.read(reader).await {
+            Ok(b) => Arc::new(b),
+            Err(reason) => return Step::Stop(reason),
+        };
+        if !batch.records.is_empty() {
+            if self.fence.is_up() {
+                warn!(lease = %self.ctx.key, "host fenced; the batch read is not delivered");
+                return Step::Stop(CloseReason::LeaseLost);
+            }
+            if let Some(reason) = self.ensure_current().await {
+                return Step::Stop(reason);
+            }
+            let force = match self.deliver(&batch).await {
+                Delivered::Done => false,
+                Delivered::DeadLettered => true,
+                Delivered::Stop(reason) => return Step::Stop(reason),
+            };
+            self.pending = batch.continuation.clone();
+            if let Some(reason) = self.maybe_checkpoint(force).await {
+                return Step::Stop(reason);
+            }
+        }
+        if batch.end_of_partition {
+            return Step::Stop(self.finish().await);
+        }
+        if batch.records.is_empty() {
+            // Idle: wait, but wake for shutdown, fencing or news about the lease.
+            let sleep = self.args.clock.sleep(self.args.settings.poll_delay);
+            tokio::select! {
+                biased;
+                _ = self.args.cancel.cancelled() => {}
+                _ = self.fence.raised() => {}
+                _ = self.args.hint.changed() => {
+                    // Re-mark it changed so the next step applies it.
+                    self.args.hint.mark_changed();
+                }
+                _ = sleep => {}
+            }
+        }
+        Step::Continue
+    }
+
+    /// Reads the next batch ([`Policy::READ_BATCH`]). An error the source calls final (an
+    /// unknown continuation, a partition gone) gives the lease back at its checkpoint, as a
+    /// failed open does.
+    async fn read(&mut self, reader: &mut dyn PartitionReader) -> Result<Batch, CloseReason> {
+        let mut retry = Retry::new(Policy::READ_BATCH);
+        loop {
+            let err = match reader.next_batch(self.args.settings.max_batch_size).await {
+                Ok(b) => return Ok(b),
+                Err(err) => err,
+            };
+            let retryable = err.is_retryable();
+            warn!(lease = %self.ctx.key, error = %err, retryable, "reading the partition failed");
+            metrics::counter!("changefeed_source_errors_total", "group" => self.args.group_label.clone()).increment(1);
+            match self.after_failure(&mut retry, retryable).await {
+                Next::Retry => {}
+                Next::Interrupted => return Err(self.stop_reason()),
+                Next::GaveUp(_) => {
+                    tracing::error!(lease = %self.ctx.key, error = %err, "cannot read the partition; releasing the lease at its checkpoint");
+                    let pending = self.pending.take();
+                    return Err(self
+                        .release_or_lost(pending, CloseReason::SourceFailed)
+                        .await);
+                }
+            }
+        }
+    }
+}

@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use changefeed::model::PartitionId;
-use changefeed::processor::{Broken, Settings};
+use changefeed::processor::Settings;
 use changefeed::sim::{FleetConfig, SimFleet, StrategyKind, TraceMode};
 
 /// Arguments of `changefeed-bench rebalance`.
@@ -64,13 +64,12 @@ fn block<F: std::future::Future>(f: F) -> anyhow::Result<F::Output> {
 }
 
 async fn fleet(strategy: StrategyKind, leases: u32) -> SimFleet {
-    let anchor = strategy != StrategyKind::Ours;
-    SimFleet::new(FleetConfig {
+    let anchor = strategy != StrategyKind::EqualShare;
+    SimFleet::simulated(FleetConfig {
         seed: 1,
         partitions: leases,
         settings: settings(anchor),
         strategy,
-        broken: Broken::None,
         anchor_costs: anchor,
         trace: TraceMode::Off,
         history: false,
@@ -82,20 +81,12 @@ fn name(i: usize) -> String {
     format!("host-{i:03}")
 }
 
-async fn owners(fleet: &SimFleet) -> BTreeMap<PartitionId, Option<String>> {
-    fleet
-        .leases()
-        .await
-        .into_iter()
-        .map(|l| (l.key.partition, l.owner.map(|o| o.to_string())))
-        .collect()
-}
-
 /// Steps until balanced (or `limit`), counting lease moves. Returns (seconds, moves, done).
 async fn until_balanced(fleet: &mut SimFleet, limit: Duration) -> (f64, usize, bool) {
     let step = Duration::from_millis(250);
     let t0 = fleet.now();
-    let mut last: BTreeMap<PartitionId, String> = owners(fleet)
+    let mut last: BTreeMap<PartitionId, String> = fleet
+        .owners()
         .await
         .into_iter()
         .filter_map(|(p, o)| o.map(|o| (p, o)))
@@ -103,7 +94,7 @@ async fn until_balanced(fleet: &mut SimFleet, limit: Duration) -> (f64, usize, b
     let mut moves = 0;
     loop {
         fleet.advance(step).await;
-        for (p, o) in owners(fleet).await {
+        for (p, o) in fleet.owners().await {
             if let Some(o) = o {
                 if last.get(&p).is_some_and(|prev| *prev != o) {
                     moves += 1;
@@ -142,7 +133,7 @@ async fn change(strategy: StrategyKind, leases: u32, from: usize, to: usize) -> 
         }
     } else {
         for i in to..from {
-            fleet.stop(&name(i));
+            fleet.begin_stop(&name(i));
         }
     }
     let (secs, moves, done) = until_balanced(&mut fleet, limit).await;
@@ -215,7 +206,11 @@ async fn io(strategy: StrategyKind, leases: u32, minutes: u64) -> Io {
 /// Runs the benchmark.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
-    let strategies = [StrategyKind::Ours, StrategyKind::Kcl, StrategyKind::Cosmos];
+    let strategies = [
+        StrategyKind::EqualShare,
+        StrategyKind::Kcl,
+        StrategyKind::Cosmos,
+    ];
     let changes = [(1usize, 2usize), (10, 11), (10, 20), (20, 10)];
     println!(
         "{} leases, idle feed, renew and acquire every 2 s, lease expiry 10 s, virtual time",
@@ -259,7 +254,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     for s in strategies {
         ios.push(block(io(s, args.leases, args.minutes))?);
     }
-    let small = block(io(StrategyKind::Ours, args.leases / 10, args.minutes))?;
+    let small = block(io(StrategyKind::EqualShare, args.leases / 10, args.minutes))?;
     println!(
         "{:<28} {:>22.0} {:>22.0} {:>22.0}",
         "writes / host / min", ios[0].writes, ios[1].writes, ios[2].writes

@@ -24,7 +24,7 @@ pub struct Args {
     #[arg(long, default_value = "all")]
     faults: String,
     /// Multiplies every fault's rate: a finite number from 0 to 100.
-    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = DEFAULT_FAULT_RATE, allow_negative_numbers = true)]
     fault_rate: f64,
     /// Hosts at the start (at least 1).
     #[arg(long, default_value_t = 4)]
@@ -36,13 +36,15 @@ pub struct Args {
     #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
     duration: Duration,
     /// Records written per virtual second.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = DEFAULT_RECORDS_PER_SEC)]
     records_per_sec: u64,
     /// Balancing strategy: ours, kcl or cosmos.
     #[arg(long, default_value = "ours")]
     strategy: String,
     /// Run a deliberately broken processor: no-fencing, checkpoint-without-cas,
-    /// child-before-parent or no-handler-fence (the checker should catch it).
+    /// child-before-parent or no-handler-fence (the checker should catch it). Only in a build
+    /// with feature `sim-broken`.
+    #[cfg(feature = "sim-broken")]
     #[arg(long, default_value = "none")]
     broken: String,
     /// Write the ownership timeline of the (single) run as SVG to this file.
@@ -60,6 +62,12 @@ pub struct Args {
 /// The highest `--fault-rate`: every per-call fault is then certain, and the timed ones
 /// frequent enough that a run barely progresses.
 const MAX_FAULT_RATE: f64 = 100.0;
+
+/// `--fault-rate` when not given.
+const DEFAULT_FAULT_RATE: f64 = 1.0;
+
+/// `--records-per-sec` when not given.
+const DEFAULT_RECORDS_PER_SEC: u64 = 20;
 
 /// Rejects values no run can be made with, naming the flag.
 fn validate(args: &Args) -> anyhow::Result<()> {
@@ -97,7 +105,11 @@ fn config(args: &Args, seed: u64) -> anyhow::Result<SimConfig> {
         .strategy
         .parse::<StrategyKind>()
         .map_err(|e| anyhow::anyhow!("--strategy: {e}"))?;
-    cfg.broken = sim::parse_broken(&args.broken).map_err(|e| anyhow::anyhow!("--broken: {e}"))?;
+    #[cfg(feature = "sim-broken")]
+    {
+        cfg.broken =
+            sim::parse_broken(&args.broken).map_err(|e| anyhow::anyhow!("--broken: {e}"))?;
+    }
     if args.large {
         // The Cosmos DB processor's default cadence (renew 17 s, acquire 13 s, expiry 60 s),
         // rounded: a large fleet does not need 2 s cycles.
@@ -115,12 +127,43 @@ fn config(args: &Args, seed: u64) -> anyhow::Result<SimConfig> {
         cfg.settings.sync_interval = Duration::from_secs(300);
         cfg.trace = TraceMode::Off;
         cfg.drain_limit = Duration::from_secs(1800);
-        cfg.preset = Some("--large".to_string());
     }
     if args.trace {
         cfg.trace = TraceMode::Full;
     }
     Ok(cfg)
+}
+
+/// The one-line command that reruns `cfg`'s seed: the seed, faults, hosts, partitions and
+/// duration always, then each other flag whose value is not its default (`large`: whether
+/// `--large` was given, which `cfg`'s settings do not say).
+fn rerun_line(cfg: &SimConfig, large: bool) -> String {
+    let duration = if cfg.duration.subsec_millis() == 0 {
+        format!("{}s", cfg.duration.as_secs())
+    } else {
+        format!("{}ms", cfg.duration.as_millis())
+    };
+    let mut line = format!(
+        "changefeed simulate --seed {} --faults {} --hosts {} --partitions {} --duration {duration}",
+        cfg.seed, cfg.faults, cfg.hosts, cfg.partitions,
+    );
+    if cfg.faults.rate != DEFAULT_FAULT_RATE {
+        line.push_str(&format!(" --fault-rate {}", cfg.faults.rate));
+    }
+    if cfg.records_per_sec != DEFAULT_RECORDS_PER_SEC {
+        line.push_str(&format!(" --records-per-sec {}", cfg.records_per_sec));
+    }
+    if large {
+        line.push_str(" --large");
+    }
+    if cfg.strategy != StrategyKind::EqualShare {
+        line.push_str(&format!(" --strategy {}", cfg.strategy.name()));
+    }
+    #[cfg(feature = "sim-broken")]
+    if cfg.broken != sim::Broken::None {
+        line.push_str(&format!(" --broken {}", sim::broken_name(cfg.broken)));
+    }
+    line
 }
 
 /// Runs the command. Exit status: 0 when every run kept every rule, 1 when some run broke one
@@ -162,10 +205,13 @@ fn simulate(args: Args) -> anyhow::Result<ExitCode> {
             println!("  {v}");
         }
         if !out.violations.is_empty() {
-            println!("reproduce: {}", first.repro());
+            println!("reproduce: {}", rerun_line(&first, args.large));
         }
         if let Some(path) = &args.svg {
-            let title = format!("{}  —  ownership by host over virtual time", first.repro());
+            let title = format!(
+                "{}  —  ownership by host over virtual time",
+                rerun_line(&first, args.large)
+            );
             std::fs::write(path, sim::svg::render(&out, &title))
                 .with_context(|| format!("writing {}", path.display()))?;
             println!("timeline written to {}", path.display());
@@ -210,7 +256,8 @@ fn simulate(args: Args) -> anyhow::Result<ExitCode> {
                     Ok(out) if !out.violations.is_empty() => {
                         let lines: Vec<String> =
                             out.violations.iter().map(|v| format!("  {v}")).collect();
-                        let text = format!("{}\n{}", cfg.repro(), lines.join("\n"));
+                        let text =
+                            format!("{}\n{}", rerun_line(&cfg, args.large), lines.join("\n"));
                         failures
                             .lock()
                             .unwrap_or_else(|p| p.into_inner())
@@ -245,4 +292,47 @@ fn simulate(args: Args) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rerun_line_names_every_setting_that_differs() {
+        let mut cfg = SimConfig::new(7);
+        cfg.faults = Faults::all();
+        cfg.duration = Duration::from_secs(120);
+        assert_eq!(
+            rerun_line(&cfg, false),
+            "changefeed simulate --seed 7 --faults all --hosts 4 --partitions 8 --duration 120s"
+        );
+        cfg.duration = Duration::from_millis(1500);
+        cfg.faults.rate = 0.5;
+        cfg.records_per_sec = 3;
+        cfg.strategy = StrategyKind::Kcl;
+        let line = rerun_line(&cfg, true);
+        for part in [
+            "--duration 1500ms",
+            "--fault-rate 0.5",
+            "--records-per-sec 3",
+            " --large",
+            " --strategy kcl",
+        ] {
+            assert!(line.contains(part), "{line} lacks {part}");
+        }
+        assert!(!line.contains("--broken"), "{line}");
+    }
+
+    #[cfg(feature = "sim-broken")]
+    #[test]
+    fn the_rerun_line_names_the_broken_variant() {
+        let mut cfg = SimConfig::new(7);
+        cfg.broken = sim::Broken::NoFencing;
+        assert!(
+            rerun_line(&cfg, false).ends_with(" --broken no-fencing"),
+            "{}",
+            rerun_line(&cfg, false)
+        );
+    }
 }

@@ -276,7 +276,6 @@ struct Sql {
     partitions: String,
     partition: String,
     read: String,
-    read_naive: String,
     ended: String,
     last: String,
     at_time: String,
@@ -305,11 +304,6 @@ impl Sql {
                    AND (xid < {xmin}
                         OR EXISTS (SELECT 1 FROM {parts} WHERE id = $1 AND closed_by IS NOT NULL))
                  ORDER BY xid, seq LIMIT $4"
-            ),
-            read_naive: format!(
-                "SELECT xid, seq, key, data, created_ms FROM {outbox}
-                 WHERE partition = $1 AND seq > $3 AND $2::bigint IS NOT NULL
-                 ORDER BY seq LIMIT $4"
             ),
             ended: format!(
                 "SELECT closed_by IS NOT NULL AND NOT EXISTS (
@@ -355,7 +349,6 @@ pub struct PostgresOutbox {
     db: Db,
     table: OutboxTable,
     sql: Arc<Sql>,
-    naive: bool,
 }
 
 /// One partition as stored.
@@ -411,21 +404,7 @@ impl PostgresOutbox {
             .await
             .map_err(fail)?;
         let sql = Arc::new(Sql::new(table.prefix()));
-        Ok(Self {
-            db,
-            table,
-            sql,
-            naive: false,
-        })
-    }
-
-    /// A reader that uses the classic `seq > last` query with no visibility guard. It skips
-    /// rows of transactions that commit late with a lower sequence: it exists only so tests
-    /// can show that the real reader does not.
-    #[doc(hidden)]
-    pub fn naive_seq_reader_for_tests(mut self) -> Self {
-        self.naive = true;
-        self
+        Ok(Self { db, table, sql })
     }
 
     /// The outbox tables this source reads.
@@ -909,17 +888,12 @@ impl PartitionReader for OutboxReader {
         }
         let limit = i64::try_from(max.max(1)).unwrap_or(i64::MAX);
         let p = self.partition.as_str();
-        let sql = if self.source.naive {
-            &self.source.sql.read_naive
-        } else {
-            &self.source.sql.read
-        };
         let rows = self
             .source
             .query(
                 "read",
                 &self.partition,
-                sql,
+                &self.source.sql.read,
                 &[&p, &self.xid, &self.seq, &limit],
             )
             .await?;
@@ -940,7 +914,7 @@ impl PartitionReader for OutboxReader {
             });
         }
         let mut end = false;
-        if records.len() < max && !self.source.naive {
+        if records.len() < max {
             let ended = self
                 .source
                 .query(

@@ -88,7 +88,7 @@ macro_rules! text_id {
             /// Whether `self` and `other` share one allocation (then they are equal; equal
             /// names need not share one).
             #[allow(dead_code)]
-            pub(crate) fn same_text(&self, other: &Self) -> bool {
+            pub(crate) fn same_allocation(&self, other: &Self) -> bool {
                 Arc::ptr_eq(&self.0, &other.0)
             }
 

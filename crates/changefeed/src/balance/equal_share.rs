@@ -300,7 +300,7 @@ impl Census {
                 eligible += 1;
                 let owner = match (lease.state, &lease.owner) {
                     (LeaseState::Owned, Some(o)) => match last {
-                        Some((name, index)) if name.same_text(o) => index,
+                        Some((name, index)) if name.same_allocation(o) => index,
                         _ => {
                             let index = fleet.index_of(o);
                             last = Some((o, index));

@@ -14,7 +14,7 @@ use super::config::{CheckpointMode, ConfigError, Settings};
 use super::handler::{DeadLetterSink, Handler};
 use super::heartbeat::{self, ProcessorError};
 use super::hooks;
-#[cfg(feature = "sim")]
+#[cfg(feature = "sim-broken")]
 use super::hooks::Broken;
 use super::host::Host;
 use crate::balance::{BalanceStrategy, EqualShare};
@@ -123,10 +123,9 @@ impl ProcessorBuilder {
         self
     }
 
-    /// Runs a deliberately broken variant (simulator builds only), so the simulator can show
-    /// its checker catches it.
-    #[cfg(feature = "sim")]
-    #[doc(hidden)]
+    /// Runs a deliberately broken variant (feature `sim-broken` only), so the simulator can
+    /// show its checker catches it.
+    #[cfg(feature = "sim-broken")]
     pub fn broken(mut self, broken: Broken) -> Self {
         self.hooks.broken = broken;
         self
@@ -320,8 +319,11 @@ impl ProcessorHandle {
         }
     }
 
-    /// Drops every task at once without releasing anything, as a crash would. For tests and
-    /// the simulator.
+    /// Drops every task at once without releasing anything, as a crash would: no batch
+    /// finishes, no checkpoint is written, the leases and the heartbeat row stay in the store
+    /// until they expire. For fault-injection tests and the simulator (feature `testkit`); a
+    /// program stops with [`ProcessorHandle::stop`].
+    #[cfg(feature = "testkit")]
     pub fn kill(self) {
         self.task.abort();
     }

@@ -1,9 +1,9 @@
 //! Deliberately broken variants of the processor, for the simulator to prove its checker
-//! catches them (feature `sim` only; without it [`Hooks`] is empty and every check is `false`).
+//! catches them (feature `sim-broken` only: without it [`Hooks`] is zero-sized and every check
+//! is a constant `false` the compiler removes, so no broken path is in a default build).
 
 /// A deliberate bug the simulator can switch on, to show its invariant checker catches it.
-#[cfg(feature = "sim")]
-#[doc(hidden)]
+#[cfg(feature = "sim-broken")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Broken {
     /// The real processor.
@@ -21,59 +21,47 @@ pub enum Broken {
     NoHandlerFence,
 }
 
-/// The broken variant a processor runs with; zero-sized and inert without feature `sim`.
+/// The broken variant a processor runs with; zero-sized and inert without feature
+/// `sim-broken`.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Hooks {
-    #[cfg(feature = "sim")]
+    #[cfg(feature = "sim-broken")]
     pub(crate) broken: Broken,
 }
 
+/// `Hooks::$name` is true when `$variant` is switched on; always false without feature
+/// `sim-broken`.
+macro_rules! check {
+    ($(#[$doc:meta])* $name:ident => $variant:ident) => {
+        $(#[$doc])*
+        pub(crate) fn $name(self) -> bool {
+            #[cfg(feature = "sim-broken")]
+            {
+                self.broken == Broken::$variant
+            }
+            #[cfg(not(feature = "sim-broken"))]
+            {
+                false
+            }
+        }
+    };
+}
+
 impl Hooks {
-    /// Workers ignore the fence.
-    pub(crate) fn no_fencing(self) -> bool {
-        #[cfg(feature = "sim")]
-        {
-            self.broken == Broken::NoFencing
-        }
-        #[cfg(not(feature = "sim"))]
-        {
-            false
-        }
-    }
-
-    /// Checkpoints overwrite on conflict.
-    pub(crate) fn checkpoint_without_cas(self) -> bool {
-        #[cfg(feature = "sim")]
-        {
-            self.broken == Broken::CheckpointWithoutCas
-        }
-        #[cfg(not(feature = "sim"))]
-        {
-            false
-        }
-    }
-
-    /// The handler call runs to its end whatever the fence says.
-    pub(crate) fn no_handler_fence(self) -> bool {
-        #[cfg(feature = "sim")]
-        {
-            self.broken == Broken::NoHandlerFence
-        }
-        #[cfg(not(feature = "sim"))]
-        {
-            false
-        }
-    }
-
-    /// Children do not wait for their parents.
-    pub(crate) fn child_before_parent(self) -> bool {
-        #[cfg(feature = "sim")]
-        {
-            self.broken == Broken::ChildBeforeParent
-        }
-        #[cfg(not(feature = "sim"))]
-        {
-            false
-        }
-    }
+    check!(
+        /// Workers ignore the fence.
+        no_fencing => NoFencing
+    );
+    check!(
+        /// Checkpoints overwrite on conflict.
+        checkpoint_without_cas => CheckpointWithoutCas
+    );
+    check!(
+        /// The handler call runs to its end whatever the fence says.
+        no_handler_fence => NoHandlerFence
+    );
+    check!(
+        /// Children do not wait for their parents.
+        child_before_parent => ChildBeforeParent
+    );
 }

@@ -47,6 +47,5 @@ pub use handler::{
     handler_fn, CloseReason, Context, DeadLetter, DeadLetterSink, FnHandler, Handler, HandlerError,
 };
 pub use heartbeat::{Liveness, ProcessorError};
-#[cfg(feature = "sim")]
-#[doc(hidden)]
+#[cfg(feature = "sim-broken")]
 pub use hooks::Broken;

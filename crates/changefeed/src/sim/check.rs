@@ -24,7 +24,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use super::seams::{Delivery, WriteRec};
+use super::world::{Delivery, WriteRec};
 use crate::model::PartitionId;
 
 /// One broken rule, with what shows it.

@@ -1,9 +1,13 @@
-//! [`SimFleet`]: many hosts running the real processor over one in-memory store and feed, on
-//! the paused tokio clock, every host behind its own fault-injecting seams.
+//! [`SimFleet`]: the test kit's [`Fleet`] with the simulator's [`SimKit`]: every host runs the
+//! real processor behind its own fault-injecting seams over one in-memory store and feed, on
+//! the paused tokio clock, and the shared [`World`] logs every write and delivery.
 //!
-//! The random scenario ([`super::run`]) and the rebalancing benchmark both drive it: start,
-//! crash, stop, stall and cut off hosts, split and merge partitions, write records, and step
-//! virtual time.
+//! The fleet itself (hosts started, crashed, stopped and restarted by name, clock skew and
+//! drift, the lease table) is the test kit's; this module layers on what only the simulator
+//! does: stalls, cut-offs and latency spikes that heal on their own, splits and merges whose
+//! leases it creates at once, records with random keys, the anchors' renewal costs, per-host
+//! store counts, and the invariant check. The random scenario ([`super::run`]) and the
+//! rebalancing benchmark both drive it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -11,37 +15,23 @@ use std::time::Duration;
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use tokio::task::JoinHandle;
 
-use super::seams::{Cut, HostCtl, SimClock, SimHandler, SimSource, SimStore, World, WriteOp};
+use super::seams::{Cut, HostCtl, SimClock, SimHandler, SimSource, SimStore};
+use super::world::{World, WriteOp};
 use super::StrategyKind;
 use crate::clock::VirtualClock;
 use crate::lease::{CountingStore, LeaseStore, MemoryLeaseStore, StoreCounts, StoreStats};
-use crate::model::{
-    GroupName, HostName, Lease, LeaseKey, LeaseState, PartitionId, Position, Timestamp,
-};
-use crate::processor::{Broken, Processor, ProcessorError, ProcessorHandle, Settings};
+use crate::model::{GroupName, HostName, Lease, LeaseKey, PartitionId, Position};
+#[cfg(feature = "sim-broken")]
+use crate::processor::Broken;
+use crate::processor::{ConfigError, ProcessorBuilder, Settings};
 use crate::source::{FeedSource, MemoryFeed};
+use crate::testkit::fleet::{
+    Companion, Fleet, HostKit, HostStart, StoreFactory, Timing, WALL_ORIGIN,
+};
 
-/// The wall time every simulated clock starts at (before its skew).
-const WALL_ORIGIN: Timestamp = Timestamp(1_700_000_000_000);
-
-enum Run {
-    Up(ProcessorHandle, Option<JoinHandle<()>>),
-    Stopping(JoinHandle<Result<(), ProcessorError>>),
-    Down,
-}
-
-struct SimHost {
-    ctl: Arc<HostCtl>,
-    run: Run,
-    starts: u64,
-    skew_ms: i64,
-    drift_ppm: i64,
-    stats: Arc<StoreStats>,
-    /// When a timed fault (stall, cut, latency) ends.
-    heal_at: Vec<(Duration, &'static str)>,
-}
+/// A fleet of simulated hosts; see the module docs.
+pub type SimFleet = Fleet<SimKit>;
 
 /// How a [`SimFleet`] is built.
 #[derive(Debug, Clone)]
@@ -54,8 +44,6 @@ pub struct FleetConfig {
     pub settings: Settings,
     /// The balancing strategy every host runs.
     pub strategy: StrategyKind,
-    /// A deliberately broken processor variant.
-    pub broken: Broken,
     /// Model the anchors' store costs: every host renews each lease it owns once per renew
     /// interval (one write per lease) and lists every lease every acquire cycle.
     pub anchor_costs: bool,
@@ -65,34 +53,114 @@ pub struct FleetConfig {
     pub history: bool,
 }
 
-/// A simulated fleet; see the module docs.
-pub struct SimFleet {
+/// The simulator's [`HostKit`]: each host behind fault-injecting seams, whose switches it
+/// keeps across restarts ([`SimHost`]); all hosts share one log of writes and deliveries, one
+/// memory store and one random generator, which draws every processor seed and every fault.
+#[derive(Debug)]
+pub struct SimKit {
     pub(crate) world: Arc<World>,
-    /// The feed every host reads.
-    pub feed: MemoryFeed,
     store: MemoryLeaseStore,
-    group: GroupName,
-    cfg: FleetConfig,
-    hosts: BTreeMap<String, SimHost>,
-    /// Partition of every record written, by record id.
-    pub(crate) written: Vec<PartitionId>,
+    rng: SmallRng,
     /// The open partitions' key ranges, sorted: routes records without scanning the feed.
     routes: Vec<(u128, PartitionId)>,
-    rng: SmallRng,
+    strategy: StrategyKind,
+    anchor_costs: bool,
+    #[cfg(feature = "sim-broken")]
+    broken: Broken,
 }
 
-impl std::fmt::Debug for SimFleet {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SimFleet")
-            .field("hosts", &self.hosts.keys().collect::<Vec<_>>())
-            .finish_non_exhaustive()
+/// What a [`SimFleet`] keeps of a host across its restarts.
+#[derive(Debug)]
+pub struct SimHost {
+    ctl: Arc<HostCtl>,
+    stats: Arc<StoreStats>,
+    /// When each timed fault (stall, cut, latency) ends.
+    heal_at: Vec<(Duration, Heal)>,
+}
+
+/// A timed fault that ends by itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Heal {
+    Pause,
+    Cut,
+    Latency,
+}
+
+impl HostKit for SimKit {
+    type Host = SimHost;
+
+    fn host(&mut self, name: &str) -> SimHost {
+        SimHost {
+            ctl: Arc::new(HostCtl::new(name)),
+            stats: Arc::new(StoreStats::default()),
+            heal_at: Vec::new(),
+        }
+    }
+
+    fn seed(&mut self) -> u64 {
+        self.rng.gen()
+    }
+
+    fn equip(
+        &mut self,
+        start: HostStart<'_>,
+        host: &mut SimHost,
+        builder: ProcessorBuilder,
+    ) -> (ProcessorBuilder, Option<Companion>) {
+        let ctl = host.ctl.clone();
+        let sim_store = SimStore {
+            inner: self.store.clone(),
+            ctl: ctl.clone(),
+            world: self.world.clone(),
+        };
+        let counted: Arc<dyn LeaseStore> =
+            Arc::new(CountingStore::new(Arc::new(sim_store), host.stats.clone()));
+        let clock = SimClock {
+            inner: start.clock,
+            ctl: ctl.clone(),
+        };
+        let builder = builder
+            .store(counted.clone())
+            .source(Arc::new(SimSource {
+                inner: start.feed.clone(),
+                ctl: ctl.clone(),
+                world: self.world.clone(),
+            }))
+            .handler(SimHandler {
+                ctl,
+                world: self.world.clone(),
+                epochs: Default::default(),
+            })
+            .strategy(self.strategy.strategy())
+            .clock(Arc::new(clock));
+        #[cfg(feature = "sim-broken")]
+        let builder = builder.broken(self.broken);
+        let renewer = self.anchor_costs.then(|| {
+            Box::pin(renew_every_lease(
+                counted,
+                self.store.clone(),
+                start.group.clone(),
+                HostName::new(start.name).expect("a started host has a valid name"),
+                start.settings.renew_interval,
+            )) as Companion
+        });
+        (builder, renewer)
+    }
+
+    fn refused(&mut self, name: &str, err: &ConfigError) {
+        self.world
+            .event("exit", name, format!("invalid settings: {err}"));
+    }
+
+    fn event(&self, kind: &'static str, host: &str, detail: String) {
+        self.world.event(kind, host, detail);
     }
 }
 
-impl SimFleet {
+impl Fleet<SimKit> {
     /// A fleet with no host yet and one lease per partition. Must run inside a paused tokio
     /// runtime.
-    pub async fn new(cfg: FleetConfig) -> Self {
+    pub async fn simulated(cfg: FleetConfig) -> Self {
         let mut rng = SmallRng::seed_from_u64(cfg.seed);
         let world = Arc::new(World::new(
             SmallRng::seed_from_u64(rng.gen()),
@@ -102,25 +170,33 @@ impl SimFleet {
         let clock = Arc::new(VirtualClock::new(WALL_ORIGIN));
         let feed = MemoryFeed::with_clock(cfg.partitions, clock);
         let store = MemoryLeaseStore::new();
-        let group = GroupName::new("sim").expect("a valid group name");
-        let fleet = Self {
+        let shared = store.clone();
+        let stores: StoreFactory =
+            Arc::new(move || Arc::new(shared.clone()) as Arc<dyn LeaseStore>);
+        let kit = SimKit {
             world,
-            feed,
             store,
-            group,
-            cfg,
-            hosts: BTreeMap::new(),
-            written: Vec::new(),
-            routes: Vec::new(),
             rng,
+            routes: Vec::new(),
+            strategy: cfg.strategy,
+            anchor_costs: cfg.anchor_costs,
+            #[cfg(feature = "sim-broken")]
+            broken: Broken::None,
         };
+        let group = GroupName::new("sim").expect("a valid group name");
+        let mut fleet = Self::with_kit(kit, stores, feed, group, cfg.settings, Timing::Paused);
         let parts = fleet.feed.partitions().await.unwrap_or_default();
         for p in parts {
             fleet.create_lease(p.id, Vec::new()).await;
         }
-        let mut fleet = fleet;
         fleet.reroute().await;
         fleet
+    }
+
+    /// Runs every host started from now on as the deliberately broken variant `broken`.
+    #[cfg(feature = "sim-broken")]
+    pub fn set_broken(&mut self, broken: Broken) {
+        self.kit.broken = broken;
     }
 
     async fn reroute(&mut self) {
@@ -134,7 +210,7 @@ impl SimFleet {
             .map(|p| (p.key_range.map_or(0, |r| r.start), p.id))
             .collect();
         routes.sort();
-        self.routes = routes;
+        self.kit.routes = routes;
     }
 
     async fn create_lease(&self, partition: PartitionId, parents: Vec<PartitionId>) {
@@ -144,8 +220,8 @@ impl SimFleet {
         )
         .with_parents(parents);
         // The driver writes past every fault; create-if-absent makes this idempotent.
-        if let Ok(Some(stored)) = self.store.create(&lease).await {
-            self.world.write(
+        if let Ok(Some(stored)) = self.kit.store.create(&lease).await {
+            self.kit.world.write(
                 "driver",
                 WriteOp::Create,
                 &stored.key.partition,
@@ -157,150 +233,23 @@ impl SimFleet {
 
     /// The fleet's own random generator (fault choices), seeded from the config.
     pub fn rng(&mut self) -> &mut SmallRng {
-        &mut self.rng
+        &mut self.kit.rng
     }
 
     /// Virtual time since the fleet was built.
     pub fn now(&self) -> Duration {
-        self.world.now()
+        self.kit.world.now()
     }
 
-    /// Sets a host's wall-clock skew and clock-rate drift, applied from its next start.
-    pub fn set_clock(&mut self, name: &str, skew_ms: i64, drift_ppm: i64) {
-        let host = self.host_entry(name);
-        host.skew_ms = skew_ms;
-        host.drift_ppm = drift_ppm;
+    fn host_kit(&mut self, name: &str) -> &mut SimHost {
+        self.set_clock_if_new(name);
+        &mut self.hosts.get_mut(name).expect("the host was just met").kit
     }
 
-    fn host_entry(&mut self, name: &str) -> &mut SimHost {
-        self.hosts
-            .entry(name.to_string())
-            .or_insert_with(|| SimHost {
-                ctl: Arc::new(HostCtl::new(name)),
-                run: Run::Down,
-                starts: 0,
-                skew_ms: 0,
-                drift_ppm: 0,
-                stats: Arc::new(StoreStats::default()),
-                heal_at: Vec::new(),
-            })
-    }
-
-    /// Starts (or restarts, under the same name) a host that is down. Returns false if it is
-    /// already up or stopping.
-    pub fn start(&mut self, name: &str) -> bool {
-        let seed = self.rng.gen::<u64>();
-        let world = self.world.clone();
-        let store = self.store.clone();
-        let store_raw = self.store.clone();
-        let feed = self.feed.clone();
-        let group = self.group.clone();
-        let cfg = self.cfg.clone();
-        let host = self.host_entry(name);
-        if !matches!(host.run, Run::Down) {
-            return false;
-        }
-        host.starts += 1;
-        let ctl = host.ctl.clone();
-        let sim_store = SimStore {
-            inner: store,
-            ctl: ctl.clone(),
-            world: world.clone(),
-        };
-        let counted: Arc<dyn LeaseStore> =
-            Arc::new(CountingStore::new(Arc::new(sim_store), host.stats.clone()));
-        let clock = SimClock {
-            inner: VirtualClock::new(WALL_ORIGIN)
-                .with_skew(host.skew_ms)
-                .with_drift(host.drift_ppm),
-            ctl: ctl.clone(),
-        };
-        let processor = Processor::builder()
-            .host(name)
-            .group(group.as_str())
-            .store(counted.clone())
-            .source(Arc::new(SimSource {
-                inner: feed,
-                ctl: ctl.clone(),
-                world: world.clone(),
-            }))
-            .handler(SimHandler {
-                ctl: ctl.clone(),
-                world: world.clone(),
-                epochs: Default::default(),
-            })
-            .strategy(cfg.strategy.strategy())
-            .clock(Arc::new(clock))
-            .seed(seed)
-            .settings(cfg.settings.clone())
-            .broken(cfg.broken)
-            .build();
-        let processor = match processor {
-            Ok(p) => p,
-            Err(err) => {
-                world.event("exit", name, format!("invalid settings: {err}"));
-                return false;
-            }
-        };
-        let renewer = cfg.anchor_costs.then(|| {
-            tokio::spawn(renew_every_lease(
-                counted,
-                store_raw,
-                group,
-                HostName::new(name).expect("a started host has a valid name"),
-                cfg.settings.renew_interval,
-            ))
-        });
-        host.run = Run::Up(processor.start(), renewer);
-        let detail = format!(
-            "incarnation={} skew_ms={} drift_ppm={}",
-            host.starts, host.skew_ms, host.drift_ppm
-        );
-        world.event("start", name, detail);
-        true
-    }
-
-    /// Crashes a running host: every task dropped, nothing released. Returns false if it was
-    /// not up.
-    pub fn crash(&mut self, name: &str) -> bool {
-        let Some(host) = self.hosts.get_mut(name) else {
-            return false;
-        };
-        match std::mem::replace(&mut host.run, Run::Down) {
-            Run::Up(handle, renewer) => {
-                handle.kill();
-                if let Some(r) = renewer {
-                    r.abort();
-                }
-                self.world.event("crash", name, String::new());
-                true
-            }
-            other => {
-                host.run = other;
-                false
-            }
-        }
-    }
-
-    /// Starts a graceful stop of a running host (it finishes in the background). Returns false
-    /// if it was not up.
-    pub fn stop(&mut self, name: &str) -> bool {
-        let Some(host) = self.hosts.get_mut(name) else {
-            return false;
-        };
-        match std::mem::replace(&mut host.run, Run::Down) {
-            Run::Up(handle, renewer) => {
-                if let Some(r) = renewer {
-                    r.abort();
-                }
-                host.run = Run::Stopping(tokio::spawn(handle.stop()));
-                self.world.event("stop", name, String::new());
-                true
-            }
-            other => {
-                host.run = other;
-                false
-            }
+    /// Meets `name` (with no skew or drift) if the fleet has not yet.
+    fn set_clock_if_new(&mut self, name: &str) {
+        if !self.hosts.contains_key(name) {
+            self.set_clock(name, 0, 0);
         }
     }
 
@@ -308,30 +257,32 @@ impl SimFleet {
     /// timers all wait, then it resumes believing it still owns its leases.
     pub fn pause(&mut self, name: &str, d: Duration) {
         let now = self.now();
-        let host = self.host_entry(name);
+        let host = self.host_kit(name);
         host.ctl.set_paused(true);
-        host.heal_at.push((now + d, "pause"));
-        self.world
+        host.heal_at.push((now + d, Heal::Pause));
+        self.kit
+            .world
             .event("pause", name, format!("for_ms={}", d.as_millis()));
     }
 
     /// Cuts a host off from the store for `d`.
     pub fn cut(&mut self, name: &str, cut: Cut, d: Duration) {
         let now = self.now();
-        let host = self.host_entry(name);
+        let host = self.host_kit(name);
         host.ctl.set_cut(cut);
-        host.heal_at.push((now + d, "cut"));
-        self.world
+        host.heal_at.push((now + d, Heal::Cut));
+        self.kit
+            .world
             .event("cut", name, format!("{cut:?} for_ms={}", d.as_millis()));
     }
 
     /// Delays each of a host's store calls by up to `max` for `d`.
     pub fn latency(&mut self, name: &str, max: Duration, d: Duration) {
         let now = self.now();
-        let host = self.host_entry(name);
+        let host = self.host_kit(name);
         host.ctl.set_latency(max.as_millis() as u64);
-        host.heal_at.push((now + d, "latency"));
-        self.world.event(
+        host.heal_at.push((now + d, Heal::Latency));
+        self.kit.world.event(
             "latency",
             name,
             format!("max_ms={} for_ms={}", max.as_millis(), d.as_millis()),
@@ -341,6 +292,7 @@ impl SimFleet {
     /// Ends every stall, cut and latency spike now.
     pub fn heal_all(&mut self) {
         for host in self.hosts.values_mut() {
+            let host = &mut host.kit;
             host.heal_at.clear();
             host.ctl.set_paused(false);
             host.ctl.set_cut(Cut::None);
@@ -351,59 +303,48 @@ impl SimFleet {
     fn heal_due(&mut self) {
         let now = self.now();
         for host in self.hosts.values_mut() {
+            let host = &mut host.kit;
             let ctl = host.ctl.clone();
             host.heal_at.retain(|(at, what)| {
                 if *at > now {
                     return true;
                 }
-                match *what {
-                    "pause" => ctl.set_paused(false),
-                    "cut" => ctl.set_cut(Cut::None),
-                    _ => ctl.set_latency(0),
+                match what {
+                    Heal::Pause => ctl.set_paused(false),
+                    Heal::Cut => ctl.set_cut(Cut::None),
+                    Heal::Latency => ctl.set_latency(0),
                 }
                 false
             });
         }
     }
 
-    /// Notes hosts whose processor ended (stopped, or failed) as down.
-    fn reap(&mut self) {
-        let mut ended = Vec::new();
-        for (name, host) in &mut self.hosts {
-            let finished = match &host.run {
-                Run::Up(h, _) => h.is_finished(),
-                Run::Stopping(j) => j.is_finished(),
-                Run::Down => false,
-            };
-            if finished {
-                if let Run::Up(_, Some(r)) = &host.run {
-                    r.abort();
-                }
-                host.run = Run::Down;
-                ended.push(name.clone());
-            }
-        }
-        for name in ended {
-            self.world.event("stopped", &name, String::new());
-        }
-    }
-
-    /// Splits an open partition and creates its children's leases. Returns the children.
-    pub async fn split(&mut self, partition: &PartitionId) -> Option<(PartitionId, PartitionId)> {
+    /// Splits an open partition and creates its children's leases at once, parents named.
+    /// Returns the children.
+    pub async fn split_with_leases(
+        &mut self,
+        partition: &PartitionId,
+    ) -> Option<(PartitionId, PartitionId)> {
         let (a, b) = self.feed.split(partition).ok()?;
         self.reroute().await;
-        self.world
+        self.kit
+            .world
             .event("split", partition.as_str(), format!("into {a} {b}"));
         self.create_lease(a.clone(), vec![partition.clone()]).await;
         self.create_lease(b.clone(), vec![partition.clone()]).await;
         Some((a, b))
     }
 
-    /// Merges two adjacent open partitions and creates the child's lease.
-    pub async fn merge(&mut self, a: &PartitionId, b: &PartitionId) -> Option<PartitionId> {
+    /// Merges two adjacent open partitions and creates the child's lease at once.
+    pub async fn merge_with_leases(
+        &mut self,
+        a: &PartitionId,
+        b: &PartitionId,
+    ) -> Option<PartitionId> {
         let c = self.feed.merge(a, b).ok()?;
         self.reroute().await;
-        self.world
+        self.kit
+            .world
             .event("merge", a.as_str(), format!("with {b} into {c}"));
         self.create_lease(c.clone(), vec![a.clone(), b.clone()])
             .await;
@@ -411,13 +352,14 @@ impl SimFleet {
     }
 
     /// Appends `n` records with random keys out of `keys`; each record's payload is its id.
-    pub fn write(&mut self, n: u64, keys: u32) {
+    pub fn write_random_keys(&mut self, n: u64, keys: u32) {
         for _ in 0..n {
-            let id = self.written.len() as u64;
-            let key = format!("k{}", self.rng.gen_range(0..keys.max(1)));
+            let id = self.written();
+            let key = format!("k{}", self.kit.rng.gen_range(0..keys.max(1)));
             let hash = crate::source::key_hash(&key);
-            let slot = self.routes.partition_point(|(start, _)| *start <= hash);
-            let p = match slot.checked_sub(1).and_then(|i| self.routes.get(i)) {
+            let routes = &self.kit.routes;
+            let slot = routes.partition_point(|(start, _)| *start <= hash);
+            let p = match slot.checked_sub(1).and_then(|i| routes.get(i)) {
                 Some((_, p)) => {
                     let p = p.clone();
                     if self.feed.append_to(&p, &key, id.to_string()).is_err() {
@@ -431,14 +373,9 @@ impl SimFleet {
         }
     }
 
-    /// Records written so far.
-    pub fn written(&self) -> u64 {
-        self.written.len() as u64
-    }
-
     /// Distinct records delivered so far.
     pub fn delivered(&self) -> u64 {
-        self.world.log().delivered_count
+        self.kit.world.log().delivered_count
     }
 
     /// Advances virtual time by `d`, then ends due faults and notes ended hosts.
@@ -448,47 +385,29 @@ impl SimFleet {
         self.reap();
     }
 
-    /// Names of hosts whose processor is running.
-    pub fn up(&self) -> Vec<String> {
-        self.hosts
-            .iter()
-            .filter(|(_, h)| matches!(h.run, Run::Up(..)))
-            .map(|(n, _)| n.clone())
-            .collect()
-    }
-
-    /// Names of hosts that are down (crashed or stopped) and may be started again.
-    pub fn down(&self) -> Vec<String> {
-        self.hosts
-            .iter()
-            .filter(|(_, h)| matches!(h.run, Run::Down))
-            .map(|(n, _)| n.clone())
-            .collect()
-    }
-
     /// Whether a handler call of `name` is in progress now.
     pub fn in_call(&self, name: &str) -> bool {
-        self.hosts.get(name).is_some_and(|h| h.ctl.in_call())
+        self.hosts.get(name).is_some_and(|h| h.kit.ctl.in_call())
     }
 
     /// Makes a share (0 to 1) of every host's handler calls from now on slow: each applies its
     /// records one by one over a length drawn from a few milliseconds to `max` (see
     /// [`super::Fault::SlowHandler`]). Other per-call fault rates are kept.
     pub fn slow_handler(&self, share: f64, max: Duration) {
-        let mut rates = self.world.rates();
+        let mut rates = self.kit.world.rates();
         rates.slow_handler = share;
         rates.slow_handler_max = max;
-        self.world.set_rates(rates);
+        self.kit.world.set_rates(rates);
     }
 
-    /// Checks every rule over what the fleet delivered and wrote so far (see [`super::check`]).
+    /// Checks every rule over what the fleet delivered and wrote so far (see [`fn@super::check`]).
     /// `max_duplicates`: most duplicate records allowed per ownership epoch (`None`: not
     /// counted).
     pub async fn check(&self, max_duplicates: Option<usize>) -> Vec<super::Violation> {
         let partitions = self.feed.partitions().await.unwrap_or_default();
         let parents: BTreeMap<PartitionId, Vec<PartitionId>> =
             partitions.into_iter().map(|p| (p.id, p.parents)).collect();
-        let log = self.world.log();
+        let log = self.kit.world.log();
         super::check(&super::CheckInput {
             written: &self.written,
             deliveries: &log.deliveries,
@@ -500,7 +419,7 @@ impl SimFleet {
 
     /// Whether a host is stalled now.
     pub fn is_paused(&self, name: &str) -> bool {
-        self.hosts.get(name).is_some_and(|h| h.ctl.is_paused())
+        self.hosts.get(name).is_some_and(|h| h.kit.ctl.is_paused())
     }
 
     /// For each of `names`: whether it is up, and whether it is stalled.
@@ -508,71 +427,28 @@ impl SimFleet {
         names
             .iter()
             .map(|name| {
-                self.hosts.get(name).map_or((false, false), |h| {
-                    (matches!(h.run, Run::Up(..)), h.ctl.is_paused())
-                })
+                self.hosts
+                    .get(name)
+                    .map_or((false, false), |h| (h.is_up(), h.kit.ctl.is_paused()))
             })
             .collect()
-    }
-
-    /// The leases as stored (read without faults or counting).
-    pub async fn leases(&self) -> Vec<Lease> {
-        self.store
-            .list(&self.group)
-            .await
-            .map(|l| l.leases)
-            .unwrap_or_default()
-    }
-
-    /// Eligible (not finished) leases per owner, and how many have no owner.
-    pub async fn ownership(&self) -> (BTreeMap<String, usize>, usize) {
-        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
-        let mut free = 0;
-        for l in self.leases().await {
-            match (l.state, &l.owner) {
-                (LeaseState::Owned, Some(o)) => *counts.entry(o.to_string()).or_default() += 1,
-                (LeaseState::Finished, _) => {}
-                _ => free += 1,
-            }
-        }
-        (counts, free)
-    }
-
-    /// Whether every lease is owned by a running host and every running host owns within one
-    /// of the others (the anchors' and our notion of balanced).
-    pub async fn balanced(&self) -> bool {
-        let up = self.up();
-        let (counts, free) = self.ownership().await;
-        if free > 0 || up.is_empty() || counts.keys().any(|h| !up.contains(h)) {
-            return false;
-        }
-        let per: Vec<usize> = up
-            .iter()
-            .map(|h| counts.get(h).copied().unwrap_or(0))
-            .collect();
-        let (lo, hi) = (
-            per.iter().min().copied().unwrap_or(0),
-            per.iter().max().copied().unwrap_or(0),
-        );
-        hi - lo <= 1
     }
 
     /// Store calls of `name` so far, across its restarts.
     pub fn store_counts(&self, name: &str) -> StoreCounts {
         self.hosts
             .get(name)
-            .map(|h| h.stats.snapshot())
+            .map(|h| h.kit.stats.snapshot())
             .unwrap_or_default()
     }
 
     /// Stops every running host gracefully and waits (in virtual time) until all have ended.
     pub async fn stop_all(&mut self) {
-        for name in self.up() {
-            self.stop(&name);
+        for name in self.running() {
+            self.begin_stop(&name);
         }
         for _ in 0..600 {
-            let busy = self.hosts.values().any(|h| !matches!(h.run, Run::Down));
-            if !busy {
+            if self.all_down() {
                 return;
             }
             self.advance(Duration::from_millis(500)).await;

@@ -6,25 +6,28 @@
 //! comes from a generator seeded with it; each run gets a fresh current-thread tokio runtime
 //! with its clock paused, so tasks run in a fixed order and time only moves when every task
 //! waits. [`run`] returns the event trace (or its hash) and the [`Violation`]s found; a failing
-//! seed is reproduced by [`SimConfig::repro`]'s one-line command.
+//! seed is reproduced by running its [`SimConfig`] again (the `changefeed simulate` command
+//! prints the command line that does).
 //!
 //! The simulator owns the seams' fault injection ([`Fault`]), the scenario, the checker
-//! ([`check`]) and the ownership timeline ([`svg`]); the processor under test is the real one,
-//! except that a test build may switch on one deliberately broken variant ([`Broken`]) to show
-//! the checker catches it.
+//! ([`fn@check`]) and the ownership timeline ([`svg`]); its hosts are the test kit's fleet
+//! ([`SimFleet`]) with fault-injecting seams. The processor under test is the real one, except
+//! that a build with feature `sim-broken` may switch on one deliberately broken variant
+//! (`Broken`) to show the checker catches it.
 //!
 //! ```
 //! use changefeed::sim::{run, Faults, SimConfig};
 //! let mut cfg = SimConfig::new(7);
 //! cfg.faults = Faults::all();
 //! let outcome = run(&cfg).expect("the simulation runs");
-//! assert!(outcome.violations.is_empty(), "{}", cfg.repro());
+//! assert!(outcome.violations.is_empty(), "seed 7: {:?}", outcome.violations);
 //! ```
 
 pub mod check;
 mod fleet;
 mod seams;
 pub mod svg;
+mod world;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -36,11 +39,13 @@ use rand::seq::SliceRandom;
 use rand::Rng;
 
 pub use check::{check, CheckInput, Violation};
-pub use fleet::{FleetConfig, SimFleet};
-pub use seams::{Cut, Delivery, Event, TraceMode, WriteOp, WriteRec};
+pub use fleet::{FleetConfig, SimFleet, SimHost, SimKit};
+pub use seams::Cut;
+pub use world::{Delivery, Event, TraceMode, WriteOp, WriteRec};
 
 use crate::balance::{BalanceStrategy, CosmosLike, EqualShare, KclLike};
 use crate::model::{Partition, PartitionId};
+#[cfg(feature = "sim-broken")]
 pub use crate::processor::Broken;
 use crate::processor::{CheckpointMode, Settings};
 use crate::source::FeedSource;
@@ -200,8 +205,8 @@ impl FromStr for Faults {
 /// Which balancing strategy the simulated hosts run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StrategyKind {
-    /// [`EqualShare`], ours.
-    Ours,
+    /// [`EqualShare`], ours (`ours` on the command line).
+    EqualShare,
     /// [`KclLike`].
     Kcl,
     /// [`CosmosLike`].
@@ -212,7 +217,7 @@ impl StrategyKind {
     /// The strategy.
     pub fn strategy(self) -> Arc<dyn BalanceStrategy> {
         match self {
-            StrategyKind::Ours => Arc::new(EqualShare),
+            StrategyKind::EqualShare => Arc::new(EqualShare),
             StrategyKind::Kcl => Arc::new(KclLike::default()),
             StrategyKind::Cosmos => Arc::new(CosmosLike),
         }
@@ -221,7 +226,7 @@ impl StrategyKind {
     /// The name used on the command line.
     pub fn name(self) -> &'static str {
         match self {
-            StrategyKind::Ours => "ours",
+            StrategyKind::EqualShare => "ours",
             StrategyKind::Kcl => "kcl",
             StrategyKind::Cosmos => "cosmos",
         }
@@ -232,7 +237,7 @@ impl FromStr for StrategyKind {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
-            "ours" | "equal-share" => Ok(Self::Ours),
+            "ours" | "equal-share" => Ok(Self::EqualShare),
             "kcl" => Ok(Self::Kcl),
             "cosmos" => Ok(Self::Cosmos),
             other => Err(format!(
@@ -246,6 +251,7 @@ impl FromStr for StrategyKind {
 ///
 /// # Errors
 /// A message naming the accepted values.
+#[cfg(feature = "sim-broken")]
 pub fn parse_broken(s: &str) -> Result<Broken, String> {
     match s {
         "none" => Ok(Broken::None),
@@ -260,6 +266,7 @@ pub fn parse_broken(s: &str) -> Result<Broken, String> {
 }
 
 /// A broken variant's command-line name.
+#[cfg(feature = "sim-broken")]
 pub fn broken_name(b: Broken) -> &'static str {
     match b {
         Broken::None => "none",
@@ -286,6 +293,7 @@ pub struct SimConfig {
     /// The balancing strategy.
     pub strategy: StrategyKind,
     /// A deliberately broken processor variant.
+    #[cfg(feature = "sim-broken")]
     pub broken: Broken,
     /// Records written per virtual second.
     pub records_per_sec: u64,
@@ -297,9 +305,6 @@ pub struct SimConfig {
     /// Every host's settings; [`SimConfig::new`] uses short intervals. With faults on, the
     /// checkpoint mode is chosen by the seed.
     pub settings: Settings,
-    /// Flags of a settings preset the command line applied (such as `--large`), repeated in
-    /// [`SimConfig::repro`]: `settings` themselves have no flags.
-    pub preset: Option<String>,
 }
 
 impl SimConfig {
@@ -311,46 +316,14 @@ impl SimConfig {
             partitions: 8,
             duration: Duration::from_secs(180),
             faults: Faults::none(),
-            strategy: StrategyKind::Ours,
+            strategy: StrategyKind::EqualShare,
+            #[cfg(feature = "sim-broken")]
             broken: Broken::None,
             records_per_sec: 20,
             trace: TraceMode::Hash,
             drain_limit: Duration::from_secs(600),
             settings: sim_settings(),
-            preset: None,
         }
-    }
-
-    /// The one-line command that reruns this seed.
-    pub fn repro(&self) -> String {
-        let mut s = format!(
-            "changefeed simulate --seed {} --faults {} --hosts {} --partitions {} --duration {}",
-            self.seed,
-            self.faults,
-            self.hosts,
-            self.partitions,
-            if self.duration.subsec_millis() == 0 {
-                format!("{}s", self.duration.as_secs())
-            } else {
-                format!("{}ms", self.duration.as_millis())
-            }
-        );
-        if self.faults.rate != 1.0 {
-            s.push_str(&format!(" --fault-rate {}", self.faults.rate));
-        }
-        if self.records_per_sec != 20 {
-            s.push_str(&format!(" --records-per-sec {}", self.records_per_sec));
-        }
-        if let Some(preset) = &self.preset {
-            s.push_str(&format!(" {preset}"));
-        }
-        if self.strategy != StrategyKind::Ours {
-            s.push_str(&format!(" --strategy {}", self.strategy.name()));
-        }
-        if self.broken != Broken::None {
-            s.push_str(&format!(" --broken {}", broken_name(self.broken)));
-        }
-        s
     }
 }
 
@@ -445,30 +418,34 @@ async fn scenario(mut cfg: SimConfig) -> SimOutcome {
     let faults = cfg.faults.clone();
     let on = |f: Fault| faults.has(f);
     let scale = faults.rate;
-    let seed_rng_mode = {
+    // The seed's checkpoint cadence: a draw from 0 to 9 of a generator of its own (so it
+    // takes nothing from the fleet's); with faults on, 0, 1 and 2 checkpoint every 3, 8 or
+    // 13 s instead of after every batch.
+    let checkpoint_draw = {
         use rand::SeedableRng;
         rand::rngs::SmallRng::seed_from_u64(cfg.seed ^ 0x5151_5151).gen_range(0u32..10)
     };
-    if !faults.set.is_empty() && seed_rng_mode < 3 {
+    if !faults.set.is_empty() && checkpoint_draw < 3 {
         cfg.settings.checkpoint_mode =
-            CheckpointMode::Interval(Duration::from_secs(3 + u64::from(seed_rng_mode) * 5));
+            CheckpointMode::Interval(Duration::from_secs(3 + u64::from(checkpoint_draw) * 5));
     }
     let max_duplicates = match cfg.settings.checkpoint_mode {
         CheckpointMode::EveryBatch => Some(cfg.settings.max_batch_size),
         _ => None,
     };
-    let mut fleet = SimFleet::new(FleetConfig {
+    let mut fleet = SimFleet::simulated(FleetConfig {
         seed: cfg.seed,
         partitions: cfg.partitions,
         settings: cfg.settings.clone(),
         strategy: cfg.strategy,
-        broken: cfg.broken,
         anchor_costs: false,
         trace: cfg.trace,
         history: true,
     })
     .await;
-    fleet.world.set_rates(seams::Rates {
+    #[cfg(feature = "sim-broken")]
+    fleet.set_broken(cfg.broken);
+    fleet.kit.world.set_rates(world::Rates {
         store_error: if on(Fault::StoreError) {
             rate::STORE_ERROR * scale
         } else {
@@ -535,14 +512,14 @@ async fn scenario(mut cfg: SimConfig) -> SimOutcome {
         writes_carry += cfg.records_per_sec as f64 * step.as_secs_f64();
         let n = writes_carry as u64;
         writes_carry -= n as f64;
-        fleet.write(n, keys);
+        fleet.write_random_keys(n, keys);
         let now = fleet.now();
         let states = fleet.states(&names);
         for (name, &(up, paused)) in names.iter().zip(&states) {
             if up && on(Fault::Crash) && fleet.rng().gen_bool(per_step(rate::CRASH)) {
                 fleet.crash(name);
             } else if up && on(Fault::Stop) && fleet.rng().gen_bool(per_step(rate::STOP)) {
-                fleet.stop(name);
+                fleet.begin_stop(name);
             } else if up
                 && on(Fault::Pause)
                 && !paused
@@ -582,7 +559,7 @@ async fn scenario(mut cfg: SimConfig) -> SimOutcome {
             }
         }
         // Never leave the fleet empty for long: without restarts, bring one host back.
-        if fleet.up().is_empty() && !on(Fault::Restart) {
+        if fleet.running().is_empty() && !on(Fault::Restart) {
             if let Some(name) = fleet.down().first().cloned() {
                 fleet.start(&name);
             }
@@ -599,7 +576,7 @@ async fn scenario(mut cfg: SimConfig) -> SimOutcome {
         let open: Vec<Partition> = all.into_iter().filter(|p| !p.closed).collect();
         if split && total + 2 <= max_partitions {
             if let Some(p) = open.choose(fleet.rng()).map(|p| p.id.clone()) {
-                fleet.split(&p).await;
+                fleet.split_with_leases(&p).await;
             }
         }
         if merge && total < max_partitions && open.len() > 1 {
@@ -614,16 +591,16 @@ async fn scenario(mut cfg: SimConfig) -> SimOutcome {
                 .map(|w| (w[0].2.clone(), w[1].2.clone()))
                 .collect();
             if let Some((a, b)) = pairs.choose(fleet.rng()).cloned() {
-                fleet.merge(&a, &b).await;
+                fleet.merge_with_leases(&a, &b).await;
             }
         }
         fleet.advance(step).await;
     }
 
     // Drain: heal everything, bring every host back, stop writing, wait for delivery.
-    fleet.world.set_rates(seams::Rates::default());
+    fleet.kit.world.set_rates(world::Rates::default());
     fleet.heal_all();
-    fleet.world.event("drain", "fleet", String::new());
+    fleet.kit.world.event("drain", "fleet", String::new());
     let drain_start = fleet.now();
     loop {
         for name in fleet.down() {
@@ -639,13 +616,13 @@ async fn scenario(mut cfg: SimConfig) -> SimOutcome {
     let violations = fleet.check(max_duplicates).await;
     let partitions = fleet.feed.partitions().await.unwrap_or_default();
     let virtual_time = fleet.now();
-    let mut log = fleet.world.log();
+    let mut log = fleet.kit.world.log();
     SimOutcome {
         seed: cfg.seed,
         trace_hash: log.trace.hash(),
         trace: log.trace.take_text(),
         violations,
-        written: fleet.written.len() as u64,
+        written: fleet.written(),
         delivered: log.delivered_count,
         deliveries: log.deliveries.len() as u64,
         events: std::mem::take(&mut log.events),

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use super::seams::{owner_of, Event, WriteOp, WriteRec};
+use super::world::{owner_of, Event, WriteOp, WriteRec};
 use super::SimOutcome;
 use crate::model::{Partition, PartitionId};
 

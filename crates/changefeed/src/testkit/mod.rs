@@ -5,9 +5,11 @@
 //! in-memory implementations run them first. Backend differences go in through the fixture
 //! traits, never by forking the suite. A check that fails panics with a message naming it.
 //!
-//! [`fleet`] holds the processor's fleet scenarios, which every backend runs too: each takes a
-//! store factory and a [`fleet::Timing`] (paused tokio time, or real time with short timings
-//! for a store on a server), the one backend difference they admit.
+//! [`fleet`] holds the one fleet harness ([`fleet::Fleet`]: processors started, crashed and
+//! stopped by name on one store and feed), which the simulator builds on too, and the
+//! processor's fleet scenarios, which every backend runs: each takes a store factory and a
+//! [`fleet::Timing`] (paused tokio time, or real time with short timings for a store on a
+//! server), the one backend difference they admit.
 
 mod feed;
 pub mod fleet;

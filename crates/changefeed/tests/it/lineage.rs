@@ -91,8 +91,12 @@ async fn child_of_a_fleet_started_at_now_is_read_from_its_beginning() {
     let (l, r) = fleet.split(&zero).expect("split");
     fleet.run_for(Duration::from_secs(10), 50).await;
     fleet.run_for(Duration::from_secs(10), 0).await;
-    let delivered: std::collections::BTreeSet<u64> =
-        fleet.ledger.deliveries().iter().map(|d| d.record).collect();
+    let delivered: std::collections::BTreeSet<u64> = fleet
+        .ledger()
+        .deliveries()
+        .iter()
+        .map(|d| d.record)
+        .collect();
     assert!(
         delivered.iter().all(|r| *r >= 50),
         "records before Now are skipped"
@@ -100,7 +104,7 @@ async fn child_of_a_fleet_started_at_now_is_read_from_its_beginning() {
     for child in [&l, &r] {
         let len = fleet.feed.len(child).expect("child") as u64;
         let got = fleet
-            .ledger
+            .ledger()
             .deliveries()
             .iter()
             .filter(|d| &d.partition == child)
@@ -251,7 +255,9 @@ async fn random_history(steps: Vec<Step>) {
                     .expect("merge adjacent open partitions");
             }
             Step::Merge(_) => {}
-            Step::Kill(h) if fleet.running().len() > 1 => fleet.kill(hosts[h]),
+            Step::Kill(h) if fleet.running().len() > 1 => {
+                fleet.crash(hosts[h]);
+            }
             Step::Stop(h) if fleet.running().len() > 1 => {
                 fleet.stop(hosts[h]).await.expect("graceful stop");
             }

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use changefeed::model::PartitionId;
 use changefeed::sim::{
-    check, run, sim_settings, Broken, CheckInput, Delivery, Fault, Faults, FleetConfig, SimConfig,
-    SimFleet, StrategyKind, TraceMode, Violation,
+    broken_name, check, run, sim_settings, Broken, CheckInput, Delivery, Fault, Faults,
+    FleetConfig, SimConfig, SimFleet, StrategyKind, TraceMode, Violation,
 };
 
 /// The per-seed size of the acceptance runs: 4 hosts, 8 partitions, 2 virtual minutes.
@@ -18,6 +18,17 @@ fn all_faults(seed: u64) -> SimConfig {
     cfg
 }
 
+/// How to rerun `cfg` from the command line (the settings these tests change).
+fn rerun(cfg: &SimConfig) -> String {
+    format!(
+        "changefeed simulate --seed {} --faults {} --duration {}s --broken {}",
+        cfg.seed,
+        cfg.faults,
+        cfg.duration.as_secs(),
+        broken_name(cfg.broken)
+    )
+}
+
 fn seeds_find_no_violation(seeds: std::ops::Range<u64>) {
     let mut failures = Vec::new();
     for seed in seeds {
@@ -26,7 +37,7 @@ fn seeds_find_no_violation(seeds: std::ops::Range<u64>) {
         if !out.violations.is_empty() {
             failures.push(format!(
                 "{}\n  {}",
-                cfg.repro(),
+                rerun(&cfg),
                 out.violations
                     .iter()
                     .map(|v| v.to_string())
@@ -76,7 +87,7 @@ fn same_seed_gives_the_same_trace_byte_for_byte() {
     assert!(
         a.trace == b.trace,
         "seed 42 ran differently twice: {}",
-        cfg.repro()
+        rerun(&cfg)
     );
     assert_eq!(a.trace_hash, b.trace_hash);
     cfg.seed = 43;
@@ -102,7 +113,7 @@ fn first_caught(broken: Broken) -> Option<(u64, String)> {
         let out = run(&cfg).expect("runs");
         (!out.violations.is_empty()).then(|| {
             let all: Vec<String> = out.violations.iter().map(|v| v.to_string()).collect();
-            (seed, format!("{} -> {}", cfg.repro(), all.join("; ")))
+            (seed, format!("{} -> {}", rerun(&cfg), all.join("; ")))
         })
     })
 }
@@ -157,29 +168,29 @@ fn slow_handler_is_part_of_all_faults() {
 async fn stall_inside_a_slow_call(broken: Broken) -> Vec<Violation> {
     let settings = sim_settings();
     let window = settings.lease_expiry - settings.safety_margin;
-    let mut fleet = SimFleet::new(FleetConfig {
+    let mut fleet = SimFleet::simulated(FleetConfig {
         seed: 11,
         partitions: 1,
         settings: settings.clone(),
-        strategy: StrategyKind::Ours,
-        broken,
+        strategy: StrategyKind::EqualShare,
         anchor_costs: false,
         trace: TraceMode::Hash,
         history: true,
     })
     .await;
+    fleet.set_broken(broken);
     fleet.start("h00");
     fleet.start("h01");
     let step = Duration::from_millis(100);
     for _ in 0..100 {
-        fleet.write(1, 16);
+        fleet.write_random_keys(1, 16);
         fleet.advance(step).await;
     }
     assert!(fleet.delivered() > 0, "the partition is being delivered");
     // Only the calls begun from now on are slow; wait for the owner to be inside one.
     fleet.slow_handler(1.0, 3 * window);
     let owner = loop {
-        fleet.write(1, 16);
+        fleet.write_random_keys(1, 16);
         fleet.advance(step).await;
         if let Some(h) = ["h00", "h01"].into_iter().find(|h| fleet.in_call(h)) {
             break h;
@@ -189,7 +200,7 @@ async fn stall_inside_a_slow_call(broken: Broken) -> Vec<Violation> {
     fleet.slow_handler(0.0, 3 * window);
     fleet.pause(owner, 3 * window);
     for _ in 0..400 {
-        fleet.write(1, 16);
+        fleet.write_random_keys(1, 16);
         fleet.advance(step).await;
     }
     for _ in 0..120 {
@@ -308,26 +319,4 @@ fn a_call_begun_before_another_epoch_but_applying_only_after_it_is_an_overlap() 
         applied(9, 1, 1, 3),
     ];
     assert_eq!(rules(&bad), vec!["overlap"]);
-}
-
-#[test]
-fn the_reproduction_line_names_every_setting_that_differs() {
-    let mut cfg = all_faults(7);
-    assert_eq!(
-        cfg.repro(),
-        "changefeed simulate --seed 7 --faults all --hosts 4 --partitions 8 --duration 120s"
-    );
-    cfg.duration = Duration::from_millis(1500);
-    cfg.faults.rate = 0.5;
-    cfg.records_per_sec = 3;
-    cfg.preset = Some("--large".to_string());
-    let line = cfg.repro();
-    for part in [
-        "--duration 1500ms",
-        "--fault-rate 0.5",
-        "--records-per-sec 3",
-        " --large",
-    ] {
-        assert!(line.contains(part), "{line} lacks {part}");
-    }
 }

@@ -23,7 +23,7 @@ async fn sqlite(dir: &tempfile::TempDir) -> StoreFactory {
 #[tokio::test(start_paused = true)]
 async fn sqlite_arrivals_rebalance_within_two_cycles_without_duplicates() {
     let dir = tempfile::tempdir().unwrap();
-    fleet::scenario_rebalance_on_arrivals(sqlite(&dir).await, Timing::Paused).await;
+    fleet::scenario_rebalance_on_arrivals(sqlite(&dir).await, 200, Timing::Paused).await;
 }
 
 #[tokio::test(start_paused = true)]

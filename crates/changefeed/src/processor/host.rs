@@ -16,6 +16,7 @@ use tracing::{debug, info, warn, Instrument};
 use super::builder::Processor;
 use super::heartbeat::{self, ProcessorError};
 use super::host_state::{HostState, Read, Signal, StateConfig, TakeKind};
+use super::retry::{Backoff, Policy, Retry};
 use super::{sync, worker};
 use crate::error::LeaseError;
 use crate::lineage::ParentsRule;
@@ -178,7 +179,8 @@ impl Host {
         };
         if let (Some(row), true) = (row, outcome.is_ok()) {
             let left = stop_at.saturating_duration_since(self.p.clock.now());
-            let remove = self.remove_own_heartbeat(row);
+            let rng = SmallRng::seed_from_u64(self.p.rng.gen());
+            let remove = self.remove_own_heartbeat(row, rng);
             tokio::select! {
                 _ = remove => {}
                 _ = self.p.clock.sleep(left.max(Duration::from_millis(100))) => {
@@ -191,12 +193,14 @@ impl Host {
         outcome
     }
 
-    /// Removes this host's heartbeat row. A renewal cut short by the stop may still have
-    /// landed and moved the row's version: the removal then retries at the version the store
-    /// reports, as long as the row is still this incarnation's.
-    async fn remove_own_heartbeat(&self, mut row: Heartbeat) {
-        for _ in 0..5 {
-            match self
+    /// Removes this host's heartbeat row ([`Policy::REMOVE_HEARTBEAT`]). A renewal cut short
+    /// by the stop may still have landed and moved the row's version: the removal then goes on
+    /// at the version the store reports, as long as the row is still this incarnation's.
+    async fn remove_own_heartbeat(&self, mut row: Heartbeat, mut rng: SmallRng) {
+        let backoff = Backoff::new(&self.p.settings);
+        let mut retry = Retry::new(Policy::REMOVE_HEARTBEAT);
+        loop {
+            let err = match self
                 .p
                 .store
                 .remove_heartbeat(&row.group, &row.host, &row.incarnation, row.version)
@@ -208,18 +212,21 @@ impl Host {
                 }) if cur.incarnation == row.incarnation => {
                     debug!(version = %cur.version, "heartbeat moved while stopping; removing it at its current version");
                     row = *cur;
+                    continue;
                 }
-                Err(err) if err.is_retryable() => {
+                Err(err) => err,
+            };
+            match retry.failed(err.is_retryable(), || false) {
+                Ok(attempt) => {
                     warn!(error = %err, "removing the heartbeat row failed; retrying");
-                    self.p.clock.sleep(self.p.settings.min_backoff).await;
+                    self.p.clock.sleep(backoff.delay(attempt, &mut rng)).await;
                 }
-                Err(err) => {
-                    warn!(error = %err, "could not remove the heartbeat row; it will expire");
+                Err(why) => {
+                    warn!(error = %err, ?why, "could not remove the heartbeat row; it will expire");
                     return;
                 }
             }
         }
-        warn!("could not remove the heartbeat row after 5 attempts; it will expire");
     }
 
     fn on_exit(&mut self, exit: worker::WorkerExit) {

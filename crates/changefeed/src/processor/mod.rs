@@ -38,6 +38,7 @@ mod hooks;
 mod host;
 mod host_state;
 
+mod retry;
 mod sync;
 mod worker;
 

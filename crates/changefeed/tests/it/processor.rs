@@ -13,7 +13,7 @@ fn memory() -> StoreFactory {
 
 #[tokio::test(start_paused = true)]
 async fn arrivals_rebalance_within_two_cycles_without_duplicates() {
-    fleet::scenario_rebalance_on_arrivals(memory(), Timing::Paused).await;
+    fleet::scenario_rebalance_on_arrivals(memory(), 200, Timing::Paused).await;
 }
 
 #[tokio::test(start_paused = true)]

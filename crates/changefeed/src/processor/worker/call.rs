@@ -15,10 +15,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::retry::{Policy, Retry};
 use super::{Next, Worker};
 use crate::model::Batch;
 use crate::processor::handler::{CloseReason, DeadLetter, HandlerError};
+use crate::processor::retry::{Policy, Retry};
 
 /// How a call (to the handler or the dead-letter sink) raced against the worker's deadlines
 /// ended.

@@ -6,11 +6,11 @@
 use tracing::{debug, info, warn};
 
 use super::cell::WriteOutcome;
-use super::retry::{GaveUp, Policy, Retry};
 use super::{Next, Worker, LAG_REFRESH};
 use crate::model::Continuation;
 use crate::processor::config::CheckpointMode;
 use crate::processor::handler::CloseReason;
+use crate::processor::retry::{GaveUp, Policy, Retry};
 
 impl Worker {
     /// A hand-off was requested: we are between batches, so write the position and pass it.

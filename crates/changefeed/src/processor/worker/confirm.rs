@@ -13,10 +13,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::retry::{Policy, Retry};
 use super::{Next, Worker};
 use crate::model::Lease;
 use crate::processor::handler::CloseReason;
+use crate::processor::retry::{Policy, Retry};
 
 impl Worker {
     /// Reacts to a row the host loop listed: lost, or a hand-off to honour.

@@ -21,7 +21,6 @@ mod call;
 mod cell;
 mod checkpoint;
 mod confirm;
-mod retry;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -37,11 +36,11 @@ pub(crate) use cell::LeaseCell;
 
 use self::call::Delivered;
 use self::cell::carried_failures;
-use self::retry::{Backoff, GaveUp, Policy, Retry};
 use super::config::Settings;
 use super::handler::{CloseReason, Context, DeadLetterSink, Handler};
 use super::heartbeat::{FenceDeadline, ViewStamp};
 use super::hooks::Hooks;
+use super::retry::{Backoff, GaveUp, Policy, Retry};
 use crate::clock::Clock;
 use crate::lease::LeaseStore;
 use crate::model::{Batch, Continuation, HostName, Lease, PartitionId};

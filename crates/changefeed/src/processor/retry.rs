@@ -1,5 +1,6 @@
-//! The worker's one retry policy: how long it waits between attempts, and, for each operation
-//! it retries, when it gives up.
+//! The processor's one retry policy: how long it waits between attempts, and, for each
+//! operation it retries, when it gives up. The workers retry all of them but the last, which
+//! the host's stop retries.
 //!
 //! Every wait is `min_backoff × 2ⁿ` (n the attempt, from 0, capped at 20), at most
 //! `max_backoff`, scaled by a jitter in [½, 1] drawn from the worker's seeded RNG, and slept on
@@ -15,6 +16,7 @@
 //! | [`Policy::CHECKPOINT`] | on a final store error, or once fenced | stops (`LeaseLost`) |
 //! | [`Policy::FINISH`] | on a final store error, or once fenced | stops (`LeaseLost`) |
 //! | [`Policy::RELEASE`] | on a final store error, once fenced, or after 2 retries | stops (`LeaseLost`), or leaves the lease to expire |
+//! | [`Policy::REMOVE_HEARTBEAT`] | on a final store error, or after 4 retries (or at `shutdown_timeout`) | leaves the heartbeat row to expire |
 //!
 //! A stop or the fence cuts every wait short (the worker then stops), except a release's:
 //! releasing is how a stop ends. A final error is one its seam's `is_retryable` (the one place
@@ -144,6 +146,16 @@ impl Policy {
             .unless_final()
             .unless_fenced()
             .at_most(2)
+    };
+
+    /// Removing the host's heartbeat row as it stops: retryable store errors, five attempts in
+    /// all (a conflict with a renewal of this incarnation is not a failure: the removal goes
+    /// on at the version the store reports). The stop's own deadline bounds it too.
+    pub(super) const REMOVE_HEARTBEAT: Self = Self {
+        stop_ends_wait: false,
+        ..Self::retry_forever("removing the heartbeat row")
+            .unless_final()
+            .at_most(4)
     };
 
     /// Opening the handler for the partition: every error, `max_retries` times.

@@ -14,6 +14,12 @@
 //! - `kinesis://STREAM[?endpoint=URL&region=R]` (source): a [`KinesisFeed`] on one stream;
 //!   `kinesis://S1,S2,…` reads several streams with one lease table (a [`MultiFeed`], KCL's
 //!   multi-stream mode), partitions named `STREAM:SHARD`.
+//! - `cosmos://ACCOUNT/DATABASE/CONTAINER[?endpoint=URL]` (store): a [`CosmosLeaseStore`] on
+//!   one container (database and container created if absent) of the account
+//!   `https://ACCOUNT.documents.azure.com:443/`, or of the server at `?endpoint=` (the emulator
+//!   or a local server). The account key comes from the environment variable
+//!   `CHANGEFEED_COSMOS_KEY`, never from the URL, and is never printed; with `?endpoint=` and no
+//!   key, the emulator's published key is used.
 //! - `postgres-outbox://…` (source): a [`PostgresOutbox`] over the tables `{prefix}_outbox…`,
 //!   e.g. `postgres-outbox://user:pw@db:5432/app?prefix=orders`.
 //!
@@ -29,6 +35,7 @@ use anyhow::Context as _;
 use changefeed::lease::LeaseStore;
 use changefeed::model::{LeaseKey, Version};
 use changefeed::source::{FeedSource, MultiFeed};
+use changefeed_cosmos::{CosmosLeaseStore, CosmosOptions};
 use changefeed_dynamodb::DynamoLeaseStore;
 use changefeed_kinesis::KinesisFeed;
 use changefeed_postgres::{OutboxTable, PgOptions, PostgresLeaseStore, PostgresOutbox};
@@ -38,7 +45,7 @@ use crate::config::UsageError;
 
 /// Schemes this build understands, for error messages.
 const SUPPORTED: &str =
-    "sqlite://PATH, postgres://USER@HOST/DB[?prefix=P] (store), postgres-outbox://USER@HOST/DB[?prefix=P] (source), dynamodb://TABLE[?endpoint=URL&region=R] (store), kinesis://STREAM[,STREAM…][?endpoint=URL&region=R] (source)";
+    "sqlite://PATH, postgres://USER@HOST/DB[?prefix=P] (store), postgres-outbox://USER@HOST/DB[?prefix=P] (source), dynamodb://TABLE[?endpoint=URL&region=R] (store), cosmos://ACCOUNT/DATABASE/CONTAINER[?endpoint=URL] (store), kinesis://STREAM[,STREAM…][?endpoint=URL&region=R] (source)";
 
 /// A PostgreSQL connection URL with our own parameters taken out.
 #[derive(Clone, PartialEq, Eq)]
@@ -161,6 +168,123 @@ pub enum BackendUrl {
     Dynamodb(AwsUrl),
     /// A Kinesis stream feed source (`kinesis://STREAM`).
     Kinesis(AwsUrl),
+    /// A Cosmos DB lease store (`cosmos://ACCOUNT/DATABASE/CONTAINER`).
+    Cosmos(CosmosUrl),
+}
+
+/// The environment variable holding the Cosmos DB account key for `cosmos://` URLs.
+pub const COSMOS_KEY_VAR: &str = "CHANGEFEED_COSMOS_KEY";
+
+/// A `cosmos://ACCOUNT/DATABASE/CONTAINER[?endpoint=URL]` URL. It holds no key: that is read
+/// from [`COSMOS_KEY_VAR`] when the store is opened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CosmosUrl {
+    /// The account name (the first label of `ACCOUNT.documents.azure.com`).
+    pub account: String,
+    /// The database.
+    pub database: String,
+    /// The container.
+    pub container: String,
+    /// `?endpoint=URL`: a server other than the account's (the emulator, a local server).
+    pub endpoint: Option<String>,
+}
+
+impl CosmosUrl {
+    fn parse(setting: &str, rest: &str) -> Result<Self, UsageError> {
+        let bad = |rule: String| UsageError(format!("{setting}: {rule}"));
+        const SHAPE: &str =
+            "cosmos:// needs ACCOUNT/DATABASE/CONTAINER, e.g. cosmos://myaccount/app/leases";
+        let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let mut endpoint = None;
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            match pair.split_once('=') {
+                Some(("endpoint", v)) if !v.is_empty() => {
+                    check_endpoint(v).map_err(|rule| {
+                        bad(format!(
+                            "cosmos:// parameter endpoint: \"{}\" {rule}",
+                            v.escape_debug()
+                        ))
+                    })?;
+                    endpoint = Some(v.to_string());
+                }
+                _ => {
+                    return Err(bad(format!(
+                        "cosmos:// accepts only ?endpoint=URL (the key comes from {COSMOS_KEY_VAR}), got \"{}\"",
+                        pair.escape_debug()
+                    )))
+                }
+            }
+        }
+        let parts: Vec<&str> = path.split('/').collect();
+        let [account, database, container] = parts[..] else {
+            return Err(bad(SHAPE.into()));
+        };
+        // Azure's rule for account names: 3 to 44 lowercase letters, digits and hyphens.
+        let account_ok = (3..=44).contains(&account.len())
+            && account
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        if !account_ok {
+            return Err(bad(format!(
+                "cosmos:// account \"{}\" must be 3 to 44 characters of a-z, 0-9 and '-'",
+                account.escape_debug()
+            )));
+        }
+        // Cosmos DB refuses these in resource ids; a URL could not carry them either.
+        for (what, name) in [("database", database), ("container", container)] {
+            let ok = (1..=255).contains(&name.len())
+                && !name.contains(['\\', '#', '?', ' '])
+                && !name.ends_with('.');
+            if !ok {
+                return Err(bad(format!(
+                    "cosmos:// {what} \"{}\" must be 1 to 255 characters without '\\', '#', '?', spaces or a trailing '.'; {SHAPE}",
+                    name.escape_debug()
+                )));
+            }
+        }
+        Ok(CosmosUrl {
+            account: account.to_string(),
+            database: database.to_string(),
+            container: container.to_string(),
+            endpoint,
+        })
+    }
+
+    /// The account endpoint: `?endpoint=`, or the account's public one.
+    pub fn endpoint(&self) -> String {
+        self.endpoint
+            .clone()
+            .unwrap_or_else(|| format!("https://{}.documents.azure.com:443/", self.account))
+    }
+
+    /// The store's options, with the key from `key` (the value of [`COSMOS_KEY_VAR`]).
+    ///
+    /// # Errors
+    /// A [`UsageError`] when no key is given for an account (only a server named by
+    /// `?endpoint=` may go without: it gets the emulator's published key).
+    pub fn options(&self, key: Option<String>) -> Result<CosmosOptions, UsageError> {
+        let options = CosmosOptions::new(self.endpoint(), &self.database, &self.container);
+        match (key.filter(|k| !k.is_empty()), &self.endpoint) {
+            (Some(key), _) => Ok(options.key(key)),
+            (None, Some(_)) => Ok(options),
+            (None, None) => Err(UsageError(format!(
+                "cosmos://{}: set {COSMOS_KEY_VAR} to the account's key (it is never taken from the URL or printed)",
+                self.account
+            ))),
+        }
+    }
+
+    async fn open(&self) -> anyhow::Result<CosmosLeaseStore> {
+        let options = self.options(std::env::var(COSMOS_KEY_VAR).ok())?;
+        CosmosLeaseStore::connect(&options).await.with_context(|| {
+            format!(
+                "opening Cosmos DB lease container {}/{} at {}",
+                self.database,
+                self.container,
+                self.endpoint()
+            )
+        })
+    }
 }
 
 /// A `dynamodb://` or `kinesis://` URL: the table or stream, and optional overrides of the
@@ -330,6 +454,7 @@ impl BackendUrl {
             )?)),
             "dynamodb" => Ok(BackendUrl::Dynamodb(AwsUrl::parse(setting, scheme, rest)?)),
             "kinesis" => Ok(BackendUrl::Kinesis(AwsUrl::parse(setting, scheme, rest)?)),
+            "cosmos" => Ok(BackendUrl::Cosmos(CosmosUrl::parse(setting, rest)?)),
             other => Err(bad(format!(
                 "unknown scheme \"{}\"; supported: {SUPPORTED}",
                 other.escape_debug()
@@ -372,6 +497,11 @@ impl BackendUrl {
                 "{setting}: postgres:// is a lease store; the PostgreSQL feed source is the outbox, postgres-outbox://USER@HOST/DB[?prefix=P]"
             )));
         }
+        if let BackendUrl::Cosmos(_) = url {
+            return Err(UsageError(format!(
+                "{setting}: cosmos:// is a lease store; there is no Cosmos DB feed source yet"
+            )));
+        }
         Ok(url)
     }
 
@@ -403,6 +533,7 @@ impl BackendUrl {
             BackendUrl::Kinesis(_) => Err(anyhow::Error::new(UsageError(
                 "kinesis:// is a feed source, not a lease store".into(),
             ))),
+            BackendUrl::Cosmos(cosmos) => Ok(Arc::new(cosmos.open().await?)),
         }
     }
 
@@ -422,6 +553,7 @@ impl BackendUrl {
                 .await?
                 .row_version(key)
                 .await?),
+            BackendUrl::Cosmos(cosmos) => Ok(cosmos.open().await?.row_version(key).await?),
             _ => Err(anyhow::anyhow!(
                 "lease {key}: this store cannot read the version of a row it cannot parse, so the row cannot be rewritten; correct or delete it by hand"
             )),
@@ -467,6 +599,9 @@ impl BackendUrl {
             BackendUrl::Postgres(_) => Err(anyhow::Error::new(UsageError(
                 "postgres:// is a lease store; the PostgreSQL feed source is postgres-outbox://"
                     .into(),
+            ))),
+            BackendUrl::Cosmos(_) => Err(anyhow::Error::new(UsageError(
+                "cosmos:// is a lease store; there is no Cosmos DB feed source yet".into(),
             ))),
         }
     }
@@ -520,6 +655,66 @@ mod tests {
         ));
         assert!(BackendUrl::source("--source", "kinesis://orders,").is_err());
         assert!(BackendUrl::source("--source", "kinesis://a:b").is_err());
+    }
+
+    #[test]
+    fn cosmos_urls_name_account_database_and_container_and_take_the_key_only_from_outside() {
+        let url = BackendUrl::store("--store", "cosmos://my-account/app/leases").expect("valid");
+        let BackendUrl::Cosmos(cosmos) = &url else {
+            panic!("{url:?}")
+        };
+        assert_eq!(
+            (cosmos.account.as_str(), cosmos.database.as_str()),
+            ("my-account", "app")
+        );
+        assert_eq!(cosmos.container, "leases");
+        assert_eq!(
+            cosmos.endpoint(),
+            "https://my-account.documents.azure.com:443/"
+        );
+        // An account needs its key; the error names the variable and shows no key.
+        let err = cosmos.options(None).expect_err("no key");
+        assert!(err.0.contains(COSMOS_KEY_VAR), "{err}");
+        let options = cosmos.options(Some("c2VjcmV0".into())).expect("key");
+        assert!(!format!("{options:?}").contains("c2VjcmV0"));
+        // A server named by ?endpoint= (emulator, local server) goes without.
+        let local = BackendUrl::store(
+            "--store",
+            "cosmos://local/app/leases?endpoint=http://127.0.0.1:8081",
+        )
+        .expect("valid");
+        let BackendUrl::Cosmos(local) = local else {
+            panic!("cosmos")
+        };
+        assert_eq!(local.endpoint(), "http://127.0.0.1:8081");
+        assert!(local.options(None).is_ok());
+        // It is a store only.
+        let err = BackendUrl::source("--source", "cosmos://acct/app/leases").expect_err("store");
+        assert!(err.0.contains("cosmos:// is a lease store"), "{err}");
+        // Bad shapes name the setting and the part.
+        for (text, says) in [
+            ("cosmos://acct/app", "needs ACCOUNT/DATABASE/CONTAINER"),
+            (
+                "cosmos://acct/app/leases/more",
+                "needs ACCOUNT/DATABASE/CONTAINER",
+            ),
+            ("cosmos://Acct/app/leases", "account \"Acct\""),
+            ("cosmos://ab/app/leases", "account \"ab\""),
+            ("cosmos://acct//leases", "database \"\""),
+            ("cosmos://acct/app/le#ses", "container \"le#ses\""),
+            (
+                "cosmos://acct/app/leases?key=abc",
+                "accepts only ?endpoint=URL",
+            ),
+            (
+                "cosmos://acct/app/leases?endpoint=ftp://x",
+                "parameter endpoint",
+            ),
+        ] {
+            let err = BackendUrl::store("--store", text).expect_err(text);
+            assert!(err.0.starts_with("--store: "), "{text}: {err}");
+            assert!(err.0.contains(says), "{text}: {err}");
+        }
     }
 
     #[test]
@@ -660,7 +855,7 @@ mod tests {
         fn parsing_any_url_never_panics(
             scheme in proptest::sample::select(vec![
                 "", "sqlite://", "postgres://", "postgresql://", "postgres-outbox://",
-                "dynamodb://", "kinesis://", "redis://",
+                "dynamodb://", "kinesis://", "cosmos://", "redis://",
             ]),
             rest in "\\PC{0,60}",
         ) {
@@ -674,7 +869,7 @@ mod tests {
 
         #[test]
         fn parsing_url_shaped_text_never_panics(
-            scheme in proptest::sample::select(vec!["postgres", "dynamodb", "kinesis"]),
+            scheme in proptest::sample::select(vec!["postgres", "dynamodb", "kinesis", "cosmos"]),
             user in "[a-z:@%]{0,8}",
             host in "[a-z0-9.:\\[\\]%-]{0,16}",
             path in "[a-z0-9/,.%*-]{0,12}",

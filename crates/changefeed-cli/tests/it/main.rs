@@ -1,6 +1,7 @@
 //! Integration tests of the `changefeed` binary: one test binary, one module per command.
 
 mod bad_input;
+mod cosmos;
 mod demo;
 mod fence;
 mod import_kcl;

@@ -2,9 +2,12 @@
 //!
 //! Ten hosts (by default) share an idle feed and an in-memory store; after they have balanced,
 //! the benchmark counts every store call each host makes over a long steady window and reports
-//! them per host per interval. The baseline is the anchors' published pattern at the same
-//! timings: KCL and the Cosmos processor renew every owned lease once per renew interval and
-//! scan the whole lease table once per acquire cycle on every host.
+//! them per host: ours **measured**, the anchors **computed** from their published pattern
+//! (every host renews each lease it owns once per renew interval and scans the whole lease
+//! table once per taker/acquire cycle), at our timings and at each anchor's own defaults:
+//! KCL 2.x with `failoverTimeMillis` 10 s renews every 10 s / 3 − 25 ms = 3.308 s and scans
+//! every (10 s + 25 ms) × 2 = 20.05 s; the Cosmos DB processor renews every 17 s and acquires
+//! every 13 s. The anchors read no heartbeat rows; on an idle feed nobody checkpoints.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,18 +40,6 @@ impl Handler for Noop {
     async fn handle(&self, _ctx: &Context, _batch: &Batch) -> Result<(), HandlerError> {
         Ok(())
     }
-}
-
-fn sum(counts: &[StoreCounts]) -> StoreCounts {
-    counts
-        .iter()
-        .fold(StoreCounts::default(), |a, c| StoreCounts {
-            reads: a.reads + c.reads,
-            writes: a.writes + c.writes,
-            lease_rows_read: a.lease_rows_read + c.lease_rows_read,
-            lists: a.lists + c.lists,
-            heartbeats: a.heartbeats + c.heartbeats,
-        })
 }
 
 /// Runs the benchmark.
@@ -98,51 +89,110 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         for h in hosts {
             h.stop().await?;
         }
-        let delta: Vec<StoreCounts> = before
+        let total = before
             .iter()
             .zip(&after)
-            .map(|(b, a)| StoreCounts {
-                reads: a.reads - b.reads,
-                writes: a.writes - b.writes,
-                lease_rows_read: a.lease_rows_read - b.lease_rows_read,
-                lists: a.lists - b.lists,
-                heartbeats: a.heartbeats - b.heartbeats,
-            })
-            .collect();
-        let total = sum(&delta);
+            .fold(StoreCounts::default(), |sum, (b, a)| sum.plus(&a.since(b)));
         let hosts_n = f64::from(args.hosts);
+        let leases = f64::from(args.leases);
+        let minutes = args.minutes as f64;
         let renew_intervals = window.as_secs_f64() / settings.renew_interval.as_secs_f64();
         let acquire_intervals = window.as_secs_f64() / settings.acquire_interval.as_secs_f64();
-        let writes = total.writes as f64 / hosts_n / renew_intervals;
-        let checkpoints = (total.writes - total.heartbeats) as f64 / hosts_n / renew_intervals;
-        let rows = total.lease_rows_read as f64 / hosts_n / acquire_intervals;
-        let reads = total.reads as f64 / hosts_n / acquire_intervals;
-        // The anchors at the same timings: one renewal per owned lease per renew interval, one
-        // full scan of the lease table per acquire cycle.
-        let kcl_writes = f64::from(args.leases) / hosts_n;
-        let kcl_rows = f64::from(args.leases);
+        let per_host = |n: u64| n as f64 / hosts_n;
+        let writes = per_host(total.writes) / renew_intervals;
+        let checkpoints = per_host(total.writes - total.heartbeats) / renew_intervals;
+        let rows = per_host(total.lease_rows_read) / acquire_intervals;
+        let hb_rows = per_host(total.heartbeat_rows_read) / acquire_intervals;
+        let reads = per_host(total.reads) / acquire_intervals;
+        // Per host per minute, the unit every cadence can be compared in.
+        let ours_min = Anchor {
+            writes: per_host(total.writes) / minutes,
+            lease_rows: per_host(total.lease_rows_read) / minutes,
+            heartbeat_rows: per_host(total.heartbeat_rows_read) / minutes,
+        };
+        let same = Anchor::computed(leases, hosts_n, settings.renew_interval, settings.acquire_interval);
+        let kcl_default = Anchor::computed(
+            leases,
+            hosts_n,
+            Duration::from_millis(10_000 / 3 - 25),
+            Duration::from_millis((10_000 + 25) * 2),
+        );
+        let cosmos_default = Anchor::computed(
+            leases,
+            hosts_n,
+            Duration::from_secs(17),
+            Duration::from_secs(13),
+        );
         println!(
             "{} leases, {} hosts, {} virtual minutes of steady state on an idle feed",
             owned, args.hosts, args.minutes
         );
         println!(
-            "renew {:?}, acquire {:?}, full list every {:?}",
+            "ours: renew {:?}, acquire {:?}, full list every {:?}",
             settings.renew_interval, settings.acquire_interval, settings.full_list_interval
         );
-        println!("{:<40} {:>12} {:>12}", "per host", "ours", "KCL/Cosmos");
-        println!("{:<40} {:>12.2} {:>12.1}", "writes per renew interval", writes, kcl_writes);
-        println!("{:<40} {:>12.2} {:>12}", "  of which checkpoints", checkpoints, "-");
-        println!("{:<40} {:>12.2} {:>12.1}", "store reads per acquire interval", reads, 1.0);
-        println!("{:<40} {:>12.2} {:>12.1}", "lease rows read per acquire interval", rows, kcl_rows);
+        println!();
+        println!("per host, per our interval (measured)       ours");
+        println!("{:<42} {:>8.2}", "writes per renew interval", writes);
+        println!("{:<42} {:>8.2}", "  of which not heartbeats", checkpoints);
+        println!("{:<42} {:>8.2}", "store reads per acquire interval", reads);
+        println!("{:<42} {:>8.2}", "lease rows read per acquire interval", rows);
+        println!("{:<42} {:>8.2}", "heartbeat rows read per acquire interval", hb_rows);
+        println!();
         println!(
-            "{:<40} {:>12.0} {:>12.0}",
-            "lease rows read per host per minute",
-            total.lease_rows_read as f64 / hosts_n / args.minutes as f64,
-            kcl_rows * 60.0 / settings.acquire_interval.as_secs_f64()
+            "{:<30} {:>14} {:>18} {:>18} {:>18}",
+            "per host per minute", "ours", "pattern at ours", "KCL 2.x defaults", "Cosmos defaults"
         );
         println!(
-            "RESULT writes_per_host_per_interval={writes:.3} checkpoints_per_host_per_interval={checkpoints:.3} lease_rows_read_per_host_per_interval={rows:.2} kcl_writes_per_host_per_interval={kcl_writes:.1} kcl_lease_rows_read_per_host_per_interval={kcl_rows:.0}"
+            "{:<30} {:>14} {:>18} {:>18} {:>18}",
+            "", "(measured)", "(computed)", "(computed)", "(computed)"
+        );
+        for (what, f) in [
+            ("writes", (|a: &Anchor| a.writes) as fn(&Anchor) -> f64),
+            ("lease rows read", |a: &Anchor| a.lease_rows),
+            ("heartbeat rows read", |a: &Anchor| a.heartbeat_rows),
+        ] {
+            println!(
+                "{:<30} {:>14.0} {:>18.0} {:>18.0} {:>18.0}",
+                what,
+                f(&ours_min),
+                f(&same),
+                f(&kcl_default),
+                f(&cosmos_default)
+            );
+        }
+        println!(
+            "RESULT writes_per_host_per_interval={writes:.3} checkpoints_per_host_per_interval={checkpoints:.3} lease_rows_read_per_host_per_interval={rows:.2} kcl_writes_per_host_per_interval={:.1} kcl_lease_rows_read_per_host_per_interval={:.0} heartbeat_rows_read_per_host_per_interval={hb_rows:.2} writes_per_host_min_ours={:.1} writes_per_host_min_kcl_default={:.0} writes_per_host_min_cosmos_default={:.0} lease_rows_read_per_host_min_ours={:.0} lease_rows_read_per_host_min_kcl_default={:.0} lease_rows_read_per_host_min_cosmos_default={:.0} heartbeat_rows_read_per_host_min_ours={:.0}",
+            leases / hosts_n,
+            leases,
+            ours_min.writes,
+            kcl_default.writes,
+            cosmos_default.writes,
+            ours_min.lease_rows,
+            kcl_default.lease_rows,
+            cosmos_default.lease_rows,
+            ours_min.heartbeat_rows,
         );
         Ok(())
     })
+}
+
+/// Store work per host per minute.
+#[derive(Debug, Clone, Copy)]
+struct Anchor {
+    writes: f64,
+    lease_rows: f64,
+    heartbeat_rows: f64,
+}
+
+impl Anchor {
+    /// The anchors' published pattern: each host renews its share of the leases every `renew`
+    /// and scans the whole table every `scan`; no heartbeat rows.
+    fn computed(leases: f64, hosts: f64, renew: Duration, scan: Duration) -> Self {
+        Anchor {
+            writes: leases / hosts * 60.0 / renew.as_secs_f64(),
+            lease_rows: leases * 60.0 / scan.as_secs_f64(),
+            heartbeat_rows: 0.0,
+        }
+    }
 }

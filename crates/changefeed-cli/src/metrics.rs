@@ -96,6 +96,10 @@ fn describe() {
         "Lease rows returned by store reads, by operation."
     );
     describe_counter!(
+        "changefeed_store_heartbeat_rows_read_total",
+        "Heartbeat rows returned by membership reads."
+    );
+    describe_counter!(
         "changefeed_store_writes_total",
         "Lease store writes, by operation."
     );

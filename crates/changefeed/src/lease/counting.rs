@@ -7,7 +7,7 @@ use async_trait::async_trait;
 
 use super::{Changes, LeaseStore, Listing, StoreOp};
 use crate::error::LeaseError;
-use crate::model::{GroupName, Lease, LeaseKey};
+use crate::model::{GroupName, Lease, LeaseKey, Membership};
 
 /// Counts of store calls, shared between a [`CountingStore`] and whoever reads them.
 #[derive(Debug, Default)]
@@ -22,11 +22,12 @@ pub struct StoreStats {
     pub lists: AtomicU64,
     /// `heartbeat` calls.
     pub heartbeats: AtomicU64,
+    /// Heartbeat rows returned by `membership`.
+    pub heartbeat_rows_read: AtomicU64,
 }
 
 impl StoreStats {
-    /// A copy of the counts as plain numbers: (reads, writes, lease rows read, lists,
-    /// heartbeats).
+    /// A copy of the counts as plain numbers.
     pub fn snapshot(&self) -> StoreCounts {
         StoreCounts {
             reads: self.reads.load(Ordering::Relaxed),
@@ -34,6 +35,7 @@ impl StoreStats {
             lease_rows_read: self.lease_rows_read.load(Ordering::Relaxed),
             lists: self.lists.load(Ordering::Relaxed),
             heartbeats: self.heartbeats.load(Ordering::Relaxed),
+            heartbeat_rows_read: self.heartbeat_rows_read.load(Ordering::Relaxed),
         }
     }
 }
@@ -51,11 +53,42 @@ pub struct StoreCounts {
     pub lists: u64,
     /// `heartbeat` calls.
     pub heartbeats: u64,
+    /// Heartbeat rows read (by `membership`).
+    pub heartbeat_rows_read: u64,
+}
+
+impl StoreCounts {
+    /// What was counted between `earlier` and `self` (each count at least 0).
+    pub fn since(&self, earlier: &StoreCounts) -> StoreCounts {
+        StoreCounts {
+            reads: self.reads.saturating_sub(earlier.reads),
+            writes: self.writes.saturating_sub(earlier.writes),
+            lease_rows_read: self.lease_rows_read.saturating_sub(earlier.lease_rows_read),
+            lists: self.lists.saturating_sub(earlier.lists),
+            heartbeats: self.heartbeats.saturating_sub(earlier.heartbeats),
+            heartbeat_rows_read: self
+                .heartbeat_rows_read
+                .saturating_sub(earlier.heartbeat_rows_read),
+        }
+    }
+
+    /// The sum of `self` and `other`.
+    pub fn plus(&self, other: &StoreCounts) -> StoreCounts {
+        StoreCounts {
+            reads: self.reads + other.reads,
+            writes: self.writes + other.writes,
+            lease_rows_read: self.lease_rows_read + other.lease_rows_read,
+            lists: self.lists + other.lists,
+            heartbeats: self.heartbeats + other.heartbeats,
+            heartbeat_rows_read: self.heartbeat_rows_read + other.heartbeat_rows_read,
+        }
+    }
 }
 
 /// Wraps a store, counting every call in [`StoreStats`] and in the metrics
-/// `changefeed_store_reads_total`, `changefeed_store_writes_total` and
-/// `changefeed_store_lease_rows_read_total` (label `op`).
+/// `changefeed_store_reads_total`, `changefeed_store_writes_total`,
+/// `changefeed_store_lease_rows_read_total` (label `op`) and
+/// `changefeed_store_heartbeat_rows_read_total`.
 #[derive(Debug, Clone)]
 pub struct CountingStore {
     inner: Arc<dyn LeaseStore>,
@@ -126,6 +159,19 @@ impl super::ForwardingStore for CountingStore {
             _ => 0,
         };
         self.read("list_changes", rows);
+        r
+    }
+
+    async fn membership(&self, group: &GroupName) -> Result<Membership, LeaseError> {
+        let r = self.inner.membership(group).await;
+        self.read("membership", 0);
+        let rows = r.as_ref().map(|m| m.hosts.len() as u64).unwrap_or(0);
+        self.stats
+            .heartbeat_rows_read
+            .fetch_add(rows, Ordering::Relaxed);
+        if rows > 0 {
+            metrics::counter!("changefeed_store_heartbeat_rows_read_total").increment(rows);
+        }
         r
     }
 

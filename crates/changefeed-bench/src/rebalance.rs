@@ -1,27 +1,35 @@
 //! `rebalance`: how fast a fleet rebalances, and what it costs in store calls, for our
-//! strategy against KCL-like and Cosmos-like ones, all in one run with the same timings.
+//! strategy against KCL-like and Cosmos-like ones, twice: all at our timings, and each at its
+//! own published defaults.
 //!
 //! Every fleet is the real processor on the simulator (`changefeed::sim`): 1000 leases (by
-//! default), an idle in-memory feed, virtual time, renew and acquire every 2 s, lease expiry
-//! 10 s. The three columns differ only in what the anchors do differently:
+//! default), an in-memory feed, virtual time. The columns differ in what the anchors do
+//! differently:
 //!
 //! - the balancing decision: `EqualShare` (ours), `KclLike` (bulk takes of expired leases,
 //!   at most one steal per cycle, from the most-loaded host), `CosmosLike` (the same with
 //!   Cosmos's target rule);
 //! - their store costs: for KCL and Cosmos every host also renews each lease it owns once per
 //!   renew interval (one CAS write per lease, which contends with checkpoints as theirs do) and
-//!   lists the whole lease table every acquire cycle.
+//!   lists the whole lease table every acquire cycle;
+//! - at their own defaults, their timings: KCL 2.x with `failoverTimeMillis` 10 s renews every
+//!   10 s / 3 − 25 ms, scans (takes) every (10 s + 25 ms) × 2 and polls an idle shard every
+//!   1.5 s; the Cosmos processor renews every 17 s, acquires every 13 s, expires leases after
+//!   60 s and polls every 5 s; ours runs `Settings::default()`.
 //!
-//! Liveness is judged the same way for all three (a host's leases expire `lease_expiry` after
-//! its heartbeat stops changing, on the observer's clock), which is what KCL's per-lease
-//! counter rule with `failover_time = lease_expiry` amounts to when a host dies; a steal by
-//! the anchors is a hand-off request here (the only safe way to move a live host's lease in
-//! this protocol), one lease per cycle as theirs.
+//! Liveness is judged the same way for all three: a host's leases expire `lease_expiry` after
+//! its heartbeat is first seen unchanged, on the observer's clock, checked once per acquire
+//! cycle. When a host dies all its leases stop being renewed at once, so this is what KCL's
+//! rule (each lease's counter seen unchanged across the taker's own scans for
+//! `failoverTimeMillis`) gives at KCL's cadence; for Cosmos, which compares each lease's stored
+//! timestamp with the local clock, it is the same on agreeing clocks (its misjudgement under
+//! clock skew is not modelled). A steal by the anchors is a hand-off request here (the only
+//! safe way to move a live host's lease in this protocol), one lease per cycle as theirs.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use changefeed::model::PartitionId;
+use changefeed::model::{Continuation, PartitionId};
 use changefeed::processor::Settings;
 use changefeed::sim::{FleetConfig, SimFleet, StrategyKind, TraceMode};
 
@@ -36,12 +44,42 @@ pub struct Args {
     minutes: u64,
 }
 
-fn settings(anchor: bool) -> Settings {
-    let acquire = Duration::from_secs(2);
+/// Whose timings a fleet runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Cadence {
+    /// Ours for everyone: renew and acquire every 2 s, lease expiry 10 s.
+    Same,
+    /// Each strategy at its own system's published defaults.
+    Own,
+}
+
+fn settings(strategy: StrategyKind, cadence: Cadence) -> Settings {
+    let anchor = strategy != StrategyKind::EqualShare;
+    let ms = Duration::from_millis;
+    let (renew, acquire, expiry, poll) = match (cadence, strategy) {
+        (Cadence::Same, _) => (ms(2_000), ms(2_000), ms(10_000), ms(5_000)),
+        (Cadence::Own, StrategyKind::EqualShare) => {
+            let d = Settings::default();
+            (
+                d.renew_interval,
+                d.acquire_interval,
+                d.lease_expiry,
+                d.poll_delay,
+            )
+        }
+        // KCL 2.x: failoverTimeMillis 10 s; renewer every failover / 3 − epsilon (25 ms),
+        // taker every (failover + epsilon) × 2; idleTimeBetweenReadsInMillis 1.5 s.
+        (Cadence::Own, StrategyKind::Kcl) => {
+            (ms(10_000 / 3 - 25), ms(20_050), ms(10_000), ms(1_500))
+        }
+        // Cosmos DB processor: renew 17 s, acquire 13 s, expiration 60 s, FeedPollDelay 5 s.
+        (Cadence::Own, StrategyKind::Cosmos) => (ms(17_000), ms(13_000), ms(60_000), ms(5_000)),
+    };
+    let safety_margin = ms(2_000);
     Settings {
-        lease_expiry: Duration::from_secs(10),
-        renew_interval: Duration::from_secs(2),
-        safety_margin: Duration::from_secs(2),
+        lease_expiry: expiry,
+        renew_interval: renew,
+        safety_margin,
         acquire_interval: acquire,
         // The anchors scan the whole lease table every cycle.
         full_list_interval: if anchor {
@@ -49,8 +87,10 @@ fn settings(anchor: bool) -> Settings {
         } else {
             Duration::from_secs(300)
         },
-        poll_delay: Duration::from_secs(5),
-        handoff_timeout: Duration::from_secs(10),
+        poll_delay: poll,
+        // Above safety_margin + acquire_interval, as a hand-off needs.
+        handoff_timeout: (safety_margin + acquire + ms(1)).max(ms(10_000)),
+        sync_interval: acquire.max(Settings::default().sync_interval),
         ..Settings::default()
     }
 }
@@ -63,12 +103,12 @@ fn block<F: std::future::Future>(f: F) -> anyhow::Result<F::Output> {
         .block_on(f))
 }
 
-async fn fleet(strategy: StrategyKind, leases: u32) -> SimFleet {
+async fn fleet(strategy: StrategyKind, cadence: Cadence, leases: u32) -> SimFleet {
     let anchor = strategy != StrategyKind::EqualShare;
     SimFleet::simulated(FleetConfig {
         seed: 1,
         partitions: leases,
-        settings: settings(anchor),
+        settings: settings(strategy, cadence),
         strategy,
         anchor_costs: anchor,
         trace: TraceMode::Off,
@@ -81,51 +121,118 @@ fn name(i: usize) -> String {
     format!("host-{i:03}")
 }
 
-/// Steps until balanced (or `limit`), counting lease moves. Returns (seconds, moves, done).
-async fn until_balanced(fleet: &mut SimFleet, limit: Duration) -> (f64, usize, bool) {
-    let step = Duration::from_millis(250);
-    let t0 = fleet.now();
-    let mut last: BTreeMap<PartitionId, String> = fleet
-        .owners()
-        .await
-        .into_iter()
-        .filter_map(|(p, o)| o.map(|o| (p, o)))
-        .collect();
-    let mut moves = 0;
-    loop {
-        fleet.advance(step).await;
-        for (p, o) in fleet.owners().await {
-            if let Some(o) = o {
-                if last.get(&p).is_some_and(|prev| *prev != o) {
-                    moves += 1;
-                }
-                last.insert(p, o);
-            }
-        }
-        let elapsed = fleet.now() - t0;
-        if fleet.balanced().await {
-            return (elapsed.as_secs_f64(), moves, true);
-        }
-        if elapsed >= limit {
-            return (elapsed.as_secs_f64(), moves, false);
-        }
-    }
-}
-
+/// What a rebalance took.
 struct Change {
     secs: f64,
     cycles: u64,
     moves: usize,
+    /// Moves of a lease that had already moved in this rebalance.
+    repeat_moves: usize,
     done: bool,
+    /// Seconds until every lease that changed owner had been read by its new owner (its first
+    /// checkpoint after the move), with records arriving on every partition; `None` on an idle
+    /// feed or when some were not read within the limit.
+    reading: Option<f64>,
 }
 
-async fn change(strategy: StrategyKind, leases: u32, from: usize, to: usize) -> Change {
-    let mut fleet = fleet(strategy, leases).await;
+/// Steps until balanced (or `limit`), counting lease moves; with `per_step` records written
+/// each step, also until every moved lease has been read by its new owner.
+async fn until_balanced(
+    fleet: &mut SimFleet,
+    limit: Duration,
+    acquire: Duration,
+    per_step: u64,
+) -> Change {
+    let step = Duration::from_millis(250);
+    let t0 = fleet.now();
+    let mut last: BTreeMap<PartitionId, (String, Option<Continuation>)> = fleet
+        .leases()
+        .await
+        .into_iter()
+        .filter_map(|l| {
+            l.owner
+                .map(|o| (l.key.partition, (o.to_string(), l.continuation)))
+        })
+        .collect();
+    let mut moved: BTreeMap<PartitionId, usize> = BTreeMap::new();
+    // Moved leases not yet read by their new owner, with the continuation it took them at.
+    let mut unread: BTreeMap<PartitionId, Option<Continuation>> = BTreeMap::new();
+    let mut last_read = Duration::ZERO;
+    let mut balanced_at = None;
+    loop {
+        if per_step > 0 {
+            fleet.write_random_keys(per_step, 100_000);
+        }
+        fleet.advance(step).await;
+        let now = fleet.now() - t0;
+        for l in fleet.leases().await {
+            let Some(o) = l.owner.map(|o| o.to_string()) else {
+                continue;
+            };
+            let p = l.key.partition;
+            match last.get(&p) {
+                Some((prev, _)) if *prev != o => {
+                    *moved.entry(p.clone()).or_default() += 1;
+                    unread.insert(p.clone(), l.continuation.clone());
+                }
+                _ => {
+                    if unread.get(&p).is_some_and(|at| *at != l.continuation) {
+                        unread.remove(&p);
+                        last_read = now;
+                    }
+                }
+            }
+            last.insert(p, (o, l.continuation));
+        }
+        if balanced_at.is_none() && fleet.balanced().await {
+            balanced_at = Some(now);
+        }
+        let reading_done = per_step == 0 || unread.is_empty();
+        if let (Some(at), true) = (balanced_at, reading_done) {
+            let reading = (per_step > 0).then_some(last_read);
+            return change_of(at, acquire, &moved, true, reading);
+        }
+        if now >= limit {
+            let at = balanced_at.unwrap_or(now);
+            return change_of(at, acquire, &moved, balanced_at.is_some(), None);
+        }
+    }
+}
+
+fn change_of(
+    at: Duration,
+    acquire: Duration,
+    moved: &BTreeMap<PartitionId, usize>,
+    done: bool,
+    reading: Option<Duration>,
+) -> Change {
+    let secs = at.as_secs_f64();
+    Change {
+        secs,
+        cycles: (secs / acquire.as_secs_f64()).ceil() as u64,
+        moves: moved.values().sum(),
+        repeat_moves: moved.values().map(|n| n.saturating_sub(1)).sum(),
+        done,
+        reading: reading.map(|r| r.as_secs_f64()),
+    }
+}
+
+/// `from` hosts balance, then the fleet grows or shrinks to `to`; with `per_step` records
+/// written every 250 ms, until the moved leases are read too.
+async fn change(
+    strategy: StrategyKind,
+    cadence: Cadence,
+    leases: u32,
+    (from, to): (usize, usize),
+    per_step: u64,
+) -> Change {
+    let mut fleet = fleet(strategy, cadence, leases).await;
+    let acquire = settings(strategy, cadence).acquire_interval;
     for i in 0..from {
         fleet.start(&name(i));
     }
-    let limit = Duration::from_secs(1800);
-    until_balanced(&mut fleet, limit).await;
+    let limit = Duration::from_secs(4 * 3600);
+    until_balanced(&mut fleet, limit, acquire, 0).await;
     fleet.advance(Duration::from_secs(5)).await;
     if to > from {
         for i in from..to {
@@ -136,24 +243,19 @@ async fn change(strategy: StrategyKind, leases: u32, from: usize, to: usize) -> 
             fleet.begin_stop(&name(i));
         }
     }
-    let (secs, moves, done) = until_balanced(&mut fleet, limit).await;
+    let c = until_balanced(&mut fleet, limit, acquire, per_step).await;
     fleet.stop_all().await;
-    let acquire = settings(false).acquire_interval.as_secs_f64();
-    Change {
-        secs,
-        cycles: (secs / acquire).ceil() as u64,
-        moves,
-        done,
-    }
+    c
 }
 
 /// Seconds from a crash until every lease of the crashed host is owned by a running host.
-async fn failover(strategy: StrategyKind, leases: u32) -> f64 {
-    let mut fleet = fleet(strategy, leases).await;
+async fn failover(strategy: StrategyKind, cadence: Cadence, leases: u32) -> f64 {
+    let mut fleet = fleet(strategy, cadence, leases).await;
+    let acquire = settings(strategy, cadence).acquire_interval;
     for i in 0..10 {
         fleet.start(&name(i));
     }
-    until_balanced(&mut fleet, Duration::from_secs(1800)).await;
+    until_balanced(&mut fleet, Duration::from_secs(3600), acquire, 0).await;
     fleet.advance(Duration::from_secs(5)).await;
     let victim = name(0);
     fleet.crash(&victim);
@@ -181,12 +283,13 @@ struct Io {
 
 /// Store calls per host per minute in steady state, 10 hosts.
 async fn io(strategy: StrategyKind, leases: u32, minutes: u64) -> Io {
-    let mut fleet = fleet(strategy, leases).await;
+    let mut fleet = fleet(strategy, Cadence::Same, leases).await;
+    let acquire = settings(strategy, Cadence::Same).acquire_interval;
     let hosts: Vec<String> = (0..10).map(name).collect();
     for h in &hosts {
         fleet.start(h);
     }
-    until_balanced(&mut fleet, Duration::from_secs(1800)).await;
+    until_balanced(&mut fleet, Duration::from_secs(1800), acquire, 0).await;
     fleet.advance(Duration::from_secs(30)).await;
     let before: Vec<_> = hosts.iter().map(|h| fleet.store_counts(h)).collect();
     fleet.advance(Duration::from_secs(minutes * 60)).await;
@@ -203,6 +306,35 @@ async fn io(strategy: StrategyKind, leases: u32, minutes: u64) -> Io {
     }
 }
 
+fn cell(c: &Change) -> String {
+    format!(
+        "{}{} cyc {:.0} s {} mv{}",
+        if c.done { "" } else { ">" },
+        c.cycles,
+        c.secs,
+        c.moves,
+        if c.repeat_moves > 0 {
+            format!(" ({} rep)", c.repeat_moves)
+        } else {
+            String::new()
+        }
+    )
+}
+
+fn reading_cell(c: &Change) -> String {
+    match c.reading {
+        Some(r) => format!("{r:.1} s"),
+        None => "not all read".into(),
+    }
+}
+
+fn row(label: &str, cells: &[String]) {
+    println!(
+        "{:<30} {:>26} {:>26} {:>26}",
+        label, cells[0], cells[1], cells[2]
+    );
+}
+
 /// Runs the benchmark.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
@@ -212,60 +344,76 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         StrategyKind::Cosmos,
     ];
     let changes = [(1usize, 2usize), (10, 11), (10, 20), (20, 10)];
-    println!(
-        "{} leases, idle feed, renew and acquire every 2 s, lease expiry 10 s, virtual time",
-        args.leases
-    );
-    println!(
-        "{:<28} {:>22} {:>22} {:>22}",
-        "", "ours", "KCL-like", "Cosmos-like"
-    );
-    let mut cycles: BTreeMap<(usize, usize, &str), u64> = BTreeMap::new();
-    for (from, to) in changes {
+    // Four records per partition per second on average, for the reading times: a moved
+    // lease then waits about a quarter of a second for a record to read.
+    let busy = u64::from(args.leases).max(1);
+    let mut cycles: BTreeMap<(Cadence, usize, usize, &str), u64> = BTreeMap::new();
+    let mut secs: BTreeMap<(Cadence, &str), f64> = BTreeMap::new();
+    let mut reading: BTreeMap<(Cadence, &str), Option<f64>> = BTreeMap::new();
+    let mut fail: BTreeMap<(Cadence, &str), f64> = BTreeMap::new();
+    for cadence in [Cadence::Same, Cadence::Own] {
+        println!();
+        match cadence {
+            Cadence::Same => println!(
+                "{} leases, idle feed, all at our timings: renew and acquire every 2 s, lease expiry 10 s (virtual time)",
+                args.leases
+            ),
+            Cadence::Own => println!(
+                "{} leases, idle feed, each at its own defaults: ours renew/acquire 2 s, expiry 10 s; KCL 2.x renew 3.31 s, take 20.05 s, failover 10 s; Cosmos renew 17 s, acquire 13 s, expiry 60 s (virtual time)",
+                args.leases
+            ),
+        }
+        println!("(cycles of each one's own acquire interval, seconds, lease moves, repeat moves)");
+        row(
+            "",
+            &["ours".into(), "KCL-like".into(), "Cosmos-like".into()],
+        );
+        for (from, to) in changes {
+            let mut cells = Vec::new();
+            for s in strategies {
+                let c = block(change(s, cadence, args.leases, (from, to), 0))?;
+                cycles.insert((cadence, from, to, s.name()), c.cycles);
+                if (from, to) == (10, 11) {
+                    secs.insert((cadence, s.name()), c.secs);
+                }
+                cells.push(cell(&c));
+            }
+            row(&format!("hosts {from} -> {to}"), &cells);
+        }
         let mut cells = Vec::new();
         for s in strategies {
-            let c = block(change(s, args.leases, from, to))?;
-            cycles.insert((from, to, s.name()), c.cycles);
-            cells.push(format!(
-                "{}{} cyc {:.0} s {} mv",
-                if c.done { "" } else { ">" },
-                c.cycles,
-                c.secs,
-                c.moves
-            ));
+            let c = block(change(s, cadence, args.leases, (10, 11), busy))?;
+            reading.insert((cadence, s.name()), c.reading);
+            cells.push(reading_cell(&c));
         }
-        println!(
-            "{:<28} {:>22} {:>22} {:>22}",
-            format!("hosts {from} -> {to}"),
-            cells[0],
-            cells[1],
-            cells[2]
-        );
+        row("10 -> 11: moved leases read", &cells);
+        let mut cells = Vec::new();
+        for s in strategies {
+            let f = block(failover(s, cadence, args.leases))?;
+            fail.insert((cadence, s.name()), f);
+            cells.push(format!("{f:.1} s"));
+        }
+        row("failover after a crash", &cells);
     }
-    let mut fail = Vec::new();
-    for s in strategies {
-        fail.push(block(failover(s, args.leases))?);
-    }
-    println!(
-        "{:<28} {:>22.1} {:>22.1} {:>22.1}",
-        "failover after a crash (s)", fail[0], fail[1], fail[2]
-    );
+    println!();
     let mut ios = Vec::new();
     for s in strategies {
         ios.push(block(io(s, args.leases, args.minutes))?);
     }
     let small = block(io(StrategyKind::EqualShare, args.leases / 10, args.minutes))?;
-    println!(
-        "{:<28} {:>22.0} {:>22.0} {:>22.0}",
-        "writes / host / min", ios[0].writes, ios[1].writes, ios[2].writes
+    let num = |v: f64| format!("{v:.0}");
+    println!("store calls at our timings, 10 hosts, steady state");
+    row(
+        "writes / host / min",
+        &ios.iter().map(|i| num(i.writes)).collect::<Vec<_>>(),
     );
-    println!(
-        "{:<28} {:>22.0} {:>22.0} {:>22.0}",
-        "reads / host / min", ios[0].reads, ios[1].reads, ios[2].reads
+    row(
+        "reads / host / min",
+        &ios.iter().map(|i| num(i.reads)).collect::<Vec<_>>(),
     );
-    println!(
-        "{:<28} {:>22.0} {:>22.0} {:>22.0}",
-        "lease rows read / host / min", ios[0].rows, ios[1].rows, ios[2].rows
+    row(
+        "lease rows read / host / min",
+        &ios.iter().map(|i| num(i.rows)).collect::<Vec<_>>(),
     );
     println!(
         "ours with {} leases: writes / host / min {:.0}, reads {:.0}, lease rows read {:.0}",
@@ -275,16 +423,33 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         small.rows
     );
     println!("wall time {:.1} s", started.elapsed().as_secs_f64());
-    let ours = cycles[&(10, 11, "ours")].max(1);
-    let kcl = cycles[&(10, 11, "kcl")];
-    let cosmos = cycles[&(10, 11, "cosmos")];
+    let (same, own) = (Cadence::Same, Cadence::Own);
+    let ours = cycles[&(same, 10, 11, "ours")].max(1);
+    let kcl = cycles[&(same, 10, 11, "kcl")];
+    let cosmos = cycles[&(same, 10, 11, "cosmos")];
+    let opt = |v: Option<f64>| v.map_or("none".to_string(), |v| format!("{v:.1}"));
     println!(
-        "RESULT cycles_ours={ours} cycles_kcl={kcl} cycles_cosmos={cosmos} ratio_vs_kcl={:.1} failover_s_ours={:.1} failover_s_kcl={:.1} writes_per_host_min_ours={:.0} writes_per_host_min_kcl={:.0}",
+        "RESULT cycles_ours={ours} cycles_kcl={kcl} cycles_cosmos={cosmos} ratio_vs_kcl={:.1} failover_s_ours={:.1} failover_s_kcl={:.1} writes_per_host_min_ours={:.0} writes_per_host_min_kcl={:.0} reading_s_ours={} reading_s_kcl={} reading_s_cosmos={} cycles_ours_default={} cycles_kcl_default={} cycles_cosmos_default={} balanced_s_ours_default={:.0} balanced_s_kcl_default={:.0} balanced_s_cosmos_default={:.0} reading_s_ours_default={} reading_s_kcl_default={} reading_s_cosmos_default={} failover_s_ours_default={:.1} failover_s_kcl_default={:.1} failover_s_cosmos_default={:.1}",
         kcl as f64 / ours as f64,
-        fail[0],
-        fail[1],
+        fail[&(same, "ours")],
+        fail[&(same, "kcl")],
         ios[0].writes,
-        ios[1].writes
+        ios[1].writes,
+        opt(reading[&(same, "ours")]),
+        opt(reading[&(same, "kcl")]),
+        opt(reading[&(same, "cosmos")]),
+        cycles[&(own, 10, 11, "ours")],
+        cycles[&(own, 10, 11, "kcl")],
+        cycles[&(own, 10, 11, "cosmos")],
+        secs[&(own, "ours")],
+        secs[&(own, "kcl")],
+        secs[&(own, "cosmos")],
+        opt(reading[&(own, "ours")]),
+        opt(reading[&(own, "kcl")]),
+        opt(reading[&(own, "cosmos")]),
+        fail[&(own, "ours")],
+        fail[&(own, "kcl")],
+        fail[&(own, "cosmos")],
     );
     Ok(())
 }

@@ -5,7 +5,8 @@
 //! one Cosmos DB (NoSQL API) container, through the documented REST API signed with the
 //! account key. This crate owns the document layout and the mapping of documents to the core's
 //! model; the lease protocol, balancing and lineage stay in the core. It does not read a Cosmos
-//! DB change feed (no feed source yet).
+//! DB change feed (no feed source yet). [`import`] takes over the lease container of a .NET
+//! change feed processor (v3 SDK or v2 library): our leases at its continuations.
 //!
 //! # Documents
 //!
@@ -47,9 +48,15 @@
 
 pub mod doc;
 mod error;
+pub mod import;
 mod rest;
 mod store;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 
 pub use error::CosmosError;
+pub use import::{
+    import_dotnet_leases, DotnetLeaseContainer, ImportError, ImportOptions, ImportReport,
+};
 pub use rest::{Usage, API_VERSION};
 pub use store::{CosmosLeaseStore, CosmosOptions, DEFAULT_CHANGES_KEPT, EMULATOR_KEY};

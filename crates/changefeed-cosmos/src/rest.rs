@@ -520,6 +520,22 @@ impl Rest {
         page_size: i64,
         continuation: Option<&str>,
     ) -> Result<(Vec<Value>, Option<String>), CosmosError> {
+        self.query_page_in(Some(group), query, parameters, page_size, continuation)
+            .await
+    }
+
+    /// One page of a query within logical partition `partition`, or across every partition
+    /// of the container when `None` (`x-ms-documentdb-query-enablecrosspartition`, which the
+    /// gateway serves for queries without ORDER BY, aggregates or TOP; a page may then be
+    /// empty and still have a next one).
+    async fn query_page_in(
+        &self,
+        partition: Option<&str>,
+        query: &str,
+        parameters: &[(&str, Value)],
+        page_size: i64,
+        continuation: Option<&str>,
+    ) -> Result<(Vec<Value>, Option<String>), CosmosError> {
         let body = serde_json::json!({
             "query": query,
             "parameters": parameters
@@ -528,11 +544,14 @@ impl Rest {
                 .collect::<Vec<_>>(),
         });
         let mut headers = vec![
-            Self::partition_header(group),
             ("content-type", "application/query+json".into()),
             ("x-ms-documentdb-isquery", "True".into()),
             ("x-ms-max-item-count", page_size.to_string()),
         ];
+        match partition {
+            Some(group) => headers.push(Self::partition_header(group)),
+            None => headers.push(("x-ms-documentdb-query-enablecrosspartition", "True".into())),
+        }
         if let Some(token) = continuation {
             headers.push(("x-ms-continuation", token.to_string()));
         }
@@ -577,6 +596,27 @@ impl Rest {
         loop {
             let (docs, next) = self
                 .query_page(group, query, parameters, page_size, continuation.as_deref())
+                .await?;
+            all.extend(docs);
+            match next {
+                Some(token) => continuation = Some(token),
+                None => return Ok(all),
+            }
+        }
+    }
+
+    /// Every page of a query across all logical partitions of the container.
+    pub async fn query_all_partitions(
+        &self,
+        query: &str,
+        parameters: &[(&str, Value)],
+        page_size: i64,
+    ) -> Result<Vec<Value>, CosmosError> {
+        let mut all = Vec::new();
+        let mut continuation: Option<String> = None;
+        loop {
+            let (docs, next) = self
+                .query_page_in(None, query, parameters, page_size, continuation.as_deref())
                 .await?;
             all.extend(docs);
             match next {

@@ -33,8 +33,12 @@ pub const EMULATOR_KEY: &str =
 pub const DEFAULT_CHANGES_KEPT: u64 = 16_384;
 
 /// How many times an ownership write is retried when another one moved the group's change
-/// counter first (every ownership write of a group goes through that one document).
-const COUNTER_ATTEMPTS: u32 = 60;
+/// counter first (every ownership write of a group goes through that one document). Losses
+/// are not independent draws: the last winner knows the counter's new ETag from its own
+/// write and can go again at once, while a loser reads first. Four handles creating 10,000
+/// leases as fast as they can on a loaded machine starved one of them for 60 attempts in a
+/// row; a writer gives up only after about a minute of losing (500 waits of at most 160 ms).
+const COUNTER_ATTEMPTS: u32 = 500;
 
 /// How many times a write is retried when its row changed without its version moving (a hand
 /// edit), before giving up with a retryable error.
@@ -133,6 +137,33 @@ impl CosmosOptions {
     /// The endpoint.
     pub fn endpoint(&self) -> &str {
         &self.endpoint
+    }
+
+    /// The database.
+    pub fn database(&self) -> &str {
+        &self.database
+    }
+
+    /// The container.
+    pub fn container(&self) -> &str {
+        &self.container
+    }
+
+    /// A REST client of the container these options name (it does not touch the container).
+    pub(crate) fn rest(&self) -> Result<Rest, CosmosError> {
+        Rest::new(
+            &self.endpoint,
+            &self.key,
+            &self.database,
+            &self.container,
+            self.timeout,
+            self.clock.clone(),
+        )
+    }
+
+    /// How many documents one page of a query asks for.
+    pub(crate) fn query_page_size(&self) -> i64 {
+        self.page_size
     }
 }
 
@@ -249,15 +280,7 @@ impl CosmosLeaseStore {
     /// [`LeaseError::Store`] naming the setting (endpoint, key, database, container) that
     /// cannot work.
     pub fn new(options: &CosmosOptions) -> Result<Self, LeaseError> {
-        let rest = Rest::new(
-            &options.endpoint,
-            &options.key,
-            &options.database,
-            &options.container,
-            options.timeout,
-            options.clock.clone(),
-        )
-        .map_err(|e| e.into_lease("connect", None))?;
+        let rest = options.rest().map_err(|e| e.into_lease("connect", None))?;
         Ok(Self::on(rest, options.changes_kept, options.page_size))
     }
 

@@ -1,11 +1,13 @@
 //! The Cosmos DB lease store against `@vercel/cosmosdb-server` (started by `.ci/run` through
 //! `.ci/cosmos-server.sh`): the core's lease store conformance suite and fleet scenarios, and
-//! what is Cosmos DB's own (paged prefix queries, ids, usage, errors).
+//! what is Cosmos DB's own (paged prefix queries, ids, usage, errors); taking over a .NET
+//! change feed processor's lease container.
 //!
 //! Every test uses the real server and fails, saying how to start it, when
 //! `CHANGEFEED_TEST_COSMOS_URL` is unset or nothing answers there.
 
 mod fleet;
+mod import;
 mod store;
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -65,10 +65,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             live_hosts: &s.live,
             leases: &views,
         };
-        let plan = EqualShare.plan(&snapshot);
+        let plan = EqualShare::default().plan(&snapshot);
         let quota = quotas(&s.live, &views).get(&s.me).copied().unwrap_or(0);
         let plan_ms = median_ms(args.runs, || {
-            black_box(EqualShare.plan(black_box(&snapshot)));
+            black_box(EqualShare::default().plan(black_box(&snapshot)));
         });
         let baseline_ms = median_ms(args.runs, || {
             black_box(count_owners(black_box(&views)));

@@ -126,7 +126,22 @@ pub struct RunArgs {
     /// When to checkpoint: every-batch or interval:DURATION. Default every-batch.
     #[arg(long, value_name = "MODE", env = "CHANGEFEED_CHECKPOINT")]
     pub checkpoint: Option<String>,
-    /// Serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9898.
+    /// The fewest leases each host should hold; when there are too few for every host's
+    /// minimum, hosts fill up to it one after another. Give every host of the group the same
+    /// value. Default 0 (none).
+    #[arg(long, value_name = "N", env = "CHANGEFEED_MIN_LEASES")]
+    pub min_leases: Option<String>,
+    /// The most leases each host may hold; leases beyond every host's maximum stay unread.
+    /// Give every host of the group the same value. Default none.
+    #[arg(long, value_name = "N", env = "CHANGEFEED_MAX_LEASES")]
+    pub max_leases: Option<String>,
+    /// Serve HTTP at ADDR, e.g. 127.0.0.1:9898: Prometheus metrics at /metrics, /healthz (200
+    /// while the process is alive) and /readyz (200 when registered, heartbeat fresh and not
+    /// fenced; 503 with the reason otherwise).
+    #[arg(long, value_name = "ADDR", env = "CHANGEFEED_HTTP")]
+    pub http: Option<String>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (the same endpoints as --http, which it
+    /// predates).
     #[arg(long, value_name = "ADDR", env = "CHANGEFEED_METRICS_ADDR")]
     pub metrics_addr: Option<String>,
     /// Log format on stderr: text or json (filter with RUST_LOG; default info).
@@ -157,6 +172,9 @@ const KEYS: &[&str] = &[
     "dead_letter_after",
     "dead_letter_command",
     "checkpoint",
+    "min_leases",
+    "max_leases",
+    "http",
     "metrics_addr",
     "log_format",
 ];
@@ -176,8 +194,8 @@ pub struct RunConfig {
     pub group: String,
     /// The library settings, validated.
     pub settings: Settings,
-    /// Where to serve metrics, if anywhere.
-    pub metrics_addr: Option<SocketAddr>,
+    /// Where to serve the HTTP endpoints (`--http`, then `--metrics-addr`), without repeats.
+    pub http_addrs: Vec<SocketAddr>,
     /// The log format.
     pub log_format: LogFormat,
     /// The dead-letter command, set exactly when `settings.dead_letter_after` is.
@@ -208,6 +226,9 @@ impl RunArgs {
             "dead_letter_after" => &mut self.dead_letter_after,
             "dead_letter_command" => &mut self.dead_letter_command,
             "checkpoint" => &mut self.checkpoint,
+            "min_leases" => &mut self.min_leases,
+            "max_leases" => &mut self.max_leases,
+            "http" => &mut self.http,
             "metrics_addr" => &mut self.metrics_addr,
             "log_format" => &mut self.log_format,
             _ => return None,
@@ -333,6 +354,12 @@ impl RunArgs {
         if let Some(v) = &self.checkpoint {
             settings.checkpoint_mode = parse_checkpoint(v)?;
         }
+        if let Some(v) = &self.min_leases {
+            settings.min_leases = parse_number("min_leases", v)?;
+        }
+        if let Some(v) = &self.max_leases {
+            settings.max_leases = Some(parse_number("max_leases", v)?);
+        }
         if let Some(v) = &self.handler_timeout {
             settings.handler_timeout = Some(parse_duration("handler_timeout", v)?);
         }
@@ -378,18 +405,21 @@ impl RunArgs {
             } => UsageError(format!("checkpoint: {rule}")),
             other => UsageError(other.to_string()),
         })?;
-        let metrics_addr = self
-            .metrics_addr
-            .as_deref()
-            .map(|v| {
-                v.parse::<SocketAddr>().map_err(|e| {
-                    UsageError(format!(
-                        "metrics_addr: \"{}\" is not HOST:PORT, e.g. 127.0.0.1:9898 ({e})",
-                        v.escape_debug()
-                    ))
-                })
-            })
-            .transpose()?;
+        let mut http_addrs: Vec<SocketAddr> = Vec::new();
+        for (key, value) in [("http", &self.http), ("metrics_addr", &self.metrics_addr)] {
+            let Some(v) = value.as_deref() else {
+                continue;
+            };
+            let addr = v.parse::<SocketAddr>().map_err(|e| {
+                UsageError(format!(
+                    "{key}: \"{}\" is not HOST:PORT, e.g. 127.0.0.1:9898 ({e})",
+                    v.escape_debug()
+                ))
+            })?;
+            if !http_addrs.contains(&addr) {
+                http_addrs.push(addr);
+            }
+        }
         let log_format = self
             .log_format
             .as_deref()
@@ -407,7 +437,7 @@ impl RunArgs {
             host,
             group: self.group.unwrap_or_else(|| "default".into()),
             settings,
-            metrics_addr,
+            http_addrs,
             log_format,
             dead_letter_command,
         })
@@ -620,6 +650,40 @@ mod tests {
         a.handler_timeout = Some("0s".into());
         let err = a.resolve().expect_err("zero");
         assert!(err.0.starts_with("handler_timeout:"), "{err}");
+    }
+
+    #[test]
+    fn lease_limits_are_read_and_checked_by_name() {
+        // Issue 22: --min-leases and --max-leases reach the library's settings; limits that
+        // break a rule are usage errors naming the setting.
+        let mut a = args();
+        a.max_leases = Some("8".into());
+        a.merge_file("f.toml", "min_leases = 2\nmax_leases = 3\n")
+            .expect("valid file");
+        let c = a.resolve().expect("valid");
+        assert_eq!((c.settings.min_leases, c.settings.max_leases), (2, Some(8)));
+        let c = args().resolve().expect("valid");
+        assert_eq!((c.settings.min_leases, c.settings.max_leases), (0, None));
+        for (min, max, message) in [
+            (None, Some("0"), "max_leases: must be at least 1"),
+            (
+                Some("5"),
+                Some("2"),
+                "min_leases: 5 must not exceed max_leases (2)",
+            ),
+            (Some("-1"), None, "min_leases: \"-1\" is not a whole number"),
+            (
+                None,
+                Some("lots"),
+                "max_leases: \"lots\" is not a whole number",
+            ),
+        ] {
+            let mut a = args();
+            a.min_leases = min.map(Into::into);
+            a.max_leases = max.map(Into::into);
+            let err = a.resolve().expect_err(message);
+            assert!(err.0.starts_with(message), "{err}");
+        }
     }
 
     proptest::proptest! {

@@ -10,7 +10,9 @@
 //! writing, waits until everything is delivered, stops every host with SIGTERM, and checks the
 //! ledger: every written record delivered, each key's records first delivered in order.
 //! The last line is `RESULT written=… delivered=… duplicates=… lost=… reordered=…`; the exit
-//! code is 1 if anything was lost or reordered.
+//! code is 1 if anything was lost or reordered. The database (and the hosts' logs beside it) is
+//! made in a new temporary directory and removed at the end, unless `--keep` (or `--db PATH`):
+//! the line before the result says which, and where.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{IsTerminal as _, Write as _};
@@ -52,9 +54,14 @@ pub struct Args {
     /// Seeds every random choice (keys, which host dies, which partition splits).
     #[arg(long)]
     seed: Option<u64>,
-    /// The SQLite file to create (must not exist). Default: a new temporary directory.
+    /// The SQLite file to create (must not exist); it is kept. Default: `demo.db` in a new
+    /// temporary directory, removed at the end unless --keep.
     #[arg(long, value_name = "PATH")]
     db: Option<PathBuf>,
+    /// Keep the temporary directory with the database and the hosts' logs, to look at with
+    /// `status`, `hosts`, `lag` (`--group demo`) or to `run` more hosts on.
+    #[arg(long)]
+    keep: bool,
     /// Distinct record keys.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     keys: u32,
@@ -482,7 +489,8 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
     let wall = SystemClock.wall();
     let seed = args.seed.unwrap_or(wall.millis() as u64);
     let mut rng = SmallRng::seed_from_u64(seed);
-    let _tmp;
+    // The temporary directory, removed when this is dropped (unless kept).
+    let mut temporary = None;
     let db = match &args.db {
         Some(p) => {
             if p.exists() {
@@ -495,12 +503,20 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
             p.clone()
         }
         None => {
-            let dir = tempfile::tempdir().context("creating a temporary directory")?;
-            let p = dir.path().join("demo.db");
-            _tmp = dir;
-            p
+            let dir = tempfile::Builder::new()
+                .prefix("changefeed-demo-")
+                .tempdir()
+                .context("creating a temporary directory")?;
+            if args.keep {
+                dir.keep().join("demo.db")
+            } else {
+                let p = dir.path().join("demo.db");
+                temporary = Some(dir);
+                p
+            }
         }
     };
+    let kept = temporary.is_none();
     let log_dir = db
         .parent()
         .map(Path::to_path_buf)
@@ -528,8 +544,13 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
         args.keys
     );
     println!(
-        "database {} (host logs beside it); rerun with --seed {seed}",
-        db.display()
+        "database {} (host logs beside it; {}); rerun with --seed {seed}",
+        db.display(),
+        if kept {
+            "kept"
+        } else {
+            "removed at the end, --keep keeps it"
+        }
     );
     if let Some(port) = args.metrics_port {
         println!("host-N serves Prometheus metrics at http://127.0.0.1:{port}+N-1/metrics");
@@ -746,6 +767,14 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
     println!("deliveries per host: {}", shares.join(" "));
     if interrupted.is_cancelled() {
         println!("interrupted: the run was cut short");
+    }
+    if kept {
+        println!(
+            "kept the database: {db} (host logs beside it); try `changefeed status --store sqlite://{db} --group demo --source sqlite://{db}`",
+            db = db.display()
+        );
+    } else {
+        println!("removing the database {} (--keep keeps it)", db.display());
     }
     println!(
         "RESULT written={} delivered={} duplicates={} lost={} reordered={}",

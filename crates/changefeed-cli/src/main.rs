@@ -12,6 +12,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod config;
 mod demo;
 mod feed;
+mod http;
+mod import_cosmos;
 mod import_kcl;
 mod lineage;
 mod metrics;
@@ -53,7 +55,7 @@ enum Command {
     Release(ops::ReleaseArgs),
     /// Show which leases the partition sync would create, from JSON partitions and leases.
     Lineage(lineage::Args),
-    /// Split or merge partitions of a SQLite feed by hand, or list them.
+    /// Append records to a SQLite feed, split or merge its partitions by hand, or list them.
     Feed(feed::Args),
     /// Create a PostgreSQL outbox with N partitions, append test records, list or reshape it.
     Outbox(outbox::Args),
@@ -61,6 +63,8 @@ enum Command {
     Simulate(simulate::Args),
     /// Create a group's leases from a KCL 2.x lease table, at the same checkpoints.
     ImportKcl(import_kcl::Args),
+    /// Create a group's leases from a .NET Cosmos DB change feed processor's lease container.
+    ImportCosmos(import_cosmos::Args),
 }
 
 fn main() -> ExitCode {
@@ -79,6 +83,7 @@ fn main() -> ExitCode {
         Command::Outbox(args) => outbox::run(args),
         Command::Simulate(args) => simulate::run(args),
         Command::ImportKcl(args) => import_kcl::run(args),
+        Command::ImportCosmos(args) => import_cosmos::run(args),
     };
     match result {
         Ok(code) => code,

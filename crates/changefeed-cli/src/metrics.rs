@@ -2,14 +2,14 @@
 //!
 //! The library only emits through the `tracing` and `metrics` facades; this module is where the
 //! binary installs what receives them. Logs go to standard error, filtered by `RUST_LOG`
-//! (default `info`), as text or JSON lines. Metrics are served for Prometheus at
-//! `http://ADDR/metrics` when `--metrics-addr` is given; `docs/metrics.md` lists them.
+//! (default `info`), as text or JSON lines. Metrics are recorded for Prometheus when `--http`
+//! or `--metrics-addr` is given, and served at `http://ADDR/metrics` by [`crate::http`];
+//! `docs/metrics.md` lists them.
 
 use std::io::IsTerminal as _;
-use std::net::SocketAddr;
 
 use anyhow::Context as _;
-use metrics_exporter_prometheus::PrometheusBuilder;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::EnvFilter;
 
 use crate::config::LogFormat;
@@ -28,19 +28,18 @@ pub fn init_logging(format: LogFormat) {
     };
 }
 
-/// Installs the Prometheus recorder and serves it on `addr` (`GET /metrics`). Must be called
-/// inside a tokio runtime: the listener runs on it.
+/// Installs the Prometheus recorder as the process's metrics recorder and returns the handle
+/// that renders a scrape (its upkeep is the caller's: [`PrometheusHandle::run_upkeep`] every
+/// few seconds).
 ///
 /// # Errors
-/// If the address cannot be bound or a recorder is already installed.
-pub fn serve(addr: SocketAddr) -> anyhow::Result<()> {
-    PrometheusBuilder::new()
-        .with_http_listener(addr)
-        .install()
-        .with_context(|| format!("serving metrics on {addr}"))?;
+/// If a recorder is already installed.
+pub fn install() -> anyhow::Result<PrometheusHandle> {
+    let handle = PrometheusBuilder::new()
+        .install_recorder()
+        .context("installing the Prometheus recorder")?;
     describe();
-    tracing::info!(%addr, "serving Prometheus metrics at /metrics");
-    Ok(())
+    Ok(handle)
 }
 
 /// Registers the help text of the library's metrics (see `docs/metrics.md`); each shows up in

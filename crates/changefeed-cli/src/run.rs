@@ -42,6 +42,9 @@
 //! cut short (as a failure) by `handler_timeout` or once a stop has waited half of
 //! `shutdown_timeout`.
 //!
+//! With `--http ADDR` the host serves `/metrics`, `/healthz` and `/readyz` ([`crate::http`]);
+//! `/readyz` is 503 while the host is not ready (not registered yet, fenced, stopping).
+//!
 //! This module owns the process shell around the library's [`Processor`]: configuration,
 //! telemetry, the handler processes and the signals. The first SIGINT/SIGTERM stops
 //! gracefully within `shutdown_timeout` (the library's bound; the host then waits for the
@@ -105,9 +108,15 @@ pub(crate) fn usage(err: &UsageError) -> ExitCode {
 }
 
 async fn run_host(config: RunConfig) -> anyhow::Result<ExitCode> {
-    if let Some(addr) = config.metrics_addr {
-        crate::metrics::serve(addr)?;
-    }
+    // Served from before the store is opened (`/readyz` says "starting" until the processor
+    // exists) until the process exits.
+    let http_stop = CancellationToken::new();
+    let endpoints = if config.http_addrs.is_empty() {
+        None
+    } else {
+        Some(crate::http::Endpoints::start(&config.http_addrs, http_stop.clone()).await?)
+    };
+    let _stop_http = http_stop.drop_guard();
     let store = config.store.open_store().await?;
     let source = config.source.open_source().await?;
     let groups = ProcessGroups::default();
@@ -161,6 +170,9 @@ async fn run_host(config: RunConfig) -> anyhow::Result<ExitCode> {
         Ok(p) => p,
         Err(err) => return Ok(usage(&UsageError(err.to_string()))),
     };
+    if let Some(endpoints) = &endpoints {
+        endpoints.ready_from(processor.health_probe());
+    }
     let stop_requested = Arc::new(OnceLock::new());
     tokio::spawn(stop_on_signal(
         cancel.clone(),

@@ -197,3 +197,29 @@ fn an_unreachable_dynamodb_endpoint_is_summarised() {
         text(&out)
     );
 }
+
+#[test]
+fn run_refuses_bad_lease_limits_before_registering() {
+    // Issue 22: --min-leases and --max-leases that break a rule are usage errors naming the
+    // setting, before anything is written.
+    let fx = fixture();
+    for (flags, message) in [
+        (
+            &["--max-leases", "0"][..],
+            "error: max_leases: must be at least 1",
+        ),
+        (
+            &["--min-leases", "3", "--max-leases", "2"][..],
+            "error: min_leases: 3 must not exceed max_leases (2)",
+        ),
+        (
+            &["--max-leases", "lots"][..],
+            "error: max_leases: \"lots\" is not a whole number",
+        ),
+    ] {
+        let (code, stderr) = run(&fx, flags);
+        assert_eq!(code, Some(2), "{flags:?}: {stderr}");
+        assert!(stderr.starts_with(message), "{flags:?}: {stderr}");
+        assert_eq!(heartbeats(&fx), 0, "{flags:?}: no heartbeat row left");
+    }
+}

@@ -2,8 +2,11 @@
 
 mod bad_input;
 mod cosmos;
+mod cosmos_import;
 mod demo;
+mod feed;
 mod fence;
+mod health;
 mod import_kcl;
 mod lineage;
 mod ops;

@@ -76,13 +76,14 @@ fn now_ms() -> i64 {
 
 /// A loopback TCP proxy to the server whose switch stops forwarding: existing connections
 /// hang (nothing is passed on, nothing is closed) and new ones are accepted but get no reply.
-struct Proxy {
-    port: u16,
+/// (`health.rs` cuts a host off with it too.)
+pub(crate) struct Proxy {
+    pub(crate) port: u16,
     cut: watch::Sender<bool>,
 }
 
 impl Proxy {
-    async fn start(upstream: String) -> Self {
+    pub(crate) async fn start(upstream: String) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
         let port = listener.local_addr().expect("proxy address").port();
         let (cut, _) = watch::channel(false);
@@ -104,7 +105,7 @@ impl Proxy {
         Self { port, cut }
     }
 
-    fn set_cut(&self, cut: bool) {
+    pub(crate) fn set_cut(&self, cut: bool) {
         self.cut.send_replace(cut);
     }
 }
@@ -139,7 +140,7 @@ async fn pump(
 
 /// `url` with its host and port replaced by the proxy's; also returns the upstream
 /// `host:port` the proxy forwards to.
-fn via_proxy(url: &str, proxy_port: u16) -> (String, String) {
+pub(crate) fn via_proxy(url: &str, proxy_port: u16) -> (String, String) {
     let (scheme, rest) = url.split_once("://").expect("a URL");
     let end = rest.find(['/', '?']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(end);

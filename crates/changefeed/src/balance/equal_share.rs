@@ -1,5 +1,6 @@
 //! [`EqualShare`], the default strategy: every live host gets an equal share of the eligible
-//! leases, and every host computes the same assignment from the same snapshot.
+//! leases, within optional per-host limits, and every host computes the same assignment from
+//! the same snapshot.
 //!
 //! The plan is worked out for the whole fleet and then cut down to the asking host. Every host
 //! that sees the same snapshot computes the same fleet-wide assignment, so two hosts never go
@@ -9,12 +10,14 @@
 //! decides, and the loser plans again next cycle.
 
 use std::cmp::{Ordering, Reverse};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
+use super::limits::{share, LeaseLimits};
 use super::{BalanceStrategy, HandoffRequest, LeaseView, Plan, Snapshot};
 use crate::model::{HostName, LeaseState};
 
-/// Equal share of the eligible leases for every live host (`DESIGN.md`, "Balancing").
+/// Equal share of the eligible leases for every live host (`DESIGN.md`, "Balancing"), within
+/// optional [`LeaseLimits`].
 ///
 /// With `E` eligible leases and `H` live hosts, each host's quota is `E / H`, plus one for the
 /// `E % H` hosts that hold the most leases now (ties by name); see [`super::quotas`]. Weights
@@ -34,10 +37,10 @@ use crate::model::{HostName, LeaseState};
 ///    already asked for by a live host are never asked for again; a `next_owner` naming a dead
 ///    host (or the owner itself) is a stale request and may be overwritten, and such leases
 ///    are asked for first so they move once instead of twice.
-/// 4. **Release** nothing. An over-quota host waits to be asked: a release would leave the
-///    partition unread until someone takes it, while a hand-off moves it with no gap and no
-///    duplicates. Releasing on shutdown is the processor's job (`DESIGN.md` rule 6), not the
-///    balancer's.
+/// 4. **Release** nothing, unless this host holds more than its maximum (see "Limits"). An
+///    over-quota host waits to be asked: a release would leave the partition unread until
+///    someone takes it, while a hand-off moves it with no gap and no duplicates. Releasing on
+///    shutdown is the processor's job (`DESIGN.md` rule 6), not the balancer's.
 ///
 /// Because the extra leases go to the hosts holding the most, a fleet where every host holds
 /// its quota plans nothing: if every host holds `E / H` or `E / H + 1` leases and none is free,
@@ -45,12 +48,97 @@ use crate::model::{HostName, LeaseState};
 /// lease apart are therefore balanced and nothing oscillates.
 ///
 /// A host not in `live_hosts` (its own heartbeat is not live) plans nothing.
-#[derive(Debug, Default, Clone)]
-pub struct EqualShare;
+///
+/// # Limits
+///
+/// [`EqualShare::with_limits`] gives every host a minimum and a maximum number of eligible
+/// leases (Cosmos's `MinPartitionCount` / `MaxPartitionCount`, KCL's `maxLeasesForWorker`), and
+/// [`EqualShare::with_host_limits`] other limits to named hosts. The quotas then follow three
+/// rules, in this order (the whole computation is in [`EqualShare::quotas`]):
+///
+/// - **A host under its minimum asks first.** If the eligible leases do not cover every host's
+///   minimum, hosts fill up to their minimum one after another (the hosts holding most first,
+///   ties by name) and the hosts after them get nothing, rather than every host getting a share
+///   below its minimum. If they do, a host whose minimum is above the equal share gets its
+///   minimum and the others' shares shrink to make room.
+/// - **A host at its maximum takes no more.** Its quota is at most its maximum, and what it
+///   cannot hold is spread over the others: every host's quota is `clamp(level, min, max)` for
+///   one common level, the highest at which the quotas fit, and the leases left over go one
+///   each, holders first, to hosts below their maximum.
+/// - **Leases nobody may hold stay free**, and only then: when every live host's quota is its
+///   maximum and the maximums add up to fewer than the eligible leases. Those partitions are
+///   not read until a host joins or a limit is raised.
+///
+/// A host holding more than its maximum (its limit was lowered, or it adopted its leases after
+/// a restart) gives up the excess through the same hand-off as any over-quota host: the hosts
+/// under quota ask for what they need. Only what none of them asks for in this plan is
+/// released (step 4, stale requests first, then by partition), and then stays free while
+/// every host is at its maximum.
+///
+/// Every host must plan with the same limits for every host, as it must see the same live
+/// hosts: a host that believes other limits computes another assignment, and leases it counts
+/// for another host may stay free. The processor therefore takes fleet-wide limits
+/// ([`crate::processor::Settings::min_leases`], [`crate::processor::Settings::max_leases`]),
+/// to be set alike on every host of a group, and gives them to every host here. Without
+/// limits ([`EqualShare::default`]) the plans are exactly those of plain equal share.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct EqualShare {
+    /// Every host's limits, unless `host_limits` names it.
+    limits: LeaseLimits,
+    /// Hosts with limits of their own.
+    host_limits: BTreeMap<HostName, LeaseLimits>,
+}
+
+impl EqualShare {
+    /// Equal share with `limits` for every host.
+    pub fn with_limits(limits: LeaseLimits) -> Self {
+        Self {
+            limits,
+            host_limits: BTreeMap::new(),
+        }
+    }
+
+    /// The same, with `limits` for `host` instead of the fleet's. Every host of the fleet must
+    /// be given the same table (see "Limits" above).
+    pub fn with_host_limits(mut self, host: HostName, limits: LeaseLimits) -> Self {
+        self.host_limits.insert(host, limits);
+        self
+    }
+
+    /// The limits `host` plans with.
+    pub fn limits_of(&self, host: &HostName) -> LeaseLimits {
+        self.host_limits.get(host).copied().unwrap_or(self.limits)
+    }
+
+    /// Whether no host has a limit: the plans are those of plain equal share.
+    pub fn is_unlimited(&self) -> bool {
+        self.limits.is_none() && self.host_limits.values().all(LeaseLimits::is_none)
+    }
+
+    /// Every live host's quota of the eligible leases under this strategy: [`super::quotas`]
+    /// within the limits (see "Limits" above). The quotas add up to the eligible leases, or,
+    /// when every host's quota is its maximum, to less.
+    ///
+    /// Duplicate host names count once. Empty `live_hosts` gives an empty map.
+    pub fn quotas(
+        &self,
+        live_hosts: &[HostName],
+        leases: &[LeaseView<'_>],
+    ) -> BTreeMap<HostName, usize> {
+        let fleet = Fleet::new(live_hosts, self);
+        let census = Census::new(&fleet, leases);
+        fleet
+            .hosts
+            .iter()
+            .zip(census.quota.iter())
+            .map(|(h, q)| ((*h).clone(), *q))
+            .collect()
+    }
+}
 
 impl BalanceStrategy for EqualShare {
     fn plan(&self, snapshot: &Snapshot<'_>) -> Plan {
-        let fleet = Fleet::new(snapshot.live_hosts);
+        let fleet = Fleet::new(snapshot.live_hosts, self);
         let Some(me) = fleet.index_of(snapshot.me) else {
             return Plan::default();
         };
@@ -167,12 +255,8 @@ impl BalanceStrategy for EqualShare {
                 }
             }
             for (&(donor, offset, n), mut list) in draws.iter().zip(offered) {
-                // Stale requests first (they would otherwise move twice), then by partition.
                 let slice = select_range(&mut list, offset, offset + n, |x, y| {
-                    let unasked = |i: usize| leases[i].lease.next_owner.is_none();
-                    unasked(*x)
-                        .cmp(&unasked(*y))
-                        .then_with(|| by_partition(leases, *x, *y))
+                    by_handoff_order(leases, *x, *y)
                 });
                 plan.request_handoff
                     .extend(slice.iter().map(|&i| HandoffRequest {
@@ -182,11 +266,58 @@ impl BalanceStrategy for EqualShare {
             }
         }
 
+        // 4. Above its maximum, give up what no host under quota asks for in step 3. The askers
+        // draw from the donors in order, so they draw the first `drawn` of this host's leases
+        // in hand-off order; the release takes the next ones, and the plans stay disjoint.
+        let over = census.effective[me].saturating_sub(fleet.bounds[me].1);
+        if over > 0 {
+            let wanted: usize = need.iter().sum();
+            let before: usize = donors
+                .iter()
+                .take_while(|&&(h, _)| h != me)
+                .map(|&(_, give)| give)
+                .sum();
+            let give = donors
+                .iter()
+                .find(|&&(h, _)| h == me)
+                .map_or(0, |&(_, give)| give);
+            let drawn = wanted.saturating_sub(before).min(give);
+            let mut mine: Vec<usize> = census
+                .status
+                .iter()
+                .enumerate()
+                .filter(|(_, status)| {
+                    **status
+                        == Status::Held {
+                            owner: me,
+                            pending: None,
+                        }
+                })
+                .map(|(i, _)| i)
+                .collect();
+            let release = over.saturating_sub(drawn);
+            let slice = select_range(&mut mine, drawn, drawn + release, |x, y| {
+                by_handoff_order(leases, *x, *y)
+            });
+            plan.release
+                .extend(slice.iter().map(|&i| leases[i].lease.key.partition.clone()));
+        }
+
         plan.take.sort_unstable();
         plan.steal.sort_unstable();
         plan.request_handoff.sort_unstable();
+        plan.release.sort_unstable();
         plan
     }
+}
+
+/// The order in which an over-quota host's leases are asked for (and, above its maximum,
+/// released): stale requests first (they would otherwise move twice), then by partition.
+fn by_handoff_order(leases: &[LeaseView<'_>], x: usize, y: usize) -> Ordering {
+    let unasked = |i: usize| leases[i].lease.next_owner.is_none();
+    unasked(x)
+        .cmp(&unasked(y))
+        .then_with(|| by_partition(leases, x, y))
 }
 
 /// Orders leases by partition id, then by position in the snapshot (a total order even if a
@@ -226,15 +357,17 @@ fn select_range<T>(
     range
 }
 
-/// The live hosts, sorted and deduplicated, with a name → index map.
-pub(super) struct Fleet<'s> {
+/// The live hosts, sorted and deduplicated, with a name → index map and their limits.
+struct Fleet<'s> {
     /// Live hosts in name order.
-    pub(super) hosts: Vec<&'s HostName>,
+    hosts: Vec<&'s HostName>,
     index: HashMap<&'s str, usize>,
+    /// Per host: its `(min, max)` eligible leases (`(0, usize::MAX)` without limits).
+    bounds: Vec<(usize, usize)>,
 }
 
 impl<'s> Fleet<'s> {
-    pub(super) fn new(live_hosts: &'s [HostName]) -> Self {
+    fn new(live_hosts: &'s [HostName], strategy: &EqualShare) -> Self {
         let mut hosts: Vec<&HostName> = live_hosts.iter().collect();
         hosts.sort_unstable();
         hosts.dedup();
@@ -243,7 +376,15 @@ impl<'s> Fleet<'s> {
             .enumerate()
             .map(|(i, h)| (h.as_str(), i))
             .collect();
-        Self { hosts, index }
+        let bounds = hosts
+            .iter()
+            .map(|h| strategy.limits_of(h).bounds())
+            .collect();
+        Self {
+            hosts,
+            index,
+            bounds,
+        }
     }
 
     fn index_of(&self, host: &HostName) -> Option<usize> {
@@ -267,7 +408,7 @@ enum Status {
 }
 
 /// One pass over the leases: each lease's status and each host's counts and quota.
-pub(super) struct Census {
+struct Census {
     status: Vec<Status>,
     /// Per host: eligible leases owned, minus pending hand-offs out, plus pending hand-offs in.
     /// (The quota ranking also counts the free leases a host asked for; see [`super::quotas`].)
@@ -275,11 +416,11 @@ pub(super) struct Census {
     /// Per host: eligible leases owned with no pending hand-off to a live host.
     requestable: Vec<usize>,
     /// Per host: its quota.
-    pub(super) quota: Vec<usize>,
+    quota: Vec<usize>,
 }
 
 impl Census {
-    pub(super) fn new(fleet: &Fleet<'_>, leases: &[LeaseView<'_>]) -> Self {
+    fn new(fleet: &Fleet<'_>, leases: &[LeaseView<'_>]) -> Self {
         let hosts = fleet.hosts.len();
         let mut owned = vec![0usize; hosts];
         let mut incoming = vec![0usize; hosts];
@@ -335,16 +476,11 @@ impl Census {
         let effective: Vec<usize> = (0..hosts)
             .map(|h| owned[h] - outgoing[h] + incoming[h])
             .collect();
-        let mut quota = vec![0usize; hosts];
-        if let (Some(base), Some(extra)) =
-            (eligible.checked_div(hosts), eligible.checked_rem(hosts))
-        {
-            let mut order: Vec<usize> = (0..hosts).collect();
-            order.sort_unstable_by_key(|&h| (Reverse(effective[h] + claimed[h]), h));
-            for (rank, &h) in order.iter().enumerate() {
-                quota[h] = base + usize::from(rank < extra);
-            }
-        }
+        // Ties go to the hosts holding most (counting the free leases they asked for), then
+        // by name: see `super::quotas`.
+        let mut rank: Vec<usize> = (0..hosts).collect();
+        rank.sort_unstable_by_key(|&h| (Reverse(effective[h] + claimed[h]), h));
+        let quota = share(eligible, &rank, &fleet.bounds);
         Self {
             status,
             effective,

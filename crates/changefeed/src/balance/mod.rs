@@ -8,8 +8,9 @@
 //! lease store, each action a compare-and-swap on the version it saw. A lost CAS is not an
 //! error here: the next cycle plans again from a fresh snapshot.
 //!
-//! [`EqualShare`] is the default strategy (`DESIGN.md`, "Balancing"); [`quotas`] exposes its
-//! share computation for the CLI, tests and the simulator. [`KclLike`] and [`CosmosLike`]
+//! [`EqualShare`] is the default strategy (`DESIGN.md`, "Balancing"), optionally within
+//! [`LeaseLimits`] (the fewest and most leases per host); [`quotas`] and
+//! [`EqualShare::quotas`] expose its share computation for the CLI, tests and the simulator. [`KclLike`] and [`CosmosLike`]
 //! implement the published lease-taking rules of the Kinesis Client Library and the Cosmos DB
 //! change feed processor (bulk takes of expired leases, one steal per cycle), as baselines for
 //! the simulator and for users who want that behaviour.
@@ -24,7 +25,7 @@
 //!     .collect::<Result<_, changefeed::ModelError>>()?;
 //! let views: Vec<LeaseView<'_>> = leases.iter().map(LeaseView::new).collect();
 //! let hosts = [HostName::new("a")?, HostName::new("b")?];
-//! let plan = EqualShare.plan(&Snapshot { me: &hosts[0], live_hosts: &hosts, leases: &views });
+//! let plan = EqualShare::default().plan(&Snapshot { me: &hosts[0], live_hosts: &hosts, leases: &views });
 //! // Four free leases, two hosts: "a" takes its two, and leaves the other two to "b".
 //! assert_eq!(plan.take.len(), 2);
 //! assert!(plan.request_handoff.is_empty() && plan.steal.is_empty() && plan.release.is_empty());
@@ -40,12 +41,14 @@ use crate::model::{HostName, Lease, PartitionId};
 mod cosmos;
 mod equal_share;
 mod kcl;
+mod limits;
 #[cfg(test)]
 mod tests;
 
 pub use cosmos::CosmosLike;
 pub use equal_share::EqualShare;
 pub use kcl::KclLike;
+pub use limits::{LeaseLimits, LimitsError};
 
 /// The lease property a custom strategy may read as a per-lease weight (see
 /// [`LeaseView::weight`]).
@@ -164,7 +167,7 @@ pub trait BalanceStrategy: Send + Sync + std::fmt::Debug {
     fn plan(&self, snapshot: &Snapshot<'_>) -> Plan;
 }
 
-/// Every live host's share of the eligible leases under [`EqualShare`].
+/// Every live host's share of the eligible leases under [`EqualShare`] without limits.
 ///
 /// With `E` eligible leases and `H` live hosts each host gets `E / H`, and the `E % H` extra
 /// leases go to the hosts that currently hold the most eligible leases, ties broken by host
@@ -173,14 +176,8 @@ pub trait BalanceStrategy: Send + Sync + std::fmt::Debug {
 /// it asked for (as `next_owner`) whose owner is live or dead: pending hand-offs count as done,
 /// so the quotas do not shift while they complete.
 ///
-/// Duplicate host names count once. Empty `live_hosts` gives an empty map.
+/// Duplicate host names count once. Empty `live_hosts` gives an empty map. With limits, see
+/// [`EqualShare::quotas`].
 pub fn quotas(live_hosts: &[HostName], leases: &[LeaseView<'_>]) -> BTreeMap<HostName, usize> {
-    let fleet = equal_share::Fleet::new(live_hosts);
-    let census = equal_share::Census::new(&fleet, leases);
-    fleet
-        .hosts
-        .iter()
-        .zip(census.quota.iter())
-        .map(|(h, q)| ((*h).clone(), *q))
-        .collect()
+    EqualShare::default().quotas(live_hosts, leases)
 }

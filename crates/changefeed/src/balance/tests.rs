@@ -8,6 +8,8 @@ use proptest::prelude::*;
 use super::*;
 use crate::model::{GroupName, LeaseKey, LeaseState, Position};
 
+mod limits;
+
 fn host(name: &str) -> HostName {
     HostName::new(name).expect("valid host name")
 }
@@ -68,10 +70,14 @@ impl Table {
     }
 
     fn plan(&self, me: &str, live: &[&str]) -> Plan {
+        self.plan_with(&EqualShare::default(), me, live)
+    }
+
+    fn plan_with(&self, strategy: &EqualShare, me: &str, live: &[&str]) -> Plan {
         let live = hosts(live);
         let me = host(me);
         let views = self.views();
-        EqualShare.plan(&Snapshot {
+        strategy.plan(&Snapshot {
             me: &me,
             live_hosts: &live,
             leases: &views,
@@ -308,6 +314,8 @@ struct Fleet {
     /// Live hosts that never honour a hand-off request.
     unresponsive: BTreeSet<HostName>,
     table: Table,
+    /// What every host plans with.
+    strategy: EqualShare,
 }
 
 impl Fleet {
@@ -345,6 +353,7 @@ impl Fleet {
             live: live_hosts,
             unresponsive,
             table,
+            strategy: EqualShare::default(),
         }
     }
 
@@ -357,7 +366,7 @@ impl Fleet {
         self.live
             .iter()
             .map(|me| {
-                let plan = EqualShare.plan(&Snapshot {
+                let plan = self.strategy.plan(&Snapshot {
                     me,
                     live_hosts: &self.live,
                     leases: &views,
@@ -586,10 +595,10 @@ proptest! {
         shuffled_live.extend(fleet.live.iter().cloned());
         for me in &fleet.universe {
             let snapshot = Snapshot { me, live_hosts: &fleet.live, leases: &views };
-            let plan = EqualShare.plan(&snapshot);
-            prop_assert_eq!(&plan, &EqualShare.plan(&snapshot));
+            let plan = EqualShare::default().plan(&snapshot);
+            prop_assert_eq!(&plan, &EqualShare::default().plan(&snapshot));
             let other = Snapshot { me, live_hosts: &shuffled_live, leases: &shuffled_views };
-            prop_assert_eq!(&plan, &EqualShare.plan(&other));
+            prop_assert_eq!(&plan, &EqualShare::default().plan(&other));
         }
     }
 

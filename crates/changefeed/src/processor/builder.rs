@@ -12,6 +12,7 @@ use tracing::{info, Instrument};
 
 use super::config::{CheckpointMode, ConfigError, Settings};
 use super::handler::{DeadLetterSink, Handler};
+use super::health::{EndGuard, Health, HealthCell, HealthProbe};
 use super::heartbeat::{self, ProcessorError};
 use super::hooks;
 #[cfg(feature = "sim-broken")]
@@ -104,7 +105,11 @@ impl ProcessorBuilder {
         self
     }
 
-    /// The balancing strategy. Default [`EqualShare`].
+    /// The balancing strategy. Default [`EqualShare`], within
+    /// [`min_leases`](Self::min_leases) and [`max_leases`](Self::max_leases). Those two
+    /// settings configure the default strategy only: giving them together with a strategy is
+    /// refused by [`build`](Self::build) (construct it with
+    /// [`EqualShare::with_limits`] instead).
     pub fn strategy(mut self, strategy: Arc<dyn BalanceStrategy>) -> Self {
         self.strategy = Some(strategy);
         self
@@ -205,6 +210,14 @@ impl ProcessorBuilder {
         /// See [`Settings::missing_parents`].
         missing_parents: crate::lineage::MissingParents
     );
+    setting!(
+        /// See [`Settings::min_leases`]. Set it alike on every host of the group.
+        min_leases: usize
+    );
+    setting!(
+        /// See [`Settings::max_leases`]. Set it alike on every host of the group.
+        max_leases: Option<usize>
+    );
 
     /// Validates everything and builds the processor.
     ///
@@ -228,6 +241,19 @@ impl ProcessorBuilder {
         let source = self.source.ok_or(ConfigError::Missing("source"))?;
         let handler = self.handler.ok_or(ConfigError::Missing("handler"))?;
         self.settings.validate()?;
+        let limits = self.settings.lease_limits()?;
+        if self.strategy.is_some() && !limits.is_none() {
+            return Err(ConfigError::Invalid {
+                setting: if limits.max_leases().is_some() {
+                    "max_leases"
+                } else {
+                    "min_leases"
+                },
+                rule: "configures the default strategy, but ProcessorBuilder::strategy gave \
+                       another: give the limits to that strategy (EqualShare::with_limits)"
+                    .into(),
+            });
+        }
         if self.settings.dead_letter_after.is_some() && self.dead_letter.is_none() {
             return Err(ConfigError::Invalid {
                 setting: "dead_letter_after",
@@ -244,6 +270,7 @@ impl ProcessorBuilder {
                     .wrapping_mul(0x9E37_79B9_7F4A_7C15)
         });
         let stats = Arc::new(crate::lease::StoreStats::default());
+        let health = Arc::new(HealthCell::new(clock.clone(), self.settings.fence_after()));
         Ok(Processor {
             host,
             group,
@@ -252,11 +279,14 @@ impl ProcessorBuilder {
             source,
             handler,
             dead_letter: self.dead_letter,
-            strategy: self.strategy.unwrap_or_else(|| Arc::new(EqualShare)),
+            strategy: self
+                .strategy
+                .unwrap_or_else(|| Arc::new(EqualShare::with_limits(limits))),
             clock,
             rng: SmallRng::seed_from_u64(seed),
             settings: Arc::new(self.settings),
             hooks: self.hooks,
+            health,
         })
     }
 }
@@ -275,6 +305,8 @@ pub struct Processor {
     pub(super) rng: SmallRng,
     pub(super) settings: Arc<Settings>,
     pub(super) hooks: hooks::Hooks,
+    /// What [`HealthProbe`] reads; the host and its heartbeat task write it.
+    pub(super) health: Arc<HealthCell>,
 }
 
 impl std::fmt::Debug for Processor {
@@ -292,6 +324,7 @@ pub struct ProcessorHandle {
     cancel: CancellationToken,
     task: tokio::task::JoinHandle<Result<(), ProcessorError>>,
     stats: Arc<crate::lease::StoreStats>,
+    health: HealthProbe,
 }
 
 impl ProcessorHandle {
@@ -337,6 +370,51 @@ impl ProcessorHandle {
     pub fn store_stats(&self) -> &crate::lease::StoreStats {
         &self.stats
     }
+
+    /// This host's health now: whether it is registered, how old its last successful
+    /// heartbeat is, whether it is fenced, and so whether it is
+    /// [ready](Health::is_ready) (registered, not fenced, not stopping). A host cut off from
+    /// its store becomes unready when it fences itself (`lease_expiry − safety_margin` after its
+    /// last successful heartbeat) and ready again once a heartbeat succeeds (registering
+    /// afresh if its row was removed meanwhile). See [`Health`].
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use changefeed::lease::MemoryLeaseStore;
+    /// # use changefeed::processor::{handler_fn, Processor};
+    /// # use changefeed::source::MemoryFeed;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let running = Processor::builder()
+    ///     .host("host-a")
+    ///     .group("orders")
+    ///     .store(Arc::new(MemoryLeaseStore::new()))
+    ///     .source(Arc::new(MemoryFeed::new(1)))
+    ///     .handler(handler_fn(|_, _| async { Ok(()) }))
+    ///     .build()?
+    ///     .start();
+    /// let health = running.health();
+    /// // Nothing has run yet: the heartbeat row is not written.
+    /// assert!(!health.is_ready());
+    /// assert_eq!(health.to_string(), "not ready: not registered yet");
+    /// running.stop().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn health(&self) -> Health {
+        let mut health = self.health.health();
+        if self.task.is_finished() {
+            // Ended, perhaps by a panic or an abort: nothing runs any more.
+            health.registered = false;
+            health.stopping = true;
+        }
+        health
+    }
+
+    /// A [`HealthProbe`] to read [`ProcessorHandle::health`] from elsewhere (an HTTP probe
+    /// server, say) for as long as it is kept, also after the handle is gone.
+    pub fn health_probe(&self) -> HealthProbe {
+        self.health.clone()
+    }
 }
 
 impl Processor {
@@ -350,15 +428,23 @@ impl Processor {
         &self.host
     }
 
+    /// Reads this host's [`Health`] once it runs: for a program that runs the processor with
+    /// [`Processor::run`] and serves probes itself. [`ProcessorHandle::health`] gives the same.
+    pub fn health_probe(&self) -> HealthProbe {
+        HealthProbe(self.health.clone())
+    }
+
     /// Spawns the processor on the current tokio runtime.
     pub fn start(self) -> ProcessorHandle {
         let cancel = CancellationToken::new();
         let stats = self.stats.clone();
+        let health = self.health_probe();
         let task = tokio::spawn(self.run(cancel.clone()));
         ProcessorHandle {
             cancel,
             task,
             stats,
+            health,
         }
     }
 
@@ -371,6 +457,8 @@ impl Processor {
     /// [`ProcessorError::Store`] if registration failed.
     pub async fn run(mut self, cancel: CancellationToken) -> Result<(), ProcessorError> {
         let span = tracing::info_span!("host", host = %self.host, group = %self.group);
+        // However the run ends (stopped, failed, or its future dropped), its health says so.
+        let _ended = EndGuard(self.health.clone());
         async move {
             let incarnation = format!("{:016x}", self.rng.gen::<u64>());
             let Some(row) = heartbeat::register(

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::balance::LeaseLimits;
 use crate::lineage::MissingParents;
 use crate::model::Position;
 
@@ -85,6 +86,25 @@ pub struct Settings {
     /// How a parent the source no longer lists is read. Default
     /// [`MissingParents::Finished`] (trimmed by retention).
     pub missing_parents: MissingParents,
+    /// The fewest eligible leases each host of the group should hold (Cosmos's
+    /// `MinPartitionCount`). Default 0: no minimum.
+    ///
+    /// When the leases do not cover every host's minimum, hosts fill up to it one after
+    /// another (those holding most first) and the rest hold nothing, instead of every host
+    /// holding a share below the minimum. Applies to the default strategy
+    /// ([`EqualShare`](crate::balance::EqualShare), see its "Limits"). Every host plans for
+    /// the whole fleet with these limits, so set them alike on every host of a group, as
+    /// `lease_expiry`.
+    pub min_leases: usize,
+    /// The most eligible leases each host of the group may hold (Cosmos's
+    /// `MaxPartitionCount`, KCL's `maxLeasesForWorker`). Default none.
+    ///
+    /// A host at its maximum takes no more, and what it cannot hold is spread over the others.
+    /// A host above it hands the excess to hosts that ask, and releases what nobody asks for.
+    /// When every host is at its maximum, the remaining leases stay free, and their
+    /// partitions unread, until a host joins. At least 1 and at least `min_leases`; set alike
+    /// on every host of a group.
+    pub max_leases: Option<usize>,
 }
 
 impl Default for Settings {
@@ -110,6 +130,8 @@ impl Default for Settings {
             cleanup: true,
             cleanup_delay: Duration::from_secs(300),
             missing_parents: MissingParents::Finished,
+            min_leases: 0,
+            max_leases: None,
         }
     }
 }
@@ -241,6 +263,7 @@ impl Settings {
                     .into(),
             );
         }
+        self.lease_limits()?;
         if self.min_backoff > self.max_backoff {
             return bad(
                 "min_backoff",
@@ -251,6 +274,18 @@ impl Settings {
             );
         }
         Ok(())
+    }
+
+    /// `min_leases` and `max_leases` as the default strategy's limits.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming `max_leases` if it is 0, or `min_leases` if it exceeds
+    /// `max_leases`.
+    pub fn lease_limits(&self) -> Result<LeaseLimits, ConfigError> {
+        LeaseLimits::new(self.min_leases, self.max_leases).map_err(|e| ConfigError::Invalid {
+            setting: e.setting,
+            rule: e.rule,
+        })
     }
 
     /// How long after its last successful heartbeat was sent a host fences itself.

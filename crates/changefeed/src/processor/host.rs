@@ -78,6 +78,9 @@ impl Host {
                 ParentsRule::Wait
             },
         };
+        let fence_deadline = heartbeat::FenceDeadline::new(fence_at);
+        // Registered: from now on the host's health reads its fence record.
+        p.health.registered(fence_deadline.clone());
         Self {
             group_label: p.group.to_string(),
             state: HostState::new(p.host.clone(), config, p_now),
@@ -88,7 +91,7 @@ impl Host {
             exits_tx,
             exits_rx,
             fenced_tx: watch::channel(false).0,
-            fence_deadline: heartbeat::FenceDeadline::new(fence_at),
+            fence_deadline,
             view: heartbeat::ViewStamp::new(p_now),
             syncer: sync::Syncer::default(),
             lag: Arc::default(),
@@ -149,6 +152,7 @@ impl Host {
         }
         // Graceful stop, bounded by shutdown_timeout: workers release their leases first (the
         // batch in flight may run for half of it), then the heartbeat goes.
+        self.p.health.stopping();
         let stop_at = self.p.clock.now() + self.p.settings.shutdown_timeout;
         info!("stopping: releasing leases");
         self.worker_cancel.cancel();

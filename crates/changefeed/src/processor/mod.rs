@@ -33,6 +33,7 @@
 mod builder;
 mod config;
 mod handler;
+mod health;
 mod heartbeat;
 mod hooks;
 mod host;
@@ -47,6 +48,7 @@ pub use config::{CheckpointMode, ConfigError, Settings, MAX_BATCH_LIMIT, MAX_DUR
 pub use handler::{
     handler_fn, CloseReason, Context, DeadLetter, DeadLetterSink, FnHandler, Handler, HandlerError,
 };
+pub use health::{Health, HealthProbe};
 pub use heartbeat::{Liveness, ProcessorError};
 #[cfg(feature = "sim-broken")]
 pub use hooks::Broken;

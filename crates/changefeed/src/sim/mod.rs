@@ -217,7 +217,7 @@ impl StrategyKind {
     /// The strategy.
     pub fn strategy(self) -> Arc<dyn BalanceStrategy> {
         match self {
-            StrategyKind::EqualShare => Arc::new(EqualShare),
+            StrategyKind::EqualShare => Arc::new(EqualShare::default()),
             StrategyKind::Kcl => Arc::new(KclLike::default()),
             StrategyKind::Cosmos => Arc::new(CosmosLike),
         }

@@ -5,6 +5,8 @@
 mod conformance;
 mod fence;
 mod handler;
+mod health;
+mod limits;
 mod lineage;
 mod multistream;
 mod processor;

@@ -226,6 +226,10 @@ pub(crate) async fn register(
 /// may have taken this host's leases during a lapse, so a worker started before one must stop
 /// even though the deadline has moved forward again (after a stall, the heartbeat task may
 /// renew before a worker gets to look at the clock): see [`FenceDeadline::fenced_since`].
+///
+/// It also notes whether the host's heartbeat row is in the store, as far as the heartbeat
+/// task knows; only the host's health reads that ([`super::HealthProbe`]), and it decides
+/// nothing.
 #[derive(Debug, Clone)]
 pub(crate) struct FenceDeadline(Arc<std::sync::Mutex<FenceState>>);
 
@@ -237,6 +241,9 @@ struct FenceState {
     lapses: u64,
     /// Raised by the heartbeat task, until a renewal lowers it.
     raised: bool,
+    /// The heartbeat row is in the store (false from finding it removed or taken over until
+    /// registering again).
+    registered: bool,
 }
 
 impl FenceDeadline {
@@ -245,6 +252,7 @@ impl FenceDeadline {
             at,
             lapses: 0,
             raised: false,
+            registered: true,
         })))
     }
 
@@ -277,6 +285,11 @@ impl FenceDeadline {
         state.raised || now >= state.at || state.lapses != lapses
     }
 
+    /// Whether the heartbeat row is in the store, as far as the heartbeat task knows.
+    pub(crate) fn is_registered(&self) -> bool {
+        self.lock().registered
+    }
+
     /// A renewal sent at `sent` succeeded: the deadline moves to `at`, and if `sent` was past
     /// the old deadline, that was a lapse.
     fn renewed(&self, sent: Instant, at: Instant) {
@@ -293,6 +306,10 @@ impl FenceDeadline {
 
     fn set_raised(&self, raised: bool) {
         self.lock().raised = raised;
+    }
+
+    fn set_registered(&self, registered: bool) {
+        self.lock().registered = registered;
     }
 }
 
@@ -442,6 +459,7 @@ pub(crate) async fn run(
                 // new row starts again at version 1: it carries a new incarnation, or one back
                 // at a version an observer saw before would look unchanged and its host dead
                 // while alive (`tests::reregistered_row_is_seen_to_change`).
+                fence.record.set_registered(false);
                 rejoins += 1;
                 let token = format!("{base_incarnation}.r{rejoins}");
                 match store
@@ -453,6 +471,7 @@ pub(crate) async fn run(
                         row = hb;
                         last_ok_sent = sent;
                         fence.record.renewed(sent, sent + fence_after);
+                        fence.record.set_registered(true);
                         if fence.is_raised() {
                             fence.lower();
                         }
@@ -462,6 +481,7 @@ pub(crate) async fn run(
             }
             Some(Err(LeaseError::HeartbeatConflict { current, .. })) => {
                 error!(host = %row.host, current = ?current.map(|c| c.incarnation), "heartbeat row taken over or removed; stopping");
+                fence.record.set_registered(false);
                 fence.raise();
                 return Err(ProcessorError::Superseded {
                     group: row.group.to_string(),

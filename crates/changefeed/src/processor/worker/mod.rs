@@ -11,7 +11,7 @@
 //! - `confirm.rs`: what the worker knows of its lease between writes (the host loop's hints,
 //!   its own reads), and the hand-off confirmations a delivery needs;
 //! - `checkpoint.rs`: checkpointing, finishing, releasing and handing the lease off;
-//! - `retry.rs`: the one retry policy every retried operation follows;
+//! - `../retry.rs`: the one retry policy every retried operation follows (the host's too);
 //! - `cell.rs`: the lease row and its compare-and-swap writes.
 //!
 //! Whether the host is fenced is asked of one place, [`Fence`]; the host's heartbeat task

@@ -86,7 +86,7 @@ fn plan_for(me: &str, live: &[&str], rows: Vec<Lease>) -> Plan {
             grace: 2 * SECOND,
             parents: ParentsRule::Wait,
         },
-        &EqualShare,
+        &EqualShare::default(),
     )
     .0
 }

@@ -306,9 +306,9 @@ fn requests_wait_out_the_start_up_grace() {
         grace: 2 * SECOND,
         parents: ParentsRule::Wait,
     };
-    let (early, held) = plan(&input(start + SECOND), &EqualShare);
+    let (early, held) = plan(&input(start + SECOND), &EqualShare::default());
     assert!(held && early.request_handoff.is_empty());
-    let (later, held) = plan(&input(start + 3 * SECOND), &EqualShare);
+    let (later, held) = plan(&input(start + 3 * SECOND), &EqualShare::default());
     assert!(!held && later.request_handoff.len() == 1);
 }
 
@@ -335,7 +335,7 @@ fn an_unhonoured_request_is_stolen_after_the_hand_off_timeout() {
                 grace: 2 * SECOND,
                 parents: ParentsRule::Wait,
             },
-            &EqualShare,
+            &EqualShare::default(),
         )
         .0
     };

@@ -14,7 +14,7 @@ fn a_newcomer_takes_free_leases_at_once_and_asks_after_the_grace() {
     let mut s = state("b", &["a", "b"], rows, start);
     assert!(s.wants_plan(true));
     s.begin_plan();
-    let early = s.actions(start, start, &EqualShare);
+    let early = s.actions(start, start, &EqualShare::default());
     assert_eq!(partitions(&early.takes), vec![(p("2"), TakeKind::Take)]);
     assert!(early.requests.is_empty(), "requests wait out the grace");
     assert!(
@@ -23,7 +23,7 @@ fn a_newcomer_takes_free_leases_at_once_and_asks_after_the_grace() {
     );
     let later = start + 3 * SECOND;
     s.begin_plan();
-    let asked = s.actions(later, later, &EqualShare);
+    let asked = s.actions(later, later, &EqualShare::default());
     assert_eq!(asked.requests.len(), 1);
     assert_eq!(asked.requests[0].from, h("a"));
     let (listed, next) = s.request_row(&asked.requests[0], None).unwrap();
@@ -38,7 +38,7 @@ fn nothing_to_do_in_a_quiet_cycle() {
     s.worker_started(&row("0", Some("a"), None, 1));
     s.begin_plan();
     assert!(s.to_adopt().is_empty());
-    let a = s.actions(start, start, &EqualShare);
+    let a = s.actions(start, start, &EqualShare::default());
     assert!(a.takes.is_empty() && a.requests.is_empty() && a.releases.is_empty());
     assert_eq!(s.next_read(1, start + SECOND), Read::Nothing);
     assert!(!s.wants_plan(false));
@@ -126,12 +126,12 @@ fn a_take_waits_while_a_worker_of_an_earlier_ownership_runs() {
     // The worker of this host's earlier ownership has not exited yet.
     s.worker_started(&row("0", Some("a"), None, 2));
     s.begin_plan();
-    let a = s.actions(start, start, &EqualShare);
+    let a = s.actions(start, start, &EqualShare::default());
     assert!(a.takes.is_empty());
     assert!(s.wants_plan(false), "plans again once the worker is gone");
     s.worker_exited(&p("0"));
     s.begin_plan();
-    let a = s.actions(start, start, &EqualShare);
+    let a = s.actions(start, start, &EqualShare::default());
     assert_eq!(partitions(&a.takes), vec![(p("0"), TakeKind::Take)]);
 }
 
@@ -146,7 +146,7 @@ fn a_take_stores_the_row_and_forgets_the_request() {
     );
     let later = start + 11 * SECOND;
     s.begin_plan();
-    let a = s.actions(later, start, &EqualShare);
+    let a = s.actions(later, start, &EqualShare::default());
     assert_eq!(partitions(&a.takes), vec![(p("0"), TakeKind::Steal)]);
     let taken = s.taken_row(&a.takes[0].0);
     assert_eq!(

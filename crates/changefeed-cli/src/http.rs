@@ -1,0 +1,242 @@
+//! The host's HTTP endpoints (`changefeed run --http ADDR`), for Prometheus and an
+//! orchestrator's probes:
+//!
+//! - `GET /metrics`: every metric in Prometheus's text format (`docs/metrics.md`);
+//! - `GET /healthz`: `200 ok` while the process is alive (it answers at all);
+//! - `GET /readyz`: `200` while the host is ready (registered, heartbeat fresh, not fenced,
+//!   not stopping: the library's [`changefeed::processor::Health::is_ready`]), `503` otherwise; the body is one line
+//!   saying which, e.g. `not ready: fenced: last successful heartbeat 4.1s ago`.
+//!
+//! This module owns the listeners, the connections and the recorder's upkeep; what readiness
+//! means is the library's ([`changefeed::processor::Health`]). Until the processor exists (the
+//! lease store is still being opened) `/readyz` answers `503 not ready: starting`. Each
+//! connection is HTTP/1.1 (hyper), with a 10 s limit on reading a request's headers.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use bytes::Bytes;
+use changefeed::processor::HealthProbe;
+use http_body_util::Full;
+use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+/// How often the Prometheus recorder's histograms are drained (its own default).
+const UPKEEP: Duration = Duration::from_secs(5);
+
+/// Longest a client may take to send a request's headers.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The Prometheus text format's content type.
+const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// What every connection answers from.
+#[derive(Debug)]
+struct State {
+    metrics: PrometheusHandle,
+    /// Set once the processor is built.
+    probe: OnceLock<HealthProbe>,
+}
+
+/// The running endpoints: tell them the processor's health with [`Endpoints::ready_from`];
+/// they stop when the token given to [`Endpoints::start`] is cancelled.
+#[derive(Debug)]
+pub struct Endpoints {
+    state: Arc<State>,
+}
+
+impl Endpoints {
+    /// Installs the Prometheus recorder, binds every address in `addrs` and serves the same
+    /// endpoints on each until `cancel` is cancelled. Must be called inside a tokio runtime.
+    ///
+    /// # Errors
+    /// If an address cannot be bound (named in the error) or a recorder is already installed.
+    pub async fn start(addrs: &[SocketAddr], cancel: CancellationToken) -> anyhow::Result<Self> {
+        let mut listeners = Vec::with_capacity(addrs.len());
+        for addr in addrs {
+            let listener = TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("serving HTTP on {addr}"))?;
+            listeners.push(listener);
+        }
+        let metrics = crate::metrics::install()?;
+        let state = Arc::new(State {
+            metrics: metrics.clone(),
+            probe: OnceLock::new(),
+        });
+        for listener in listeners {
+            if let Ok(addr) = listener.local_addr() {
+                info!(%addr, "serving /metrics, /healthz and /readyz");
+            }
+            tokio::spawn(serve(listener, state.clone(), cancel.clone()));
+        }
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tokio::time::sleep(UPKEEP) => metrics.run_upkeep(),
+                }
+            }
+        });
+        Ok(Self { state })
+    }
+
+    /// From now on `/readyz` answers from `probe`.
+    pub fn ready_from(&self, probe: HealthProbe) {
+        // Set once, right after the processor is built; a second call would change nothing.
+        let _ = self.state.probe.set(probe);
+    }
+}
+
+/// Accepts connections on `listener` until `cancel`, each served on a task of its own.
+async fn serve(listener: TcpListener, state: Arc<State>, cancel: CancellationToken) {
+    loop {
+        let stream = tokio::select! {
+            _ = cancel.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(err) => {
+                    // Out of file descriptors, say: wait a little rather than spin.
+                    warn!(error = %err, "accepting an HTTP connection failed");
+                    tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        _ = tokio::time::sleep(Duration::from_millis(100)) => continue,
+                    }
+                }
+            },
+        };
+        let state = state.clone();
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| {
+                let response = answer(&state, req.method(), req.uri().path());
+                async move { Ok::<_, Infallible>(response) }
+            });
+            let connection = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                _ = cancel.cancelled() => {}
+                result = connection => {
+                    if let Err(err) = result {
+                        debug!(error = %err, "HTTP connection ended with an error");
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// The response to `method path`.
+fn answer(state: &State, method: &Method, path: &str) -> Response<Full<Bytes>> {
+    if method != Method::GET && method != Method::HEAD {
+        let mut response = text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "only GET and HEAD are served\n".into(),
+        );
+        response
+            .headers_mut()
+            .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
+        return response;
+    }
+    match path {
+        "/metrics" => {
+            let mut response = Response::new(Full::new(Bytes::from(state.metrics.render())));
+            response
+                .headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static(PROMETHEUS_TEXT));
+            response
+        }
+        "/healthz" => text(StatusCode::OK, "ok\n".into()),
+        "/readyz" => {
+            let (ready, line) = match state.probe.get().map(HealthProbe::health) {
+                Some(health) => (health.is_ready(), health.to_string()),
+                None => (false, "not ready: starting".to_string()),
+            };
+            let status = if ready {
+                StatusCode::OK
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            };
+            text(status, format!("{line}\n"))
+        }
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "not found: the endpoints are /metrics, /healthz and /readyz\n".into(),
+        ),
+    }
+}
+
+fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt as _;
+    use metrics_exporter_prometheus::PrometheusBuilder;
+
+    fn state() -> State {
+        State {
+            metrics: PrometheusBuilder::new().build_recorder().handle(),
+            probe: OnceLock::new(),
+        }
+    }
+
+    async fn body(response: Response<Full<Bytes>>) -> String {
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .expect("a full body cannot fail")
+            .to_bytes();
+        String::from_utf8(bytes.to_vec()).expect("utf-8")
+    }
+
+    #[tokio::test]
+    async fn endpoints_answer_by_path_and_method() {
+        // The routes: a live process is healthy; it is not ready before the processor exists;
+        // other paths are 404 and other methods 405.
+        let state = state();
+        let healthz = answer(&state, &Method::GET, "/healthz");
+        assert_eq!(healthz.status(), StatusCode::OK);
+        assert_eq!(body(healthz).await, "ok\n");
+        let readyz = answer(&state, &Method::GET, "/readyz");
+        assert_eq!(readyz.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(body(readyz).await, "not ready: starting\n");
+        let metrics = answer(&state, &Method::GET, "/metrics");
+        assert_eq!(metrics.status(), StatusCode::OK);
+        assert_eq!(
+            metrics.headers().get(CONTENT_TYPE),
+            Some(&HeaderValue::from_static(PROMETHEUS_TEXT))
+        );
+        assert_eq!(
+            answer(&state, &Method::GET, "/").status(),
+            StatusCode::NOT_FOUND
+        );
+        let post = answer(&state, &Method::POST, "/readyz");
+        assert_eq!(post.status(), StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(
+            post.headers().get(ALLOW),
+            Some(&HeaderValue::from_static("GET, HEAD"))
+        );
+    }
+}

@@ -71,9 +71,20 @@ pub enum PostgresError {
     /// No connection could be had from the pool.
     #[error("connection pool: {0}")]
     Pool(#[from] deadpool_postgres::PoolError),
-    /// PostgreSQL (or the connection to it) failed.
-    #[error(transparent)]
+    /// PostgreSQL (or the connection to it) failed. The message carries the server's own
+    /// (`db error: FATAL: role "x" does not exist`), so a log line that prints only this
+    /// error's text still says what the server refused; the driver's error is the source.
+    #[error("{}", postgres_text(.0))]
     Postgres(#[from] tokio_postgres::Error),
+}
+
+/// The driver's message, with the server's error when there is one (the driver's own text
+/// for it is only `db error`).
+fn postgres_text(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{e}: {db}"),
+        None => e.to_string(),
+    }
 }
 
 /// Whether a PostgreSQL error may go away on a retry: the connection broke, the server is

@@ -209,3 +209,23 @@ async fn an_unreachable_server_is_a_retryable_error() {
     .expect_err("nothing listens on port 1");
     assert!(err.is_retryable(), "{err}");
 }
+
+#[tokio::test]
+async fn a_refused_login_names_what_the_server_said_in_the_message_itself() {
+    // A log line prints only the top-level message (`%err`): it must say what the server
+    // refused, not just "db error".
+    let url = crate::common::url();
+    let (scheme, rest) = url.split_once("://").expect("a URL");
+    let host_and_db = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+    let err = PostgresLeaseStore::connect_with(
+        PgOptions::new(format!("{scheme}://no_such_role_cf@{host_and_db}"))
+            .client_timeout(Duration::from_secs(5)),
+    )
+    .await
+    .expect_err("the role does not exist");
+    let text = err.to_string();
+    assert!(
+        text.contains("role \"no_such_role_cf\" does not exist"),
+        "{text}"
+    );
+}

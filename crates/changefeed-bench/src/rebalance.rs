@@ -1,6 +1,7 @@
 //! `rebalance`: how fast a fleet rebalances, and what it costs in store calls, for our
-//! strategy against KCL-like and Cosmos-like ones, twice: all at our timings, and each at its
-//! own published defaults.
+//! strategy against KCL 2.x-like, Cosmos-like and KCL 3.x-like ones, twice: all at our
+//! timings, and each at its own published defaults; then KCL 2.x-like with its steal cap
+//! (`maxLeasesToStealAtOneTime`) raised to 10, 100 and no cap.
 //!
 //! Every fleet is the real processor on the simulator (`changefeed::sim`): 1000 leases (by
 //! default), an in-memory feed, virtual time. The columns differ in what the anchors do
@@ -8,14 +9,18 @@
 //!
 //! - the balancing decision: `EqualShare` (ours), `KclLike` (bulk takes of expired leases,
 //!   at most one steal per cycle, from the most-loaded host), `CosmosLike` (the same with
-//!   Cosmos's target rule);
+//!   Cosmos's target rule), `Kcl3Like` (KCL 3.x: a leader assigns free leases to the
+//!   least-loaded hosts and moves leases from over- to under-loaded hosts by graceful hand-off);
 //! - their store costs: for KCL and Cosmos every host also renews each lease it owns once per
 //!   renew interval (one CAS write per lease, which contends with checkpoints as theirs do) and
 //!   lists the whole lease table every acquire cycle;
 //! - at their own defaults, their timings: KCL 2.x with `failoverTimeMillis` 10 s renews every
 //!   10 s / 3 − 25 ms, scans (takes) every (10 s + 25 ms) × 2 and polls an idle shard every
 //!   1.5 s; the Cosmos processor renews every 17 s, acquires every 13 s, expires leases after
-//!   60 s and polls every 5 s; ours runs `Settings::default()`.
+//!   60 s and polls every 5 s; KCL 3.x renews as KCL 2.x, assigns every 2 × failover = 20 s
+//!   (the acquire interval here: a snapshot carries no time, so every host plans the leader's
+//!   assignment at that cadence) and times a graceful hand-off out after 30 s; ours runs
+//!   `Settings::default()`.
 //!
 //! Liveness is judged the same way for all three: a host's leases expire `lease_expiry` after
 //! its heartbeat is first seen unchanged, on the observer's clock, checked once per acquire
@@ -69,8 +74,13 @@ fn settings(strategy: StrategyKind, cadence: Cadence) -> Settings {
         }
         // KCL 2.x: failoverTimeMillis 10 s; renewer every failover / 3 − epsilon (25 ms),
         // taker every (failover + epsilon) × 2; idleTimeBetweenReadsInMillis 1.5 s.
-        (Cadence::Own, StrategyKind::Kcl) => {
+        (Cadence::Own, StrategyKind::Kcl | StrategyKind::KclSteal(_)) => {
             (ms(10_000 / 3 - 25), ms(20_050), ms(10_000), ms(1_500))
+        }
+        // KCL 3.x: the same renewer and failover; the leader assigns every
+        // leaseAssignmentIntervalMillis = 2 × failover.
+        (Cadence::Own, StrategyKind::Kcl3) => {
+            (ms(10_000 / 3 - 25), ms(20_000), ms(10_000), ms(1_500))
         }
         // Cosmos DB processor: renew 17 s, acquire 13 s, expiration 60 s, FeedPollDelay 5 s.
         (Cadence::Own, StrategyKind::Cosmos) => (ms(17_000), ms(13_000), ms(60_000), ms(5_000)),
@@ -88,8 +98,15 @@ fn settings(strategy: StrategyKind, cadence: Cadence) -> Settings {
             Duration::from_secs(300)
         },
         poll_delay: poll,
-        // Above safety_margin + acquire_interval, as a hand-off needs.
-        handoff_timeout: (safety_margin + acquire + ms(1)).max(ms(10_000)),
+        // Above safety_margin + acquire_interval, as a hand-off needs; KCL 3.x at its defaults:
+        // gracefulLeaseHandoffTimeoutMillis 30 s.
+        handoff_timeout: (safety_margin + acquire + ms(1)).max(
+            if (cadence, strategy) == (Cadence::Own, StrategyKind::Kcl3) {
+                ms(30_000)
+            } else {
+                ms(10_000)
+            },
+        ),
         sync_interval: acquire.max(Settings::default().sync_interval),
         ..Settings::default()
     }
@@ -329,10 +346,22 @@ fn reading_cell(c: &Change) -> String {
 }
 
 fn row(label: &str, cells: &[String]) {
-    println!(
-        "{:<30} {:>26} {:>26} {:>26}",
-        label, cells[0], cells[1], cells[2]
-    );
+    let mut line = format!("{label:<30}");
+    for c in cells {
+        line.push_str(&format!(" {c:>26}"));
+    }
+    println!("{line}");
+}
+
+/// The steal caps swept for the KCL 2.x-like strategy (`usize::MAX`: no cap).
+const STEAL_CAPS: [usize; 4] = [1, 10, 100, usize::MAX];
+
+fn cap_name(cap: usize) -> String {
+    if cap == usize::MAX {
+        "_unlimited".into()
+    } else {
+        cap.to_string()
+    }
 }
 
 /// Runs the benchmark.
@@ -342,6 +371,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         StrategyKind::EqualShare,
         StrategyKind::Kcl,
         StrategyKind::Cosmos,
+        StrategyKind::Kcl3,
     ];
     let changes = [(1usize, 2usize), (10, 11), (10, 20), (20, 10)];
     // Four records per partition per second on average, for the reading times: a moved
@@ -351,6 +381,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut secs: BTreeMap<(Cadence, &str), f64> = BTreeMap::new();
     let mut reading: BTreeMap<(Cadence, &str), Option<f64>> = BTreeMap::new();
     let mut fail: BTreeMap<(Cadence, &str), f64> = BTreeMap::new();
+    let mut repeats: BTreeMap<(Cadence, usize, usize, &str), usize> = BTreeMap::new();
+    // The steal-cap sweep: (cadence, from, to, cap) -> what the change took.
+    let mut sweep: BTreeMap<(Cadence, usize, usize, usize), Change> = BTreeMap::new();
     for cadence in [Cadence::Same, Cadence::Own] {
         println!();
         match cadence {
@@ -359,24 +392,33 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 args.leases
             ),
             Cadence::Own => println!(
-                "{} leases, idle feed, each at its own defaults: ours renew/acquire 2 s, expiry 10 s; KCL 2.x renew 3.31 s, take 20.05 s, failover 10 s; Cosmos renew 17 s, acquire 13 s, expiry 60 s (virtual time)",
+                "{} leases, idle feed, each at its own defaults: ours renew/acquire 2 s, expiry 10 s; KCL 2.x renew 3.31 s, take 20.05 s, failover 10 s; Cosmos renew 17 s, acquire 13 s, expiry 60 s; KCL 3.x renew 3.31 s, assign 20 s, failover 10 s, graceful hand-off 30 s (virtual time)",
                 args.leases
             ),
         }
         println!("(cycles of each one's own acquire interval, seconds, lease moves, repeat moves)");
         row(
             "",
-            &["ours".into(), "KCL-like".into(), "Cosmos-like".into()],
+            &[
+                "ours".into(),
+                "KCL-like".into(),
+                "Cosmos-like".into(),
+                "KCL 3.x-like".into(),
+            ],
         );
         for (from, to) in changes {
             let mut cells = Vec::new();
             for s in strategies {
                 let c = block(change(s, cadence, args.leases, (from, to), 0))?;
                 cycles.insert((cadence, from, to, s.name()), c.cycles);
+                repeats.insert((cadence, from, to, s.name()), c.repeat_moves);
                 if (from, to) == (10, 11) {
                     secs.insert((cadence, s.name()), c.secs);
                 }
                 cells.push(cell(&c));
+                if s == StrategyKind::Kcl && matches!((from, to), (10, 11) | (10, 20)) {
+                    sweep.insert((cadence, from, to, 1), c);
+                }
             }
             row(&format!("hosts {from} -> {to}"), &cells);
         }
@@ -394,15 +436,51 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             cells.push(format!("{f:.1} s"));
         }
         row("failover after a crash", &cells);
+        println!();
+        println!(
+            "KCL-like with its steal cap (maxLeasesToStealAtOneTime) raised, {}; cap 1 is the KCL-like column above",
+            match cadence {
+                Cadence::Same => "at our timings",
+                Cadence::Own => "at KCL 2.x's defaults",
+            }
+        );
+        row("", &["hosts 10 -> 11".into(), "hosts 10 -> 20".into()]);
+        for cap in STEAL_CAPS {
+            let mut cells = Vec::new();
+            for (from, to) in [(10usize, 11usize), (10, 20)] {
+                let c = match sweep.remove(&(cadence, from, to, cap)) {
+                    Some(c) => c,
+                    None => block(change(
+                        StrategyKind::KclSteal(cap),
+                        cadence,
+                        args.leases,
+                        (from, to),
+                        0,
+                    ))?,
+                };
+                cells.push(cell(&c));
+                sweep.insert((cadence, from, to, cap), c);
+            }
+            let label = if cap == usize::MAX {
+                "steal cap: none".to_string()
+            } else {
+                format!("steal cap {cap}")
+            };
+            row(&label, &cells);
+        }
     }
     println!();
+    // Store calls for the first three columns only: KCL 3.x workers find their leases through
+    // an index on the owner rather than by scanning the table, which `anchor_costs` does not
+    // model.
     let mut ios = Vec::new();
-    for s in strategies {
+    for s in &strategies[..3] {
+        let s = *s;
         ios.push(block(io(s, args.leases, args.minutes))?);
     }
     let small = block(io(StrategyKind::EqualShare, args.leases / 10, args.minutes))?;
     let num = |v: f64| format!("{v:.0}");
-    println!("store calls at our timings, 10 hosts, steady state");
+    println!("store calls at our timings, 10 hosts, steady state (ours, KCL-like, Cosmos-like; KCL 3.x-like not modelled)");
     row(
         "writes / host / min",
         &ios.iter().map(|i| num(i.writes)).collect::<Vec<_>>(),
@@ -428,8 +506,39 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let kcl = cycles[&(same, 10, 11, "kcl")];
     let cosmos = cycles[&(same, 10, 11, "cosmos")];
     let opt = |v: Option<f64>| v.map_or("none".to_string(), |v| format!("{v:.1}"));
+    // Added keys: the steal-cap sweep (10 -> 11 cycles, 10 -> 20 moves and repeat moves, at
+    // our timings; 10 -> 11 seconds at KCL's defaults) and the KCL 3.x-like column.
+    let mut extra = String::new();
+    for cap in STEAL_CAPS {
+        let n = cap_name(cap);
+        let grow = &sweep[&(same, 10, 11, cap)];
+        let double = &sweep[&(same, 10, 20, cap)];
+        let grow_default = &sweep[&(own, 10, 11, cap)];
+        let double_default = &sweep[&(own, 10, 20, cap)];
+        if cap != 1 {
+            extra.push_str(&format!(" cycles_kcl_steal{n}={}", grow.cycles));
+        }
+        extra.push_str(&format!(
+            " moves_kcl_steal{n}_10_20={} repeat_moves_kcl_steal{n}={} balanced_s_kcl_steal{n}_default={:.0} repeat_moves_kcl_steal{n}_default={}",
+            double.moves,
+            double.repeat_moves,
+            grow_default.secs,
+            double_default.repeat_moves
+        ));
+    }
+    extra.push_str(&format!(
+        " cycles_kcl3={} reading_s_kcl3={} failover_s_kcl3={:.1} repeat_moves_kcl3={} cycles_kcl3_default={} balanced_s_kcl3_default={:.0} reading_s_kcl3_default={} failover_s_kcl3_default={:.1}",
+        cycles[&(same, 10, 11, "kcl3")],
+        opt(reading[&(same, "kcl3")]),
+        fail[&(same, "kcl3")],
+        repeats[&(same, 10, 20, "kcl3")],
+        cycles[&(own, 10, 11, "kcl3")],
+        secs[&(own, "kcl3")],
+        opt(reading[&(own, "kcl3")]),
+        fail[&(own, "kcl3")],
+    ));
     println!(
-        "RESULT cycles_ours={ours} cycles_kcl={kcl} cycles_cosmos={cosmos} ratio_vs_kcl={:.1} failover_s_ours={:.1} failover_s_kcl={:.1} writes_per_host_min_ours={:.0} writes_per_host_min_kcl={:.0} reading_s_ours={} reading_s_kcl={} reading_s_cosmos={} cycles_ours_default={} cycles_kcl_default={} cycles_cosmos_default={} balanced_s_ours_default={:.0} balanced_s_kcl_default={:.0} balanced_s_cosmos_default={:.0} reading_s_ours_default={} reading_s_kcl_default={} reading_s_cosmos_default={} failover_s_ours_default={:.1} failover_s_kcl_default={:.1} failover_s_cosmos_default={:.1}",
+        "RESULT cycles_ours={ours} cycles_kcl={kcl} cycles_cosmos={cosmos} ratio_vs_kcl={:.1} failover_s_ours={:.1} failover_s_kcl={:.1} writes_per_host_min_ours={:.0} writes_per_host_min_kcl={:.0} reading_s_ours={} reading_s_kcl={} reading_s_cosmos={} cycles_ours_default={} cycles_kcl_default={} cycles_cosmos_default={} balanced_s_ours_default={:.0} balanced_s_kcl_default={:.0} balanced_s_cosmos_default={:.0} reading_s_ours_default={} reading_s_kcl_default={} reading_s_cosmos_default={} failover_s_ours_default={:.1} failover_s_kcl_default={:.1} failover_s_cosmos_default={:.1}{extra}",
         kcl as f64 / ours as f64,
         fail[&(same, "ours")],
         fail[&(same, "kcl")],

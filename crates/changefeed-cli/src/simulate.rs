@@ -38,7 +38,7 @@ pub struct Args {
     /// Records written per virtual second.
     #[arg(long, default_value_t = DEFAULT_RECORDS_PER_SEC)]
     records_per_sec: u64,
-    /// Balancing strategy: ours, kcl or cosmos.
+    /// Balancing strategy: ours, kcl, kcl3 or cosmos.
     #[arg(long, default_value = "ours")]
     strategy: String,
     /// Run a deliberately broken processor: no-fencing, checkpoint-without-cas,

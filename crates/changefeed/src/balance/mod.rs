@@ -13,7 +13,9 @@
 //! [`EqualShare::quotas`] expose its share computation for the CLI, tests and the simulator. [`KclLike`] and [`CosmosLike`]
 //! implement the published lease-taking rules of the Kinesis Client Library and the Cosmos DB
 //! change feed processor (bulk takes of expired leases, one steal per cycle), as baselines for
-//! the simulator and for users who want that behaviour.
+//! the simulator and for users who want that behaviour. [`Kcl3Like`] models KCL 3.x's
+//! leader-driven assignment (free leases to the least-loaded hosts, then over-loaded hosts hand
+//! leases to under-loaded ones), with each host's plan being the leader's decisions that name it.
 //!
 //! ```
 //! use changefeed::balance::{BalanceStrategy, EqualShare, LeaseView, Snapshot};
@@ -41,6 +43,7 @@ use crate::model::{HostName, Lease, PartitionId};
 mod cosmos;
 mod equal_share;
 mod kcl;
+mod kcl3;
 mod limits;
 #[cfg(test)]
 mod tests;
@@ -48,6 +51,7 @@ mod tests;
 pub use cosmos::CosmosLike;
 pub use equal_share::EqualShare;
 pub use kcl::KclLike;
+pub use kcl3::Kcl3Like;
 pub use limits::{LeaseLimits, LimitsError};
 
 /// The lease property a custom strategy may read as a per-lease weight (see

@@ -43,7 +43,7 @@ pub use fleet::{FleetConfig, SimFleet, SimHost, SimKit};
 pub use seams::Cut;
 pub use world::{Delivery, Event, TraceMode, WriteOp, WriteRec};
 
-use crate::balance::{BalanceStrategy, CosmosLike, EqualShare, KclLike};
+use crate::balance::{BalanceStrategy, CosmosLike, EqualShare, Kcl3Like, KclLike};
 use crate::model::{Partition, PartitionId};
 #[cfg(feature = "sim-broken")]
 pub use crate::processor::Broken;
@@ -211,6 +211,12 @@ pub enum StrategyKind {
     Kcl,
     /// [`CosmosLike`].
     Cosmos,
+    /// [`Kcl3Like`], KCL 3.x's leader-driven assignment (`kcl3` on the command line).
+    Kcl3,
+    /// [`KclLike`] stealing at most this many leases per cycle (`usize::MAX`: no cap), for the
+    /// benchmark's sweep of `maxLeasesToStealAtOneTime`. Not accepted on the command line;
+    /// [`StrategyKind::Kcl`] is the default cap of 1.
+    KclSteal(usize),
 }
 
 impl StrategyKind {
@@ -220,6 +226,10 @@ impl StrategyKind {
             StrategyKind::EqualShare => Arc::new(EqualShare::default()),
             StrategyKind::Kcl => Arc::new(KclLike::default()),
             StrategyKind::Cosmos => Arc::new(CosmosLike),
+            StrategyKind::Kcl3 => Arc::new(Kcl3Like),
+            StrategyKind::KclSteal(cap) => Arc::new(KclLike {
+                max_leases_to_steal: cap,
+            }),
         }
     }
 
@@ -229,6 +239,8 @@ impl StrategyKind {
             StrategyKind::EqualShare => "ours",
             StrategyKind::Kcl => "kcl",
             StrategyKind::Cosmos => "cosmos",
+            StrategyKind::Kcl3 => "kcl3",
+            StrategyKind::KclSteal(_) => "kcl-steal",
         }
     }
 }
@@ -240,8 +252,9 @@ impl FromStr for StrategyKind {
             "ours" | "equal-share" => Ok(Self::EqualShare),
             "kcl" => Ok(Self::Kcl),
             "cosmos" => Ok(Self::Cosmos),
+            "kcl3" => Ok(Self::Kcl3),
             other => Err(format!(
-                "unknown strategy {other:?}; expected ours, kcl or cosmos"
+                "unknown strategy {other:?}; expected ours, kcl, kcl3 or cosmos"
             )),
         }
     }

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context as _};
 use changefeed::clock::{Clock, SystemClock};
-use changefeed::lease::{LeaseStore, Listing};
+use changefeed::lease::LeaseStore;
 use changefeed::model::{
     Continuation, GroupName, Heartbeat, HostName, Lease, LeaseKey, LeaseState, PartitionId,
     Position, Timestamp,
@@ -237,6 +237,16 @@ pub fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
                 Some(s) => Some(lease_lag(s.as_ref(), lease).await),
                 None => None,
             };
+            // Lag in time: one more small read of the source per lease (one row, or one
+            // GetRecords), only with --source.
+            let age = match &source {
+                Some(s) => Some(
+                    changefeed::lag::lease_age_ms(s.as_ref(), lease, now)
+                        .await
+                        .map_err(|e| e.to_string()),
+                ),
+                None => None,
+            };
             let heartbeat = lease.owner.as_ref().map(|o| hosts.get(o).copied());
             let hb_text = match heartbeat {
                 None => "-".to_string(),
@@ -262,6 +272,10 @@ pub fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
                     None => format!("({})", lease.start),
                 },
                 lag_text,
+                match &age {
+                    None | Some(Err(_)) => "-".to_string(),
+                    Some(Ok(ms)) => show_seconds(*ms),
+                },
                 hb_text,
             ]);
             json_leases.push(json!({
@@ -275,6 +289,10 @@ pub fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
                 "version": lease.version.0,
                 "lag": match &lag { Some(Ok(n)) => json!(n), _ => json!(null) },
                 "lag_error": match &lag { Some(Err(e)) => json!(e), _ => json!(null) },
+                "lag_seconds": match &age {
+                    Some(Ok(Some(ms))) => json!(*ms as f64 / 1000.0),
+                    _ => json!(null),
+                },
                 "owner_heartbeat_age_ms": match heartbeat {
                     Some(Some(h)) => json!(age_ms(now, h.written_at)),
                     _ => json!(null),
@@ -300,6 +318,7 @@ pub fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
                         "STATE",
                         "CHECKPOINT",
                         "LAG",
+                        "SECONDS",
                         "OWNER HEARTBEAT"
                     ],
                     &rows
@@ -415,53 +434,79 @@ pub fn hosts(args: HostsArgs) -> anyhow::Result<ExitCode> {
 struct LagRow {
     partition: String,
     owner: Option<String>,
+    /// False for a partition the source lists that has no lease yet.
+    leased: bool,
     checkpoint: Option<String>,
     lag: Option<u64>,
+    /// Lag in time: how old the first unread record is, in seconds (0 when caught up).
+    seconds: Option<f64>,
     error: Option<String>,
 }
 
-/// `changefeed lag`: records after each lease's checkpoint, per partition and in total.
+/// Milliseconds as seconds with one decimal, for display.
+fn show_seconds(ms: Option<u64>) -> String {
+    match ms {
+        Some(ms) => format!("{:.1}", ms as f64 / 1000.0),
+        None => "?".into(),
+    }
+}
+
+/// `changefeed lag`: records after each lease's checkpoint and how old the first of them is,
+/// per partition (partitions without a lease included) and in total.
 pub fn lag(args: LagArgs) -> anyhow::Result<ExitCode> {
     block_on(async move {
         let (store, group) = args.target.open().await?;
         let source = open_source(&args.source).await?;
-        let Listing { leases, malformed } = store.list(&group).await.context("listing leases")?;
+        let now = SystemClock.wall();
+        let report = changefeed::lag::estimate_at(store.as_ref(), source.as_ref(), &group, now)
+            .await
+            .context("listing leases")?;
+        let total = report.total();
+        let max_ms = report.max_age_ms();
+        let mut unknown = report.unknown();
         let mut out = Vec::new();
-        let mut total = 0u64;
-        let mut unknown = 0usize;
-        for lease in &leases {
-            let lag = lease_lag(source.as_ref(), lease).await;
-            let (lag, error) = match lag {
-                Ok(n) => (n, None),
-                Err(e) => (None, Some(e)),
+        for l in &report.leases {
+            let error = match (&l.records, &l.age_ms) {
+                (Err(e), _) | (Ok(_), Err(e)) => Some(e.to_string()),
+                _ => None,
             };
-            match lag {
-                Some(n) => total = total.saturating_add(n),
-                None => unknown += 1,
-            }
             out.push(LagRow {
-                partition: lease.key.partition.to_string(),
-                owner: lease.owner.as_ref().map(ToString::to_string),
-                checkpoint: lease.continuation.as_ref().map(ToString::to_string),
-                lag,
+                partition: l.partition.to_string(),
+                owner: l.owner.as_ref().map(ToString::to_string),
+                leased: l.leased,
+                checkpoint: l.checkpoint.as_ref().map(ToString::to_string),
+                lag: l.records.as_ref().ok().copied().flatten(),
+                seconds: l
+                    .age_ms
+                    .as_ref()
+                    .ok()
+                    .copied()
+                    .flatten()
+                    .map(|ms| ms as f64 / 1000.0),
                 error,
             });
         }
         // A row that cannot be read still stands for a partition whose lag nobody knows: it
         // counts as unknown, so the total is never silently missing a partition.
-        for bad in &malformed {
+        for bad in &report.malformed {
             unknown += 1;
             out.push(LagRow {
                 partition: malformed_partition(bad, &group),
                 owner: None,
+                leased: true,
                 checkpoint: None,
                 lag: None,
+                seconds: None,
                 error: Some(bad.to_string()),
             });
         }
+        let mut errors: Vec<String> = report.malformed.iter().map(ToString::to_string).collect();
+        if let Some(e) = &report.partitions_error {
+            errors.push(format!("partitions without a lease are not counted: {e}"));
+        }
         if args.json {
-            let errors: Vec<String> = malformed.iter().map(ToString::to_string).collect();
             let j = json!({"group": group.as_str(), "partitions": out, "total": total,
+                           "max_seconds": max_ms.map(|ms| ms as f64 / 1000.0),
                            "unknown": unknown, "errors": errors});
             println!("{}", serde_json::to_string_pretty(&j)?);
         } else {
@@ -470,26 +515,43 @@ pub fn lag(args: LagArgs) -> anyhow::Result<ExitCode> {
                 .map(|r| {
                     vec![
                         r.partition.clone(),
-                        opt(r.owner.as_ref()),
-                        opt(r.checkpoint.as_ref()),
+                        match (&r.owner, r.leased) {
+                            (_, false) => "(no lease)".into(),
+                            (o, true) => opt(o.as_ref()),
+                        },
+                        match (&r.checkpoint, r.leased) {
+                            (Some(c), _) => c.clone(),
+                            (None, false) => "(beginning)".into(),
+                            (None, true) => "-".into(),
+                        },
                         match (&r.lag, &r.error) {
                             (_, Some(e)) => format!("error: {e}"),
                             (Some(n), None) => n.to_string(),
                             (None, None) => "?".into(),
+                        },
+                        match (&r.seconds, &r.error) {
+                            (_, Some(_)) => "-".into(),
+                            (s, None) => show_seconds(s.map(|s| (s * 1000.0).round() as u64)),
                         },
                     ]
                 })
                 .collect();
             print!(
                 "{}",
-                table(&["PARTITION", "OWNER", "CHECKPOINT", "LAG"], &rows)
+                table(
+                    &["PARTITION", "OWNER", "CHECKPOINT", "LAG", "SECONDS"],
+                    &rows
+                )
             );
+            for e in report.partitions_error.iter() {
+                eprintln!("warning: partitions without a lease are not counted: {e}");
+            }
             let note = if unknown > 0 {
                 format!(" ({unknown} partitions unknown)")
             } else {
                 String::new()
             };
-            println!("total {total}{note}");
+            println!("total {total}, max {}s{note}", show_seconds(max_ms));
         }
         Ok(ExitCode::SUCCESS)
     })

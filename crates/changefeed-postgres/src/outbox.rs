@@ -63,7 +63,7 @@ use changefeed::lease::BackendError;
 use changefeed::model::{
     Batch, Continuation, KeyRange, Partition, PartitionId, Position, Record, Timestamp,
 };
-use changefeed::source::{key_hash, split_key_space, FeedSource, PartitionReader};
+use changefeed::source::{key_hash, split_key_space, FeedSource, OldestUnread, PartitionReader};
 use changefeed::SourceError;
 use tokio_postgres::Row;
 
@@ -280,6 +280,7 @@ struct Sql {
     last: String,
     at_time: String,
     remaining: String,
+    oldest_unread: String,
     lock_meta: String,
     open_partitions: String,
     close: String,
@@ -320,6 +321,10 @@ impl Sql {
             ),
             remaining: format!(
                 "SELECT count(*) FROM {outbox} WHERE partition = $1 AND (xid, seq) > ($2, $3)"
+            ),
+            oldest_unread: format!(
+                "SELECT created_ms FROM {outbox} WHERE partition = $1 AND (xid, seq) > ($2, $3)
+                 ORDER BY xid, seq LIMIT 1"
             ),
             lock_meta: format!("SELECT generation FROM {meta} WHERE id = 1 FOR UPDATE"),
             open_partitions: format!(
@@ -864,6 +869,39 @@ impl FeedSource for PostgresOutbox {
             })?
             .unwrap_or(0);
         Ok(Some(u64::try_from(n).unwrap_or(0)))
+    }
+
+    /// The `created_ms` of the first committed record after `after`, in read order (one row
+    /// by the `(partition, xid, seq)` index): the writer's clock when it appended the record.
+    async fn oldest_unread(
+        &self,
+        partition: &PartitionId,
+        after: Option<&Continuation>,
+    ) -> Result<OldestUnread, SourceError> {
+        let from = after
+            .map(|c| Position::Continuation(c.clone()))
+            .unwrap_or(Position::Beginning);
+        let (xid, seq) = self.cursor(partition, &from).await?;
+        let p = partition.as_str();
+        let rows = self
+            .query(
+                "oldest_unread",
+                partition,
+                &self.sql.oldest_unread,
+                &[&p, &xid, &seq],
+            )
+            .await?;
+        let first: Option<i64> = rows
+            .first()
+            .map(|r| r.try_get(0))
+            .transpose()
+            .map_err(|e| {
+                PostgresError::from(e).into_source("oldest_unread", Some(partition.to_string()))
+            })?;
+        Ok(match first {
+            Some(ms) => OldestUnread::At(Timestamp(ms)),
+            None => OldestUnread::CaughtUp,
+        })
     }
 }
 

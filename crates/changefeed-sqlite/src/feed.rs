@@ -17,7 +17,7 @@ use changefeed::model::{
     Batch, Continuation, KeyRange, NumberedContinuation, Partition, PartitionId, Position, Record,
     Timestamp,
 };
-use changefeed::source::{key_hash, split_key_space, FeedSource, PartitionReader};
+use changefeed::source::{key_hash, split_key_space, FeedSource, OldestUnread, PartitionReader};
 use changefeed::SourceError;
 use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
@@ -583,6 +583,44 @@ impl FeedSource for SqliteFeed {
             // Sequence numbers are contiguous from 1, so the count after `done` is a subtraction.
             Ok(Some(max - done))
         })
+        .await
+    }
+
+    async fn oldest_unread(
+        &self,
+        partition: &PartitionId,
+        after: Option<&Continuation>,
+    ) -> Result<OldestUnread, SourceError> {
+        let (id, after) = (partition.clone(), after.cloned());
+        run(
+            &self.db,
+            "oldest_unread",
+            Some(id.to_string()),
+            move |conn| {
+                let tx = conn.transaction()?;
+                require_partition(&tx, &id)?;
+                let max = max_seq(&tx, &id)?;
+                let done = match &after {
+                    None => 0,
+                    Some(c) => parse_seq(&id, c, max)?,
+                };
+                // The record's own timestamp (the writer's clock when it was appended).
+                let first: Option<i64> = tx
+                    .prepare_cached(
+                        "SELECT timestamp_ms FROM changefeed_records
+                     WHERE partition = ?1 AND seq > ?2 ORDER BY seq LIMIT 1",
+                    )?
+                    .query_row(
+                        params![id.as_str(), i64::try_from(done).unwrap_or(i64::MAX)],
+                        |r| r.get(0),
+                    )
+                    .optional()?;
+                Ok(match first {
+                    Some(ms) => OldestUnread::At(Timestamp(ms)),
+                    None => OldestUnread::CaughtUp,
+                })
+            },
+        )
         .await
     }
 }

@@ -256,8 +256,9 @@ fn lag_counts_a_malformed_row_as_unknown() {
         .find(|l| l.starts_with("2 "))
         .unwrap_or_else(|| panic!("a row for partition 2: {stdout}"));
     assert!(row.contains("error: lease g/2: malformed row"), "{stdout}");
+    let total = stdout.lines().last().unwrap_or_default();
     assert!(
-        stdout.ends_with("total 4 (1 partitions unknown)\n"),
+        total.starts_with("total 4, max ") && total.ends_with("s (1 partitions unknown)"),
         "{stdout}"
     );
     let j: Value = serde_json::from_slice(&lag(true).stdout).expect("json");
@@ -317,4 +318,109 @@ fn reset_force_rewrites_a_malformed_row_with_the_sources_lineage() {
         fx.lease("g", "1").expect("lease").version,
         changefeed::model::Version::FIRST
     );
+}
+
+#[test]
+fn lag_counts_the_children_of_a_split_that_have_no_lease_yet() {
+    // Issue 22: `lag` printed `total 0` while the children of a split held unread records.
+    // The children count from their beginning, shown as "(no lease)", with their records' age.
+    use changefeed::clock::{Clock, SystemClock, VirtualClock};
+    use changefeed_sqlite::SqliteFeed;
+    use std::sync::Arc;
+    let fx = Fixture::new();
+    let hour_ago = Timestamp(SystemClock.wall().0 - 3_600_000);
+    let (a, b) = fx.with_feed(async |feed| {
+        feed.create_partitions(1).await.expect("partitions");
+        let p0 = PartitionId::new("0").expect("id");
+        for i in 0..3 {
+            feed.append_to(&p0, "k", format!("r{i}"))
+                .await
+                .expect("append");
+        }
+        let (a, b) = feed.split(&p0).await.expect("split");
+        // Records stamped an hour ago by the writer's clock (the time the lag is measured by).
+        let old = SqliteFeed::open_with_clock(&fx.db, Arc::new(VirtualClock::new(hour_ago)))
+            .await
+            .expect("open feed");
+        for (child, n) in [(&a, 4), (&b, 6)] {
+            for i in 0..n {
+                old.append_to(child, "k", format!("c{i}"))
+                    .await
+                    .expect("append");
+            }
+        }
+        (a, b)
+    });
+    fx.with_store(async |s| {
+        // The parent's lease is caught up; the children have none yet.
+        let mut l = Lease::new(key("g", "0"), Position::Beginning);
+        l.continuation = Some(Continuation::new("0:3"));
+        s.create(&l).await.expect("create");
+    });
+    let lag = |json: bool| {
+        let mut c = bin();
+        c.args([
+            "lag",
+            "--store",
+            &fx.url(),
+            "--source",
+            &fx.url(),
+            "--group",
+            "g",
+        ]);
+        if json {
+            c.arg("--json");
+        }
+        c.output().expect("lag")
+    };
+    let out = lag(false);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    for (child, n) in [(&a, 4), (&b, 6)] {
+        let row = stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{child} ")))
+            .unwrap_or_else(|| panic!("a row for child {child}: {stdout}"));
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(cells[1..4], ["(no", "lease)", "(beginning)"], "{stdout}");
+        assert_eq!(cells[4], n.to_string(), "{stdout}");
+        let secs: f64 = cells[5].parse().expect("seconds");
+        assert!((3600.0..4200.0).contains(&secs), "an hour old: {stdout}");
+    }
+    let total = stdout.lines().last().unwrap_or_default();
+    assert!(total.starts_with("total 10, max 36"), "{stdout}");
+    let j: Value = serde_json::from_slice(&lag(true).stdout).expect("json");
+    assert_eq!(j["total"], 10, "{j}");
+    assert_eq!(j["unknown"], 0, "{j}");
+    let max = j["max_seconds"].as_f64().expect("max_seconds");
+    assert!((3600.0..4200.0).contains(&max), "{j}");
+    let parent = &j["partitions"][0];
+    assert_eq!(
+        (
+            &parent["partition"],
+            &parent["leased"],
+            &parent["lag"],
+            &parent["seconds"]
+        ),
+        (
+            &Value::from("0"),
+            &Value::from(true),
+            &Value::from(0),
+            &Value::from(0.0)
+        ),
+        "the caught-up parent: {j}"
+    );
+    let unleased: Vec<(&str, u64)> = j["partitions"]
+        .as_array()
+        .expect("partitions")
+        .iter()
+        .filter(|p| p["leased"] == false)
+        .map(|p| {
+            (
+                p["partition"].as_str().unwrap_or(""),
+                p["lag"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    assert_eq!(unleased, [(a.as_str(), 4), (b.as_str(), 6)], "{j}");
 }

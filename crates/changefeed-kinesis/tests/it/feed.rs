@@ -52,6 +52,10 @@ impl FeedFixture for Fixture {
         self.feed.merge(a, b).await.expect("MergeShards")
     }
 
+    fn tells_oldest_unread(&self) -> bool {
+        true
+    }
+
     async fn advance_wall_clock(&self, ms: u64) {
         // kinesis-mock stamps records with its own real clock: the only faithful way to move
         // it is to let that much real time pass (a short step, see wall_clock_step_ms).

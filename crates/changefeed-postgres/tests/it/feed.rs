@@ -64,6 +64,10 @@ impl FeedFixture for Fixture {
         self.outbox.merge(a, b).await.unwrap()
     }
 
+    fn tells_oldest_unread(&self) -> bool {
+        true
+    }
+
     async fn advance_wall_clock(&self, ms: u64) {
         self.clock.advance(ms);
     }

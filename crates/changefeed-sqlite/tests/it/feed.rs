@@ -93,6 +93,10 @@ impl FeedFixture for Fixture {
         self.feed.merge(a, b).await.unwrap()
     }
 
+    fn tells_oldest_unread(&self) -> bool {
+        true
+    }
+
     async fn advance_wall_clock(&self, ms: u64) {
         self.clock.advance(ms);
     }

@@ -19,8 +19,10 @@ use super::host_state::{HostState, Read, Signal, StateConfig, TakeKind};
 use super::retry::{Backoff, Policy, Retry};
 use super::{sync, worker};
 use crate::error::LeaseError;
+use crate::lag;
 use crate::lineage::ParentsRule;
-use crate::model::{Heartbeat, Lease, Membership, PartitionId};
+use crate::model::{Continuation, Heartbeat, Lease, LeaseState, Membership, PartitionId, Position};
+use crate::source::OldestUnread;
 
 /// A running worker's handles: how to stop it and how to tell it of a newer row.
 struct WorkerSlot {
@@ -47,9 +49,28 @@ pub(super) struct Host {
     syncer: sync::Syncer,
     /// Lag per owned partition, for the `changefeed_lag_records` gauge.
     lag: Arc<worker::LagBook>,
+    /// When the leader last estimated the lag of the partitions no host reads.
+    unowned_lag_at: Option<Instant>,
     /// Keys of lease rows the store could not read, for the `changefeed_malformed_leases`
     /// gauge (published every cycle).
     malformed: BTreeSet<String>,
+}
+
+/// How often the leader estimates the lag of the partitions no host reads.
+const UNOWNED_LAG_REFRESH: Duration = Duration::from_secs(10);
+
+/// At most this many partitions no host reads are asked about per estimate.
+const UNOWNED_LAG_MAX: usize = 64;
+
+/// The older of two answers about a first unread record: a known time beats caught-up, and
+/// caught-up beats unknown.
+fn older(a: OldestUnread, b: OldestUnread) -> OldestUnread {
+    match (a, b) {
+        (OldestUnread::At(x), OldestUnread::At(y)) => OldestUnread::At(x.min(y)),
+        (OldestUnread::At(x), _) | (_, OldestUnread::At(x)) => OldestUnread::At(x),
+        (OldestUnread::CaughtUp, _) | (_, OldestUnread::CaughtUp) => OldestUnread::CaughtUp,
+        _ => OldestUnread::Unknown,
+    }
 }
 
 /// The key a [`LeaseError::Malformed`] names.
@@ -95,6 +116,7 @@ impl Host {
             view: heartbeat::ViewStamp::new(p_now),
             syncer: sync::Syncer::default(),
             lag: Arc::default(),
+            unowned_lag_at: None,
             malformed: BTreeSet::new(),
         }
     }
@@ -324,6 +346,7 @@ impl Host {
             self.view.confirm(sent);
         }
         let synced = self.sync(now).await;
+        self.estimate_unowned(now).await;
         self.forget_dead_hosts(&membership, sent, lapses).await;
         if !self.state.wants_plan(listed || synced) {
             // Nothing changed hands and no request waits: the cached list is accurate.
@@ -431,11 +454,69 @@ impl Host {
         }
     }
 
+    /// On the leader, at most every [`UNOWNED_LAG_REFRESH`]: the lag of the partitions no host
+    /// reads (leases without an owner, such as children waiting for their parents, and
+    /// partitions the source lists that have no lease yet), added to this host's lag gauges so
+    /// the fleet's sum counts them once. At most [`UNOWNED_LAG_MAX`] partitions are asked
+    /// about (one or two small source reads each); a failed read is left out.
+    async fn estimate_unowned(&mut self, now: Instant) {
+        if !self.state.leads() {
+            if self.unowned_lag_at.take().is_some() {
+                self.lag
+                    .set_unowned(&self.group_label, None, self.p.clock.wall());
+            }
+            return;
+        }
+        if self
+            .unowned_lag_at
+            .is_some_and(|t| now.saturating_duration_since(t) < UNOWNED_LAG_REFRESH)
+        {
+            return;
+        }
+        self.unowned_lag_at = Some(now);
+        let rows = self.state.rows();
+        let leased: BTreeSet<PartitionId> = rows.iter().map(|l| l.key.partition.clone()).collect();
+        let mut todo: Vec<(PartitionId, Option<Continuation>, Position)> = rows
+            .iter()
+            .filter(|l| l.owner.is_none() && l.state != LeaseState::Finished)
+            .map(|l| {
+                (
+                    l.key.partition.clone(),
+                    l.continuation.clone(),
+                    l.start.clone(),
+                )
+            })
+            .collect();
+        let source = self.p.source.clone();
+        match lag::unleased(source.as_ref(), &leased).await {
+            Ok(more) => todo.extend(more.into_iter().map(|(p, start)| (p, None, start))),
+            Err(err) => debug!(error = %err, "listing partitions for the lag estimate failed"),
+        }
+        let mut records: Option<u64> = None;
+        let mut oldest = OldestUnread::Unknown;
+        for (partition, checkpoint, start) in todo.iter().take(UNOWNED_LAG_MAX) {
+            match lag::lag_after(source.as_ref(), partition, checkpoint.as_ref(), start).await {
+                Ok(Some(n)) => records = Some(records.unwrap_or(0).saturating_add(n)),
+                Ok(None) => {}
+                Err(err) => debug!(%partition, error = %err, "lag estimate failed"),
+            }
+            match lag::oldest_after(source.as_ref(), partition, checkpoint.as_ref(), start).await {
+                Ok(found) => oldest = older(oldest, found),
+                Err(err) => debug!(%partition, error = %err, "lag in time estimate failed"),
+            }
+        }
+        let estimate = (!todo.is_empty()).then_some(worker::PartitionLag { records, oldest });
+        self.lag
+            .set_unowned(&self.group_label, estimate, self.p.clock.wall());
+    }
+
     fn publish_gauges(&self) {
         metrics::gauge!("changefeed_leases_owned", "group" => self.group_label.clone())
             .set(self.state.running() as f64);
         metrics::gauge!("changefeed_malformed_leases", "group" => self.group_label.clone())
             .set(self.malformed.len() as f64);
+        self.lag
+            .publish_seconds(&self.group_label, self.p.clock.wall());
     }
 
     /// Lists every lease. Returns the change counter the listing is at least as new as.

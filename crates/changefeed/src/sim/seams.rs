@@ -375,6 +375,16 @@ impl FeedSource for SimSource {
         self.pre("remaining", Some(partition)).await?;
         self.inner.remaining(partition, after).await
     }
+
+    async fn oldest_unread(
+        &self,
+        partition: &PartitionId,
+        after: Option<&Continuation>,
+    ) -> Result<crate::source::OldestUnread, SourceError> {
+        // No fault roll: lag in time is observation only, and rolling here would change what
+        // every recorded seed does.
+        self.inner.oldest_unread(partition, after).await
+    }
 }
 
 #[derive(Debug)]

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use super::{key_hash, split_key_space, FeedSource, PartitionReader};
+use super::{key_hash, split_key_space, FeedSource, OldestUnread, PartitionReader};
 use crate::clock::{Clock, SystemClock};
 use crate::error::SourceError;
 use crate::model::{
@@ -299,6 +299,24 @@ impl FeedSource for MemoryFeed {
             Some(c) => parse_offset(partition, c, len)?,
         };
         Ok(Some((len - offset) as u64))
+    }
+
+    async fn oldest_unread(
+        &self,
+        partition: &PartitionId,
+        after: Option<&Continuation>,
+    ) -> Result<OldestUnread, SourceError> {
+        let mut state = self.lock();
+        let log = state.log_mut(partition)?;
+        let len = log.records.len();
+        let offset = match after {
+            None => 0,
+            Some(c) => parse_offset(partition, c, len)?,
+        };
+        Ok(match log.records.get(offset) {
+            Some((_, _, ts)) => OldestUnread::At(*ts),
+            None => OldestUnread::CaughtUp,
+        })
     }
 }
 

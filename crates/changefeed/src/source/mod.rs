@@ -15,7 +15,32 @@ pub use multi::{MultiFeed, STREAM_SEPARATOR};
 use async_trait::async_trait;
 
 use crate::error::SourceError;
-use crate::model::{Batch, Continuation, Partition, PartitionId, Position};
+use crate::model::{Batch, Continuation, Partition, PartitionId, Position, Timestamp};
+
+/// What [`FeedSource::oldest_unread`] knows of the first record after a position.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[non_exhaustive]
+pub enum OldestUnread {
+    /// The source cannot tell (the default).
+    Unknown,
+    /// Nothing is after the position now: caught up, lag in time 0.
+    CaughtUp,
+    /// The first record after the position was accepted at this time, by the source's clock
+    /// (the same time as its [`crate::model::Record::timestamp`]).
+    At(Timestamp),
+}
+
+impl OldestUnread {
+    /// How far behind `now` the first unread record is, in milliseconds (0 when caught up,
+    /// and never negative: a source clock ahead of `now` counts as 0); `None` when unknown.
+    pub fn age_ms(self, now: Timestamp) -> Option<u64> {
+        match self {
+            OldestUnread::Unknown => None,
+            OldestUnread::CaughtUp => Some(0),
+            OldestUnread::At(t) => Some(u64::try_from(now.0.saturating_sub(t.0)).unwrap_or(0)),
+        }
+    }
+}
 
 /// A partitioned, ordered feed of change records.
 ///
@@ -59,6 +84,22 @@ pub trait FeedSource: Send + Sync + std::fmt::Debug {
         partition: &PartitionId,
         after: Option<&Continuation>,
     ) -> Result<Option<u64>, SourceError>;
+
+    /// When the first record after `after` (`None`: from the beginning) was accepted, where
+    /// the source can tell: the lag in time of a reader at `after` is now minus that time.
+    /// [`OldestUnread::CaughtUp`] when nothing is after `after`. Default:
+    /// [`OldestUnread::Unknown`]. Costs about one small read (one row, or one `GetRecords`).
+    ///
+    /// # Errors
+    /// As for [`FeedSource::open`].
+    async fn oldest_unread(
+        &self,
+        partition: &PartitionId,
+        after: Option<&Continuation>,
+    ) -> Result<OldestUnread, SourceError> {
+        let _ = (partition, after);
+        Ok(OldestUnread::Unknown)
+    }
 
     /// Whether `partition` belongs to a part of the feed that is gone for good (a stream
     /// removed from a [`MultiFeed`]), so its lease should be deleted rather than kept. The

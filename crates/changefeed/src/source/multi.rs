@@ -189,6 +189,15 @@ impl FeedSource for MultiFeed {
         source.remaining(&inner, after).await
     }
 
+    async fn oldest_unread(
+        &self,
+        partition: &PartitionId,
+        after: Option<&Continuation>,
+    ) -> Result<crate::source::OldestUnread, SourceError> {
+        let (source, inner) = self.route(partition)?;
+        source.oldest_unread(&inner, after).await
+    }
+
     fn retired(&self, partition: &PartitionId) -> bool {
         match partition.as_str().split_once(STREAM_SEPARATOR) {
             Some((stream, _)) => !self

@@ -6,7 +6,7 @@ use async_trait::async_trait;
 
 use crate::error::SourceError;
 use crate::model::{Continuation, Partition, PartitionId, Position, Record};
-use crate::source::{FeedSource, PartitionReader};
+use crate::source::{FeedSource, OldestUnread, PartitionReader};
 
 /// One fresh feed for the suite, with the writes the suite needs done the backend's own way.
 #[async_trait]
@@ -27,6 +27,12 @@ pub trait FeedFixture: Send + Sync {
     /// with its own clock is advanced by really waiting, so its fixture returns a short step.
     fn wall_clock_step_ms(&self) -> u64 {
         60_000
+    }
+    /// Whether the source tells when the first unread record was written
+    /// ([`FeedSource::oldest_unread`]); the suite then requires the exact answers. Default: no
+    /// (the suite still requires a source that answers to answer correctly).
+    fn tells_oldest_unread(&self) -> bool {
+        false
     }
 }
 
@@ -59,6 +65,7 @@ where
         bad_continuations_are_named_errors,
         unknown_partition_is_a_named_error,
         remaining_counts_records_after_a_continuation,
+        oldest_unread_is_the_first_record_after_a_continuation,
     ];
     for (name, check) in all {
         let fixture = factory().await;
@@ -391,5 +398,48 @@ async fn remaining_counts_records_after_a_continuation(f: &dyn FeedFixture) {
     assert_eq!(
         source.remaining(p, Some(&c)).await.expect("remaining"),
         Some(6)
+    );
+}
+
+async fn oldest_unread_is_the_first_record_after_a_continuation(f: &dyn FeedFixture) {
+    let ps = open_partitions(f).await;
+    let p = &ps[0].id;
+    let source = f.source();
+    let before = source.oldest_unread(p, None).await.expect("oldest_unread");
+    if before == OldestUnread::Unknown && !f.tells_oldest_unread() {
+        return; // this source cannot tell; allowed by the contract
+    }
+    assert_eq!(
+        before,
+        OldestUnread::CaughtUp,
+        "an empty partition has nothing unread"
+    );
+    for i in 0..3 {
+        f.append(p, "k", format!("{i}").as_bytes()).await;
+    }
+    let mut r = source.open(p, &Position::Beginning).await.expect("open");
+    let (all, _) = read_all(r.as_mut(), 10).await;
+    assert_eq!(all.len(), 3);
+    let stamp = |i: usize| all[i].timestamp.expect("this source stamps records");
+    assert_eq!(
+        source.oldest_unread(p, None).await.expect("oldest_unread"),
+        OldestUnread::At(stamp(0)),
+        "from the beginning, the first record is the oldest unread"
+    );
+    assert_eq!(
+        source
+            .oldest_unread(p, Some(&all[0].continuation))
+            .await
+            .expect("oldest_unread"),
+        OldestUnread::At(stamp(1)),
+        "after a continuation, the record after it is the oldest unread"
+    );
+    assert_eq!(
+        source
+            .oldest_unread(p, Some(&all[2].continuation))
+            .await
+            .expect("oldest_unread"),
+        OldestUnread::CaughtUp,
+        "after the last record, nothing is unread"
     );
 }

@@ -68,6 +68,10 @@ impl FeedFixture for MemoryFeedFixture {
         self.0.merge(a, b).expect("merge")
     }
 
+    fn tells_oldest_unread(&self) -> bool {
+        true
+    }
+
     async fn advance_wall_clock(&self, ms: u64) {
         tokio::time::advance(std::time::Duration::from_millis(ms)).await;
     }

@@ -7,7 +7,7 @@ use tracing::{debug, info, warn};
 
 use super::cell::WriteOutcome;
 use super::{Next, Worker, LAG_REFRESH};
-use crate::model::Continuation;
+use crate::model::{Continuation, Position};
 use crate::processor::config::CheckpointMode;
 use crate::processor::handler::CloseReason;
 use crate::processor::retry::{GaveUp, Policy, Retry};
@@ -74,7 +74,8 @@ impl Worker {
         }
     }
 
-    /// Asks the source how far `checkpoint` is behind the end, at most every `LAG_REFRESH`.
+    /// Asks the source how far `checkpoint` is behind the end, in records and in time, at most
+    /// every `LAG_REFRESH`.
     async fn refresh_lag(&mut self, checkpoint: &Continuation) {
         let now = self.args.clock.now();
         if self
@@ -84,18 +85,61 @@ impl Worker {
             return;
         }
         self.last_lag_at = Some(now);
+        self.last_age_at = Some(now);
         match self
             .args
             .source
             .remaining(&self.ctx.partition, Some(checkpoint))
             .await
         {
-            Ok(records) => {
-                self.args
-                    .lag
-                    .update(&self.args.group_label, &self.ctx.partition, records)
-            }
+            Ok(records) => self.args.lag.update(
+                &self.args.group_label,
+                &self.ctx.partition,
+                records,
+                self.args.clock.wall(),
+            ),
             Err(err) => debug!(lease = %self.ctx.key, error = %err, "lag estimate failed"),
+        }
+        self.ask_oldest_unread(Some(checkpoint)).await;
+    }
+
+    /// Asks the source when the first record after the last checkpoint (or the lease's start)
+    /// was written, at most every `LAG_REFRESH`: at the start and while idle, when no
+    /// checkpoint refreshes it.
+    pub(super) async fn refresh_age(&mut self) {
+        let now = self.args.clock.now();
+        if self
+            .last_age_at
+            .is_some_and(|t| now.saturating_duration_since(t) < LAG_REFRESH)
+        {
+            return;
+        }
+        self.last_age_at = Some(now);
+        match self.checkpointed.clone() {
+            Some(c) => self.ask_oldest_unread(Some(&c)).await,
+            None => match self.args.lease.start.clone() {
+                Position::Beginning => self.ask_oldest_unread(None).await,
+                Position::Continuation(c) => self.ask_oldest_unread(Some(&c)).await,
+                // No continuation to ask after until the first checkpoint.
+                Position::Now | Position::AtTime(_) => {}
+            },
+        }
+    }
+
+    async fn ask_oldest_unread(&mut self, after: Option<&Continuation>) {
+        match self
+            .args
+            .source
+            .oldest_unread(&self.ctx.partition, after)
+            .await
+        {
+            Ok(oldest) => self.args.lag.update_oldest(
+                &self.args.group_label,
+                &self.ctx.partition,
+                oldest,
+                self.args.clock.wall(),
+            ),
+            Err(err) => debug!(lease = %self.ctx.key, error = %err, "lag in time estimate failed"),
         }
     }
 

@@ -43,29 +43,108 @@ use super::hooks::Hooks;
 use super::retry::{Backoff, GaveUp, Policy, Retry};
 use crate::clock::Clock;
 use crate::lease::LeaseStore;
-use crate::model::{Batch, Continuation, HostName, Lease, PartitionId};
-use crate::source::{FeedSource, PartitionReader};
+use crate::model::{Batch, Continuation, HostName, Lease, PartitionId, Timestamp};
+use crate::source::{FeedSource, OldestUnread, PartitionReader};
 
 /// How often a worker refreshes its partition's lag estimate, at most.
 const LAG_REFRESH: Duration = Duration::from_secs(10);
 
-/// The lag of every partition this host reads, summed into the `changefeed_lag_records`
-/// gauge (label `group`).
+/// The lag of every partition this host reads: the records, summed into the
+/// `changefeed_lag_records` gauge, and the time of each partition's first unread record, whose
+/// largest age is the `changefeed_lag_seconds` gauge (label `group` on both). The host
+/// republishes the seconds every cycle ([`LagBook::publish_seconds`]), so a worker stuck on a
+/// batch shows its lag growing between refreshes. The leader adds the partitions no host
+/// reads, so that summed over the fleet the records gauge counts every unread record.
 #[derive(Debug, Default)]
 pub(crate) struct LagBook {
-    by_partition: std::sync::Mutex<std::collections::BTreeMap<PartitionId, u64>>,
+    by_partition: std::sync::Mutex<std::collections::BTreeMap<PartitionId, PartitionLag>>,
+    /// On the leader: the partitions no host reads (leases without an owner, partitions
+    /// without a lease), counted once for the fleet ([`LagBook::set_unowned`]).
+    unowned: std::sync::Mutex<Option<PartitionLag>>,
+}
+
+/// What a worker last learnt of its partition's lag.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PartitionLag {
+    pub records: Option<u64>,
+    pub oldest: OldestUnread,
 }
 
 impl LagBook {
-    fn update(&self, group: &str, partition: &PartitionId, records: Option<u64>) {
+    fn map(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<PartitionId, PartitionLag>> {
         // The lock guards a small map whose every update is a single insert or remove.
-        let mut map = self.by_partition.lock().unwrap_or_else(|p| p.into_inner());
-        match records {
-            Some(n) => map.insert(partition.clone(), n),
-            None => map.remove(partition),
-        };
-        let total: u64 = map.values().sum();
+        self.by_partition.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records the record count of `partition` (`None`: unknown), keeping its oldest unread.
+    fn update(&self, group: &str, partition: &PartitionId, records: Option<u64>, now: Timestamp) {
+        self.map()
+            .entry(partition.clone())
+            .or_insert(PartitionLag {
+                records: None,
+                oldest: OldestUnread::Unknown,
+            })
+            .records = records;
+        self.publish(group, now);
+    }
+
+    /// Records when `partition`'s first unread record was written.
+    fn update_oldest(
+        &self,
+        group: &str,
+        partition: &PartitionId,
+        oldest: OldestUnread,
+        now: Timestamp,
+    ) {
+        self.map()
+            .entry(partition.clone())
+            .or_insert(PartitionLag {
+                records: None,
+                oldest: OldestUnread::Unknown,
+            })
+            .oldest = oldest;
+        self.publish(group, now);
+    }
+
+    /// Forgets `partition` (its worker stopped).
+    fn remove(&self, group: &str, partition: &PartitionId, now: Timestamp) {
+        self.map().remove(partition);
+        self.publish(group, now);
+    }
+
+    /// Sets (or, with `None`, clears) the lag of the partitions no host reads.
+    pub(crate) fn set_unowned(&self, group: &str, lag: Option<PartitionLag>, now: Timestamp) {
+        *self.unowned.lock().unwrap_or_else(|p| p.into_inner()) = lag;
+        self.publish(group, now);
+    }
+
+    fn unowned(&self) -> Option<PartitionLag> {
+        *self.unowned.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn publish(&self, group: &str, now: Timestamp) {
+        let owned: u64 = self.map().values().filter_map(|l| l.records).sum();
+        let total = owned.saturating_add(self.unowned().and_then(|u| u.records).unwrap_or(0));
         metrics::gauge!("changefeed_lag_records", "group" => group.to_string()).set(total as f64);
+        self.publish_seconds(group, now);
+    }
+
+    /// Sets `changefeed_lag_seconds` to the age at `now` of the oldest unread record of the
+    /// partitions this host reads (0 when none is known).
+    pub(crate) fn publish_seconds(&self, group: &str, now: Timestamp) {
+        let max_ms = self.max_age_ms(now).unwrap_or(0);
+        metrics::gauge!("changefeed_lag_seconds", "group" => group.to_string())
+            .set(max_ms as f64 / 1000.0);
+    }
+
+    /// The largest known age at `now` of a first unread record, in milliseconds.
+    pub(crate) fn max_age_ms(&self, now: Timestamp) -> Option<u64> {
+        self.map()
+            .values()
+            .filter_map(|l| l.oldest.age_ms(now))
+            .max()
     }
 }
 
@@ -177,6 +256,8 @@ struct Worker {
     pending: Option<Continuation>,
     last_checkpoint_at: Instant,
     last_lag_at: Option<Instant>,
+    /// When the worker last asked the source for its first unread record's time while idle.
+    last_age_at: Option<Instant>,
     /// When this worker's own lease write or read last showed no hand-off request (the time
     /// it was sent).
     confirmed_at: Option<Instant>,
@@ -219,13 +300,15 @@ pub(crate) async fn run(args: WorkerArgs) {
             ctx,
             pending: None,
             last_lag_at: None,
+            last_age_at: None,
             confirmed_at: None,
         };
         let reason = worker.run().await;
-        worker
-            .args
-            .lag
-            .update(&worker.args.group_label, &worker.ctx.partition, None);
+        worker.args.lag.remove(
+            &worker.args.group_label,
+            &worker.ctx.partition,
+            worker.args.clock.wall(),
+        );
         worker.args.handler.close(&worker.ctx, reason).await;
         info!(reason = ?reason, "worker stopped");
         reason
@@ -284,6 +367,7 @@ impl Worker {
         if let Err(reason) = self.open_handler().await {
             return reason;
         }
+        self.refresh_age().await;
         loop {
             match self.step(reader.as_mut()).await {
                 Step::Continue => {}
@@ -392,6 +476,7 @@ impl Worker {
             return Step::Stop(self.finish().await);
         }
         if batch.records.is_empty() {
+            self.refresh_age().await;
             // Idle: wait, but wake for shutdown, fencing or news about the lease.
             let sleep = self.args.clock.sleep(self.args.settings.poll_delay);
             tokio::select! {
@@ -433,5 +518,47 @@ impl Worker {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod lag_book_tests {
+    use super::*;
+
+    #[test]
+    fn lag_seconds_is_the_oldest_unread_age_over_owned_partitions() {
+        // Issue 22: changefeed_lag_seconds is the largest age of a first unread record among
+        // the partitions this host reads; it grows while no refresh moves it, and a stopped
+        // worker's partition no longer counts.
+        let book = LagBook::default();
+        let p0 = PartitionId::new("0").expect("valid");
+        let p1 = PartitionId::new("1").expect("valid");
+        assert_eq!(book.max_age_ms(Timestamp(0)), None, "nothing known yet");
+        book.update_oldest(
+            "g",
+            &p0,
+            OldestUnread::At(Timestamp(1_000)),
+            Timestamp(5_000),
+        );
+        book.update_oldest("g", &p1, OldestUnread::CaughtUp, Timestamp(5_000));
+        book.update("g", &p1, Some(0), Timestamp(5_000));
+        assert_eq!(book.max_age_ms(Timestamp(5_000)), Some(4_000));
+        assert_eq!(
+            book.max_age_ms(Timestamp(65_000)),
+            Some(64_000),
+            "a stuck worker's lag grows with the clock"
+        );
+        book.update("g", &p0, Some(7), Timestamp(65_000));
+        assert_eq!(
+            book.max_age_ms(Timestamp(65_000)),
+            Some(64_000),
+            "a record count keeps the known time"
+        );
+        book.remove("g", &p0, Timestamp(65_000));
+        assert_eq!(
+            book.max_age_ms(Timestamp(65_000)),
+            Some(0),
+            "p1 is caught up"
+        );
     }
 }

@@ -2,13 +2,16 @@
 //! starts (`.ci/cosmos-server.sh`): a host runs, the operator commands read and change its
 //! leases there.
 
-use std::process::{Output, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use changefeed::model::PartitionId;
 use serde_json::Value;
 
-use crate::support::{bin, read, terminate, text, wait_exit, wait_for, Fixture, FAST};
+use crate::support::{
+    bin, killed_host_keeps_its_leases_until_release, owned_by, read, run_ok, status, terminate,
+    text, wait_exit, wait_for, Fixture, FAST,
+};
 
 /// The local server's endpoint, or a panic saying how to start it.
 fn endpoint() -> String {
@@ -31,26 +34,6 @@ fn store_url() -> String {
         std::process::id(),
         endpoint()
     )
-}
-
-fn run_ok(args: &[&str]) -> Output {
-    let out = bin().args(args).output().expect("run the binary");
-    assert!(out.status.success(), "{args:?}: {:?}", text(&out));
-    out
-}
-
-/// The group's leases as `status --json` shows them.
-fn status(store: &str) -> Value {
-    let out = run_ok(&["status", "--store", store, "--group", "g", "--json"]);
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {:?}", text(&out)))
-}
-
-/// How many leases of `status` are owned by `host`.
-fn owned_by(status: &Value, host: &str) -> usize {
-    status["leases"]
-        .as_array()
-        .map(|ls| ls.iter().filter(|l| l["owner"] == host).count())
-        .unwrap_or(0)
 }
 
 #[test]
@@ -141,31 +124,7 @@ fn run_and_the_operator_commands_keep_leases_in_cosmos_db() {
         "reset to the beginning clears the checkpoint: {zero}"
     );
     // A killed host keeps its leases until release frees them.
-    let mut killed = bin()
-        .args(["run", "--store", &store, "--source", &fx.url()])
-        .args([
-            "--group",
-            "g",
-            "--host",
-            "h2",
-            "--handler",
-            "cat > /dev/null",
-        ])
-        .args(FAST)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start run");
-    wait_for(Duration::from_secs(20), "h2 to own all 3 leases", || {
-        (owned_by(&status(&store), "h2") == 3).then_some(())
-    });
-    killed.kill().expect("SIGKILL");
-    killed.wait().expect("reap");
-    run_ok(&[
-        "release", "--store", &store, "--group", "g", "--host", "h2", "--wait", "1s",
-    ]);
-    let s = status(&store);
-    assert_eq!(owned_by(&s, "h2"), 0, "{s}");
+    killed_host_keeps_its_leases_until_release(&store, &fx.url(), 3);
 }
 
 #[test]

@@ -5,12 +5,15 @@
 //! `postgres://postgres@127.0.0.1:5432/test`, started by `.ci/run`). An unreachable server
 //! fails the test with how to start it; it never skips.
 
-use std::process::{Output, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::support::{bin, read, terminate, text, wait_exit, wait_for, Fixture, FAST};
+use crate::support::{
+    bin, json, killed_host_keeps_its_leases_until_release, owned_by, read, run_ok, status,
+    terminate, text, wait_exit, wait_for, Fixture, FAST,
+};
 
 /// The server under test.
 pub fn pg_url() -> String {
@@ -84,31 +87,6 @@ pub async fn drop_tables(prefix: &str) {
             .await
             .expect("drop table");
     }
-}
-
-fn run_ok(args: &[&str]) -> Output {
-    let out = bin().args(args).output().expect("run the binary");
-    assert!(out.status.success(), "{args:?}: {:?}", text(&out));
-    out
-}
-
-fn json(out: &Output) -> Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {:?}", text(out)))
-}
-
-/// The group's leases as `status --json` shows them.
-fn status(store: &str) -> Value {
-    json(&run_ok(&[
-        "status", "--store", store, "--group", "g", "--json",
-    ]))
-}
-
-/// How many leases of `status` are owned by `host`.
-fn owned_by(status: &Value, host: &str) -> usize {
-    status["leases"]
-        .as_array()
-        .map(|ls| ls.iter().filter(|l| l["owner"] == host).count())
-        .unwrap_or(0)
 }
 
 #[test]
@@ -187,31 +165,7 @@ fn run_reads_a_postgres_outbox_with_leases_in_postgres_and_operators_see_them() 
         "beginning",
     ]);
     // A killed host keeps its leases until release frees them.
-    let mut killed = bin()
-        .args(["run", "--store", &store, "--source", &source])
-        .args([
-            "--group",
-            "g",
-            "--host",
-            "h2",
-            "--handler",
-            "cat > /dev/null",
-        ])
-        .args(FAST)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start run");
-    wait_for(Duration::from_secs(20), "h2 to own all 3 leases", || {
-        (owned_by(&status(&store), "h2") == 3).then_some(())
-    });
-    killed.kill().expect("SIGKILL");
-    killed.wait().expect("reap");
-    run_ok(&[
-        "release", "--store", &store, "--group", "g", "--host", "h2", "--wait", "1s",
-    ]);
-    let s = status(&store);
-    assert_eq!(owned_by(&s, "h2"), 0, "{s}");
+    killed_host_keeps_its_leases_until_release(&store, &source, 3);
     crate::support::rt().block_on(drop_tables(&prefix));
 }
 

@@ -1,7 +1,7 @@
 //! Shared helpers: a temporary SQLite store and feed, the binary, and polling with a deadline.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use changefeed::lease::LeaseStore;
@@ -136,4 +136,68 @@ pub const FAST: &[&str] = &[
 /// Reads a file, or an empty string if it does not exist yet.
 pub fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// Runs the binary with `args`, asserting it exits 0.
+pub fn run_ok(args: &[&str]) -> Output {
+    let out = bin().args(args).output().expect("run the binary");
+    assert!(out.status.success(), "{args:?}: {:?}", text(&out));
+    out
+}
+
+/// Standard output of `out` as JSON.
+pub fn json(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {:?}", text(out)))
+}
+
+/// Group `g`'s leases in `store`, as `status --json` shows them.
+pub fn status(store: &str) -> serde_json::Value {
+    json(&run_ok(&[
+        "status", "--store", store, "--group", "g", "--json",
+    ]))
+}
+
+/// How many leases of `status` are owned by `host`.
+pub fn owned_by(status: &serde_json::Value, host: &str) -> usize {
+    status["leases"]
+        .as_array()
+        .map(|ls| ls.iter().filter(|l| l["owner"] == host).count())
+        .unwrap_or(0)
+}
+
+/// A host `h2` of group `g` on `store` and `source` takes all `leases`, is killed (SIGKILL,
+/// no release), keeps them, and `release --host h2` frees them: the operator's way out when a
+/// dead host's leases must not wait for expiry.
+pub fn killed_host_keeps_its_leases_until_release(store: &str, source: &str, leases: usize) {
+    let mut killed = bin()
+        .args(["run", "--store", store, "--source", source])
+        .args([
+            "--group",
+            "g",
+            "--host",
+            "h2",
+            "--handler",
+            "cat > /dev/null",
+        ])
+        .args(FAST)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start run");
+    wait_for(Duration::from_secs(20), "h2 to own every lease", || {
+        (owned_by(&status(store), "h2") == leases).then_some(())
+    });
+    killed.kill().expect("SIGKILL");
+    killed.wait().expect("reap");
+    let s = status(store);
+    assert_eq!(
+        owned_by(&s, "h2"),
+        leases,
+        "a killed host keeps its leases: {s}"
+    );
+    run_ok(&[
+        "release", "--store", store, "--group", "g", "--host", "h2", "--wait", "1s",
+    ]);
+    let s = status(store);
+    assert_eq!(owned_by(&s, "h2"), 0, "{s}");
 }

@@ -591,18 +591,8 @@ impl Rest {
         parameters: &[(&str, Value)],
         page_size: i64,
     ) -> Result<Vec<Value>, CosmosError> {
-        let mut all = Vec::new();
-        let mut continuation: Option<String> = None;
-        loop {
-            let (docs, next) = self
-                .query_page(group, query, parameters, page_size, continuation.as_deref())
-                .await?;
-            all.extend(docs);
-            match next {
-                Some(token) => continuation = Some(token),
-                None => return Ok(all),
-            }
-        }
+        self.every_page(Some(group), query, parameters, page_size)
+            .await
     }
 
     /// Every page of a query across all logical partitions of the container.
@@ -612,11 +602,23 @@ impl Rest {
         parameters: &[(&str, Value)],
         page_size: i64,
     ) -> Result<Vec<Value>, CosmosError> {
+        self.every_page(None, query, parameters, page_size).await
+    }
+
+    /// Every page of a query, following the continuation, within `group` or across all
+    /// partitions.
+    async fn every_page(
+        &self,
+        group: Option<&str>,
+        query: &str,
+        parameters: &[(&str, Value)],
+        page_size: i64,
+    ) -> Result<Vec<Value>, CosmosError> {
         let mut all = Vec::new();
         let mut continuation: Option<String> = None;
         loop {
             let (docs, next) = self
-                .query_page_in(None, query, parameters, page_size, continuation.as_deref())
+                .query_page_in(group, query, parameters, page_size, continuation.as_deref())
                 .await?;
             all.extend(docs);
             match next {

@@ -135,6 +135,15 @@ pub struct RunArgs {
     /// Give every host of the group the same value. Default none.
     #[arg(long, value_name = "N", env = "CHANGEFEED_MAX_LEASES")]
     pub max_leases: Option<String>,
+    /// The idle tick: when a partition has had no records for this long, run the handler
+    /// command with an empty batch (empty stdin), for time-window flushes. Default none.
+    #[arg(long, value_name = "DURATION", env = "CHANGEFEED_MAX_WAIT_TIME")]
+    pub max_wait_time: Option<String>,
+    /// Also publish each partition's lag (changefeed_partition_lag_records and
+    /// changefeed_partition_lag_seconds, labels group and partition): true or false. Default
+    /// false.
+    #[arg(long, value_name = "BOOL", env = "CHANGEFEED_LAG_PER_PARTITION", num_args = 0..=1, default_missing_value = "true")]
+    pub lag_per_partition: Option<String>,
     /// Serve HTTP at ADDR, e.g. 127.0.0.1:9898: Prometheus metrics at /metrics, /healthz (200
     /// while the process is alive) and /readyz (200 when registered, heartbeat fresh and not
     /// fenced; 503 with the reason otherwise).
@@ -174,6 +183,8 @@ const KEYS: &[&str] = &[
     "checkpoint",
     "min_leases",
     "max_leases",
+    "max_wait_time",
+    "lag_per_partition",
     "http",
     "metrics_addr",
     "log_format",
@@ -228,6 +239,8 @@ impl RunArgs {
             "checkpoint" => &mut self.checkpoint,
             "min_leases" => &mut self.min_leases,
             "max_leases" => &mut self.max_leases,
+            "max_wait_time" => &mut self.max_wait_time,
+            "lag_per_partition" => &mut self.lag_per_partition,
             "http" => &mut self.http,
             "metrics_addr" => &mut self.metrics_addr,
             "log_format" => &mut self.log_format,
@@ -363,6 +376,12 @@ impl RunArgs {
         if let Some(v) = &self.handler_timeout {
             settings.handler_timeout = Some(parse_duration("handler_timeout", v)?);
         }
+        if let Some(v) = &self.max_wait_time {
+            settings.max_wait_time = Some(parse_duration("max_wait_time", v)?);
+        }
+        if let Some(v) = &self.lag_per_partition {
+            settings.lag_per_partition = parse_bool("lag_per_partition", v)?;
+        }
         if let Some(v) = &self.dead_letter_after {
             settings.dead_letter_after = Some(parse_number("dead_letter_after", v)?);
         }
@@ -487,6 +506,17 @@ where
             value.escape_debug()
         ))
     })
+}
+
+fn parse_bool(setting: &str, value: &str) -> Result<bool, UsageError> {
+    match value.trim() {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        other => Err(UsageError(format!(
+            "{setting}: \"{}\" is not true or false",
+            other.escape_debug()
+        ))),
+    }
 }
 
 fn parse_position(value: &str) -> Result<Position, UsageError> {
@@ -650,6 +680,46 @@ mod tests {
         a.handler_timeout = Some("0s".into());
         let err = a.resolve().expect_err("zero");
         assert!(err.0.starts_with("handler_timeout:"), "{err}");
+    }
+
+    #[test]
+    fn idle_tick_and_per_partition_lag_are_read_and_checked_by_name() {
+        // Issue 22 item 5: --max-wait-time and --lag-per-partition reach the library's
+        // settings, from flags or the file; bad values name the setting.
+        let c = args().resolve().expect("valid");
+        assert_eq!(
+            (c.settings.max_wait_time, c.settings.lag_per_partition),
+            (None, false)
+        );
+        let mut a = args();
+        a.max_wait_time = Some("30s".into());
+        a.merge_file(
+            "f.toml",
+            "lag_per_partition = true\nmax_wait_time = \"5s\"\n",
+        )
+        .expect("valid file");
+        let c = a.resolve().expect("valid");
+        assert_eq!(c.settings.max_wait_time, Some(Duration::from_secs(30)));
+        assert!(c.settings.lag_per_partition);
+        for (wait, per, message) in [
+            (Some("0s"), None, "max_wait_time: must be greater than zero"),
+            (
+                Some("soon"),
+                None,
+                "max_wait_time: \"soon\" is not a duration",
+            ),
+            (
+                None,
+                Some("yes"),
+                "lag_per_partition: \"yes\" is not true or false",
+            ),
+        ] {
+            let mut a = args();
+            a.max_wait_time = wait.map(Into::into);
+            a.lag_per_partition = per.map(Into::into);
+            let err = a.resolve().expect_err(message);
+            assert!(err.0.starts_with(message), "{err}");
+        }
     }
 
     #[test]

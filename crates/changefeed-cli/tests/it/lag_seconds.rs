@@ -166,8 +166,9 @@ fn lag_shows_seconds_for_a_kinesis_stream() {
     );
 }
 
-/// The value of `name{group="g"}` in a Prometheus scrape of 127.0.0.1:`port`, once it has one.
-fn scrape(port: u16, name: &str) -> Option<f64> {
+/// The value of `series` (a metric's name and labels, as `name{group="g"}`) in a Prometheus
+/// scrape of 127.0.0.1:`port`, once it has one.
+fn scrape(port: u16, series: &str) -> Option<f64> {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     write!(
@@ -177,7 +178,7 @@ fn scrape(port: u16, name: &str) -> Option<f64> {
     .ok()?;
     let mut text = String::new();
     s.read_to_string(&mut text).ok()?;
-    let prefix = format!("{name}{{group=\"g\"}} ");
+    let prefix = format!("{series} ");
     text.lines()
         .find_map(|l| l.strip_prefix(prefix.as_str()))
         .and_then(|v| v.trim().parse().ok())
@@ -199,7 +200,8 @@ impl Drop for Host {
 fn run_publishes_lag_seconds_and_counts_the_children_no_host_reads() {
     // Issue 22: the gauges tell the truth. The parent's batch keeps failing, so its children
     // wait without a lease; the leader counts their 10 records in changefeed_lag_records, and
-    // changefeed_lag_seconds is the age of the oldest unread record (an hour).
+    // changefeed_lag_seconds is the age of the oldest unread record (an hour). With
+    // --lag-per-partition, the parent's own series shows its hour too.
     let fx = Fixture::new();
     let hour_ago = Timestamp(SystemClock.wall().0 - 3_600_000);
     fx.with_feed(async |feed| {
@@ -235,7 +237,7 @@ fn run_publishes_lag_seconds_and_counts_the_children_no_host_reads() {
             .args(["--handler", "exit 1", "--host", "h1", "--group", "g"])
             .args(["--http", &format!("127.0.0.1:{port}")])
             .args(["--renew-interval", "500ms", "--acquire-interval", "200ms"])
-            .args(["--poll-delay", "50ms"])
+            .args(["--poll-delay", "50ms", "--lag-per-partition"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -244,12 +246,27 @@ fn run_publishes_lag_seconds_and_counts_the_children_no_host_reads() {
     wait_for(
         Duration::from_secs(40),
         "the children's 10 records in changefeed_lag_records",
-        || (scrape(port, "changefeed_lag_records") == Some(10.0)).then_some(()),
+        || (scrape(port, r#"changefeed_lag_records{group="g"}"#) == Some(10.0)).then_some(()),
     );
     let secs = wait_for(Duration::from_secs(20), "changefeed_lag_seconds", || {
-        scrape(port, "changefeed_lag_seconds").filter(|s| *s > 0.0)
+        scrape(port, r#"changefeed_lag_seconds{group="g"}"#).filter(|s| *s > 0.0)
     });
     assert!((3600.0..4200.0).contains(&secs), "an hour behind: {secs}");
+    let parent = wait_for(
+        Duration::from_secs(20),
+        "changefeed_partition_lag_seconds of partition 0",
+        || {
+            scrape(
+                port,
+                r#"changefeed_partition_lag_seconds{group="g",partition="0"}"#,
+            )
+            .filter(|s| *s > 0.0)
+        },
+    );
+    assert!(
+        (3600.0..4200.0).contains(&parent),
+        "the parent is an hour behind: {parent}"
+    );
     terminate(&host.0);
     let status = wait_exit(&mut host.0, Duration::from_secs(15));
     assert!(status.success(), "graceful stop exits 0: {status}");

@@ -10,6 +10,7 @@ use rand::{Rng, SeedableRng};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, Instrument};
 
+use super::callbacks::{Callbacks, ErrorNotice};
 use super::config::{CheckpointMode, ConfigError, Settings};
 use super::handler::{DeadLetterSink, Handler};
 use super::health::{EndGuard, Health, HealthCell, HealthProbe};
@@ -21,7 +22,7 @@ use super::host::Host;
 use crate::balance::{BalanceStrategy, EqualShare};
 use crate::clock::{Clock, SystemClock};
 use crate::lease::{CountingStore, LeaseStore};
-use crate::model::{GroupName, HostName};
+use crate::model::{GroupName, HostName, PartitionId, Position};
 use crate::source::FeedSource;
 
 /// Builds a [`Processor`]; every setting is validated by [`ProcessorBuilder::build`].
@@ -38,6 +39,7 @@ pub struct ProcessorBuilder {
     seed: Option<u64>,
     settings: Settings,
     hooks: hooks::Hooks,
+    callbacks: Callbacks,
 }
 
 impl std::fmt::Debug for ProcessorBuilder {
@@ -218,6 +220,60 @@ impl ProcessorBuilder {
         /// See [`Settings::max_leases`]. Set it alike on every host of the group.
         max_leases: Option<usize>
     );
+    setting!(
+        /// See [`Settings::max_wait_time`]: the idle tick.
+        max_wait_time: Option<Duration>
+    );
+    setting!(
+        /// See [`Settings::lag_per_partition`].
+        lag_per_partition: bool
+    );
+
+    /// Calls `f` with the partition each time this host starts reading a lease it acquired
+    /// (Cosmos DB's `WithLeaseAcquireNotification`). Every call is followed, once that worker
+    /// stops, by one of [`on_lease_released`](Self::on_lease_released)'s. See
+    /// [`callbacks`](super::callbacks) for how notifications are called.
+    pub fn on_lease_acquired(mut self, f: impl Fn(&PartitionId) + Send + Sync + 'static) -> Self {
+        self.callbacks.acquired = Some(Arc::new(f));
+        self
+    }
+
+    /// Calls `f` with the partition and the reason each time this host stops reading a lease
+    /// (Cosmos DB's `WithLeaseReleaseNotification`): handed off, lost, finished, released after
+    /// failures, or released at shutdown.
+    pub fn on_lease_released(
+        mut self,
+        f: impl Fn(&PartitionId, super::CloseReason) + Send + Sync + 'static,
+    ) -> Self {
+        self.callbacks.released = Some(Arc::new(f));
+        self
+    }
+
+    /// Calls `f` with every failure the processor meets and retries (Cosmos DB's
+    /// `WithErrorNotification`): [`ErrorNotice::is_user_error`] tells the handler's failures
+    /// from the store's and the source's.
+    pub fn on_error(mut self, f: impl Fn(&ErrorNotice) + Send + Sync + 'static) -> Self {
+        self.callbacks.error = Some(Arc::new(f));
+        self
+    }
+
+    /// Chooses where each partition the group starts on begins (Event Hubs' partition
+    /// initialising handler): `f` gets the partition and the group's
+    /// [`start_position`](Self::start_position) and returns the position its lease starts at.
+    ///
+    /// It is asked once per partition, by the host that creates the partition's lease, for the
+    /// leases that would start at the group's start position: the partitions without a parent
+    /// (with `Position::Now`, every open partition the fleet starts on). A lease with a
+    /// checkpoint resumes from it, and a child of a split or merge always starts where its
+    /// parents ended, so that nothing between them is lost. Give every host of a group the same
+    /// function, as the same start position.
+    pub fn start_position_for(
+        mut self,
+        f: impl Fn(&PartitionId, &Position) -> Position + Send + Sync + 'static,
+    ) -> Self {
+        self.callbacks.start = Some(Arc::new(f));
+        self
+    }
 
     /// Validates everything and builds the processor.
     ///
@@ -286,6 +342,7 @@ impl ProcessorBuilder {
             rng: SmallRng::seed_from_u64(seed),
             settings: Arc::new(self.settings),
             hooks: self.hooks,
+            callbacks: Arc::new(self.callbacks),
             health,
         })
     }
@@ -305,6 +362,8 @@ pub struct Processor {
     pub(super) rng: SmallRng,
     pub(super) settings: Arc<Settings>,
     pub(super) hooks: hooks::Hooks,
+    /// The program's notifications and start-position choice.
+    pub(super) callbacks: Arc<Callbacks>,
     /// What [`HealthProbe`] reads; the host and its heartbeat task write it.
     pub(super) health: Arc<HealthCell>,
 }

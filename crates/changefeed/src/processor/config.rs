@@ -105,6 +105,18 @@ pub struct Settings {
     /// partitions unread, until a host joins. At least 1 and at least `min_leases`; set alike
     /// on every host of a group.
     pub max_leases: Option<usize>,
+    /// An idle tick (optional): when a partition has had no records for this long, its handler
+    /// is called with an empty batch, and again after each further such wait, for time-window
+    /// flushes and liveness checks (Event Hubs' `MaximumWaitTime`). An idle call is delivered
+    /// like a batch (fenced, retried when it fails, never dead-lettered) and moves no
+    /// checkpoint. Measured from the last call, on the host's clock; the wait is at least
+    /// `poll_delay`. Default none: the handler is only called with records.
+    pub max_wait_time: Option<Duration>,
+    /// Whether to publish the lag of each partition this host reads as well
+    /// (`changefeed_partition_lag_records` and `changefeed_partition_lag_seconds`, labels
+    /// `group` and `partition`), beside the group totals. Default off: one series per
+    /// partition may be many.
+    pub lag_per_partition: bool,
 }
 
 impl Default for Settings {
@@ -132,6 +144,8 @@ impl Default for Settings {
             missing_parents: MissingParents::Finished,
             min_leases: 0,
             max_leases: None,
+            max_wait_time: None,
+            lag_per_partition: false,
         }
     }
 }
@@ -184,6 +198,9 @@ impl Settings {
         ];
         if let Some(d) = self.handler_timeout {
             positive.push(("handler_timeout", d));
+        }
+        if let Some(d) = self.max_wait_time {
+            positive.push(("max_wait_time", d));
         }
         if let CheckpointMode::Interval(d) = self.checkpoint_mode {
             positive.push(("checkpoint_mode", d));

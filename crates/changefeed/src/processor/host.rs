@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Instrument};
 
 use super::builder::Processor;
+use super::callbacks::ErrorOrigin;
 use super::heartbeat::{self, ProcessorError};
 use super::host_state::{HostState, Read, Signal, StateConfig, TakeKind};
 use super::retry::{Backoff, Policy, Retry};
@@ -105,6 +106,8 @@ impl Host {
         Self {
             group_label: p.group.to_string(),
             state: HostState::new(p.host.clone(), config, p_now),
+            syncer: sync::Syncer::new(p.callbacks.clone()),
+            lag: Arc::new(worker::LagBook::new(p.settings.lag_per_partition)),
             p,
             workers: HashMap::new(),
             worker_tasks: JoinSet::new(),
@@ -114,8 +117,6 @@ impl Host {
             fenced_tx: watch::channel(false).0,
             fence_deadline,
             view: heartbeat::ViewStamp::new(p_now),
-            syncer: sync::Syncer::default(),
-            lag: Arc::default(),
             unowned_lag_at: None,
             malformed: BTreeSet::new(),
         }
@@ -141,6 +142,7 @@ impl Host {
                 // A renewal counts only if it completed within the safety margin of being sent.
                 s.safety_margin.min(s.renew_interval),
                 self.fence_deadline.clone(),
+                self.p.callbacks.clone(),
             )
             .in_current_span(),
         );
@@ -320,6 +322,9 @@ impl Host {
                 Ok(counter) => counter,
                 Err(err) => {
                     warn!(error = %err, "listing leases failed");
+                    self.p.callbacks.error(ErrorOrigin::Store, None, || {
+                        format!("listing leases failed: {err}")
+                    });
                     return;
                 }
             };
@@ -372,6 +377,9 @@ impl Host {
             Ok(m) => Some(m),
             Err(err) => {
                 warn!(error = %err, "reading membership failed");
+                self.p.callbacks.error(ErrorOrigin::Store, None, || {
+                    format!("reading membership failed: {err}")
+                });
                 None
             }
         }
@@ -449,6 +457,13 @@ impl Host {
             Ok(_) => false,
             Err(err) => {
                 warn!(error = %err, "partition sync failed; retrying at the next interval");
+                let origin = match err {
+                    sync::SyncError::Source(_) => ErrorOrigin::Source,
+                    sync::SyncError::Store(_) => ErrorOrigin::Store,
+                };
+                self.p
+                    .callbacks
+                    .error(origin, None, || format!("partition sync failed: {err}"));
                 false
             }
         }
@@ -748,6 +763,7 @@ impl Host {
             hooks: self.p.hooks,
             lag: self.lag.clone(),
             dead_letter: self.p.dead_letter.clone(),
+            callbacks: self.p.callbacks.clone(),
         };
         self.worker_tasks.spawn(worker::run(args).in_current_span());
     }

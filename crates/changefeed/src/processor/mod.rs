@@ -31,6 +31,7 @@
 //! ```
 
 mod builder;
+pub mod callbacks;
 mod config;
 mod handler;
 mod health;
@@ -44,6 +45,7 @@ mod sync;
 mod worker;
 
 pub use builder::{Processor, ProcessorBuilder, ProcessorHandle};
+pub use callbacks::{ErrorNotice, ErrorOrigin};
 pub use config::{CheckpointMode, ConfigError, Settings, MAX_BATCH_LIMIT, MAX_DURATION};
 pub use handler::{
     handler_fn, CloseReason, Context, DeadLetter, DeadLetterSink, FnHandler, Handler, HandlerError,

@@ -9,15 +9,17 @@
 //! leases cover the whole key range and none is finished ([`lineage::covers_key_space`]).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+use super::callbacks::Callbacks;
 use super::config::Settings;
 use crate::error::{LeaseError, SourceError};
 use crate::lease::LeaseStore;
 use crate::lineage::{self, Input};
-use crate::model::{GroupName, Lease, LeaseKey, Partition, PartitionId};
+use crate::model::{GroupName, Lease, LeaseKey, Partition, PartitionId, Position};
 use crate::source::FeedSource;
 
 /// What one sync did.
@@ -61,9 +63,32 @@ pub(crate) struct Syncer {
     /// from: the plan reads only which leases exist and their state (both move the counter)
     /// and the partitions, so while neither changed it is the same.
     last_plan: Option<(u64, Vec<Partition>, lineage::Plan)>,
+    /// The program's choice of where a partition the group starts on begins.
+    callbacks: Arc<Callbacks>,
+}
+
+/// Whether `new` starts at the group's start position `start` because the group starts on its
+/// partition (lineage rules 1 and 3), as opposed to a child of closed parents (rule 4) or a
+/// parent closing a gap next to a leased sibling (rule 2), which must start at their beginning
+/// (or the group's `AtTime`) so that nothing between them and their parents is lost. Rule 1's
+/// roots have no parents; rule 3 exists only for a `Now` start, and rules 2 and 4 never start
+/// at `Now`.
+fn starts_the_group(new: &lineage::NewLease, start: &Position) -> bool {
+    new.start == *start && (new.parents.is_empty() || *start == Position::Now)
 }
 
 impl Syncer {
+    /// A syncer asking `callbacks` where the partitions the group starts on begin.
+    pub fn new(callbacks: Arc<Callbacks>) -> Self {
+        Self {
+            last_run: None,
+            deletable_since: BTreeMap::new(),
+            retired_since: BTreeMap::new(),
+            last_plan: None,
+            callbacks,
+        }
+    }
+
     /// Whether a sync is due at `now`.
     pub fn due(&self, now: Instant, settings: &Settings) -> bool {
         self.last_run
@@ -127,11 +152,13 @@ impl Syncer {
         metrics::gauge!("changefeed_corrupt_partitions", "group" => group.to_string())
             .set(plan.errors.len() as f64);
         for new in plan.create {
-            let mut lease = Lease::new(
-                LeaseKey::new(group.clone(), new.partition.clone()),
-                new.start,
-            )
-            .with_parents(new.parents);
+            let start = if starts_the_group(&new, &settings.start_position) {
+                self.callbacks.start_position(&new.partition, &new.start)
+            } else {
+                new.start
+            };
+            let mut lease = Lease::new(LeaseKey::new(group.clone(), new.partition.clone()), start)
+                .with_parents(new.parents);
             if let Some(range) = new.key_range {
                 lease.properties.insert(
                     lineage::RANGE_PROPERTY.to_string(),

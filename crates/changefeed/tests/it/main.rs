@@ -9,6 +9,7 @@ mod health;
 mod limits;
 mod lineage;
 mod multistream;
+mod options;
 mod processor;
 mod sim;
 mod worker;

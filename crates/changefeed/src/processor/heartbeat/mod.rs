@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+use super::callbacks::{Callbacks, ErrorOrigin};
 use crate::clock::Clock;
 use crate::error::LeaseError;
 use crate::lease::LeaseStore;
@@ -386,6 +387,7 @@ pub(crate) async fn run(
     cancel: CancellationToken,
     write_timeout: Duration,
     deadline_shared: FenceDeadline,
+    callbacks: Arc<Callbacks>,
 ) -> Result<Heartbeat, ProcessorError> {
     let fence = FenceWriter {
         record: deadline_shared,
@@ -490,9 +492,15 @@ pub(crate) async fn run(
             }
             Some(Err(err)) => {
                 warn!(host = %row.host, error = %err, "heartbeat failed");
+                callbacks.error(ErrorOrigin::Store, None, || {
+                    format!("heartbeat failed: {err}")
+                });
             }
             None => {
                 warn!(host = %row.host, "heartbeat timed out");
+                callbacks.error(ErrorOrigin::Store, None, || {
+                    format!("heartbeat timed out after {write_timeout:?}")
+                });
             }
         }
         if clock.now() >= last_ok_sent + fence_after && !fence.is_raised() {

@@ -104,6 +104,7 @@ fn start(
         cancel.clone(),
         WRITE_TIMEOUT,
         record.clone(),
+        Arc::default(),
     ));
     (record, raised)
 }

@@ -17,6 +17,7 @@ use tracing::{debug, info, warn};
 
 use super::{Next, Worker};
 use crate::model::Batch;
+use crate::processor::callbacks::ErrorOrigin;
 use crate::processor::handler::{CloseReason, DeadLetter, HandlerError};
 use crate::processor::retry::{Policy, Retry};
 
@@ -90,6 +91,11 @@ impl Worker {
         }
         loop {
             let error = match self.call(batch).await {
+                CallEnd::Returned(Ok(())) if batch.records.is_empty() => {
+                    // An idle tick: not a batch.
+                    self.failures = 0;
+                    return Delivered::Done;
+                }
                 CallEnd::Returned(Ok(())) => {
                     let g = self.args.group_label.clone();
                     metrics::counter!("changefeed_batches_total", "group" => g.clone())
@@ -110,6 +116,7 @@ impl Worker {
             metrics::counter!("changefeed_handler_errors_total", "group" => self.args.group_label.clone()).increment(1);
             self.failures = self.failures.saturating_add(1);
             warn!(lease = %self.ctx.key, %error, failures = self.failures, "handler failed; the batch will be retried");
+            self.notify(ErrorOrigin::Handler, || error.clone());
             if let Some(reason) = self.dead_letter(batch, &error).await {
                 return reason;
             }
@@ -145,6 +152,10 @@ impl Worker {
     /// Hands `batch` to the dead-letter sink if it has failed often enough. Returns
     /// [`Delivered::DeadLettered`] once the sink took it.
     async fn dead_letter(&mut self, batch: &Batch, error: &str) -> Option<Delivered> {
+        if batch.records.is_empty() {
+            // An idle tick has nothing to set aside; it is retried like a batch.
+            return None;
+        }
         let after = self.args.settings.dead_letter_after?;
         let sink = self.args.dead_letter.clone()?;
         if self.failures < after || self.fence.is_up() {

@@ -8,6 +8,7 @@ use tracing::{debug, info, warn};
 use super::cell::WriteOutcome;
 use super::{Next, Worker, LAG_REFRESH};
 use crate::model::{Continuation, Position};
+use crate::processor::callbacks::ErrorOrigin;
 use crate::processor::config::CheckpointMode;
 use crate::processor::handler::CloseReason;
 use crate::processor::retry::{GaveUp, Policy, Retry};
@@ -59,6 +60,7 @@ impl Worker {
                 Err(err) => {
                     if err.is_retryable() {
                         warn!(lease = %self.ctx.key, error = %err, "checkpoint failed");
+                        self.notify(ErrorOrigin::Store, || format!("checkpoint failed: {err}"));
                     }
                     match self.after_failure(&mut retry, err.is_retryable()).await {
                         Next::Retry => {}
@@ -190,6 +192,9 @@ impl Worker {
                 Next::Interrupted => return reason,
                 Next::GaveUp(GaveUp::OutOfRetries) => {
                     warn!(lease = %self.ctx.key, error = %err, "release failed; the lease will expire with this host");
+                    self.notify(ErrorOrigin::Store, || {
+                        format!("releasing the lease failed: {err}")
+                    });
                     return reason;
                 }
                 Next::GaveUp(_) => {

@@ -15,6 +15,7 @@ use tracing::{debug, info, warn};
 
 use super::{Next, Worker};
 use crate::model::Lease;
+use crate::processor::callbacks::ErrorOrigin;
 use crate::processor::handler::CloseReason;
 use crate::processor::retry::{Policy, Retry};
 
@@ -90,6 +91,9 @@ impl Worker {
                 }
                 Err(err) => {
                     warn!(lease = %self.ctx.key, error = %err, "reading the lease failed; not delivering until it succeeds");
+                    self.notify(ErrorOrigin::Store, || {
+                        format!("reading the lease failed: {err}")
+                    });
                     match self.after_failure(&mut retry, err.is_retryable()).await {
                         Next::Retry => {}
                         Next::Interrupted | Next::GaveUp(_) => return Some(self.stop_reason()),

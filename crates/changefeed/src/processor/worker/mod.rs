@@ -36,6 +36,7 @@ pub(crate) use cell::LeaseCell;
 
 use self::call::Delivered;
 use self::cell::carried_failures;
+use super::callbacks::{Callbacks, ErrorOrigin};
 use super::config::Settings;
 use super::handler::{CloseReason, Context, DeadLetterSink, Handler};
 use super::heartbeat::{FenceDeadline, ViewStamp};
@@ -55,8 +56,15 @@ const LAG_REFRESH: Duration = Duration::from_secs(10);
 /// republishes the seconds every cycle ([`LagBook::publish_seconds`]), so a worker stuck on a
 /// batch shows its lag growing between refreshes. The leader adds the partitions no host
 /// reads, so that summed over the fleet the records gauge counts every unread record.
+///
+/// With [`Settings::lag_per_partition`], each partition's own lag is published too
+/// (`changefeed_partition_lag_records` and `changefeed_partition_lag_seconds`, labels `group`
+/// and `partition`), and set to 0 when this host stops reading it: summed over the fleet, each
+/// partition's series then counts it once, on its current reader.
 #[derive(Debug, Default)]
 pub(crate) struct LagBook {
+    /// Whether each partition's lag is published too.
+    per_partition: bool,
     by_partition: std::sync::Mutex<std::collections::BTreeMap<PartitionId, PartitionLag>>,
     /// On the leader: the partitions no host reads (leases without an owner, partitions
     /// without a lease), counted once for the fleet ([`LagBook::set_unowned`]).
@@ -71,6 +79,14 @@ pub(crate) struct PartitionLag {
 }
 
 impl LagBook {
+    /// A book publishing the group's totals, and each partition's lag if `per_partition`.
+    pub(crate) fn new(per_partition: bool) -> Self {
+        Self {
+            per_partition,
+            ..Self::default()
+        }
+    }
+
     fn map(
         &self,
     ) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<PartitionId, PartitionLag>> {
@@ -87,6 +103,10 @@ impl LagBook {
                 oldest: OldestUnread::Unknown,
             })
             .records = records;
+        if self.per_partition {
+            metrics::gauge!("changefeed_partition_lag_records", "group" => group.to_string(), "partition" => partition.to_string())
+                .set(records.unwrap_or(0) as f64);
+        }
         self.publish(group, now);
     }
 
@@ -111,6 +131,15 @@ impl LagBook {
     /// Forgets `partition` (its worker stopped).
     fn remove(&self, group: &str, partition: &PartitionId, now: Timestamp) {
         self.map().remove(partition);
+        if self.per_partition {
+            for name in [
+                "changefeed_partition_lag_records",
+                "changefeed_partition_lag_seconds",
+            ] {
+                metrics::gauge!(name, "group" => group.to_string(), "partition" => partition.to_string())
+                    .set(0.0);
+            }
+        }
         self.publish(group, now);
     }
 
@@ -134,6 +163,13 @@ impl LagBook {
     /// Sets `changefeed_lag_seconds` to the age at `now` of the oldest unread record of the
     /// partitions this host reads (0 when none is known).
     pub(crate) fn publish_seconds(&self, group: &str, now: Timestamp) {
+        if self.per_partition {
+            for (partition, lag) in self.map().iter() {
+                let ms = lag.oldest.age_ms(now).unwrap_or(0);
+                metrics::gauge!("changefeed_partition_lag_seconds", "group" => group.to_string(), "partition" => partition.to_string())
+                    .set(ms as f64 / 1000.0);
+            }
+        }
         let max_ms = self.max_age_ms(now).unwrap_or(0);
         metrics::gauge!("changefeed_lag_seconds", "group" => group.to_string())
             .set(max_ms as f64 / 1000.0);
@@ -170,6 +206,7 @@ pub(crate) struct WorkerArgs {
     pub hooks: Hooks,
     pub lag: Arc<LagBook>,
     pub dead_letter: Option<Arc<dyn DeadLetterSink>>,
+    pub callbacks: Arc<Callbacks>,
 }
 
 /// Sent to the host loop when a worker stops.
@@ -265,6 +302,8 @@ struct Worker {
     failures: u32,
     /// The last checkpoint this worker knows of.
     checkpointed: Option<Continuation>,
+    /// When the handler was last called (or the worker started): the idle tick's clock.
+    last_call_at: Instant,
 }
 
 /// Runs one worker to its end and reports why it stopped.
@@ -293,6 +332,7 @@ pub(crate) async fn run(args: WorkerArgs) {
             fence: Fence::new(&args),
             backoff: Backoff::new(&args.settings),
             last_checkpoint_at: args.clock.now(),
+            last_call_at: args.clock.now(),
             failures: carried_failures(&args.lease),
             checkpointed: args.lease.continuation.clone(),
             args,
@@ -303,6 +343,7 @@ pub(crate) async fn run(args: WorkerArgs) {
             last_age_at: None,
             confirmed_at: None,
         };
+        worker.args.callbacks.lease_acquired(&worker.ctx.partition);
         let reason = worker.run().await;
         worker.args.lag.remove(
             &worker.args.group_label,
@@ -310,6 +351,10 @@ pub(crate) async fn run(args: WorkerArgs) {
             worker.args.clock.wall(),
         );
         worker.args.handler.close(&worker.ctx, reason).await;
+        worker
+            .args
+            .callbacks
+            .lease_released(&worker.ctx.partition, reason);
         info!(reason = ?reason, "worker stopped");
         reason
     }
@@ -379,6 +424,14 @@ impl Worker {
         }
     }
 
+    /// Tells the program's [`on_error`](super::ProcessorBuilder::on_error) of a failure on
+    /// this worker's partition.
+    fn notify(&self, origin: ErrorOrigin, message: impl FnOnce() -> String) {
+        self.args
+            .callbacks
+            .error(origin, Some(&self.ctx.partition), message);
+    }
+
     fn stop_reason(&self) -> CloseReason {
         if self.args.cancel.is_cancelled() {
             CloseReason::Shutdown
@@ -405,6 +458,9 @@ impl Worker {
             if err.is_retryable() {
                 warn!(lease = %self.args.lease.key, error = %err, "opening the partition failed; retrying");
             }
+            self.notify(ErrorOrigin::Source, || {
+                format!("opening the partition failed: {err}")
+            });
             match self.after_failure(&mut retry, err.is_retryable()).await {
                 Next::Retry => {}
                 Next::Interrupted => return Ok(None),
@@ -427,6 +483,9 @@ impl Worker {
                 return Ok(());
             };
             warn!(lease = %self.ctx.key, error = %err, "handler open failed");
+            self.notify(ErrorOrigin::Handler, || {
+                format!("Handler::open failed: {err}")
+            });
             match self.after_failure(&mut retry, true).await {
                 Next::Retry => {}
                 Next::Interrupted => return Err(self.stop_reason()),
@@ -454,7 +513,8 @@ impl Worker {
             Ok(b) => Arc::new(b),
             Err(reason) => return Step::Stop(reason),
         };
-        if !batch.records.is_empty() {
+        let idle_tick = batch.records.is_empty() && !batch.end_of_partition && self.tick_due();
+        if !batch.records.is_empty() || idle_tick {
             if self.fence.is_up() {
                 warn!(lease = %self.ctx.key, "host fenced; the batch read is not delivered");
                 return Step::Stop(CloseReason::LeaseLost);
@@ -467,6 +527,11 @@ impl Worker {
                 Delivered::DeadLettered => true,
                 Delivered::Stop(reason) => return Step::Stop(reason),
             };
+            self.last_call_at = self.args.clock.now();
+            if idle_tick {
+                // An empty batch moves no position: nothing to checkpoint.
+                return Step::Continue;
+            }
             self.pending = batch.continuation.clone();
             if let Some(reason) = self.maybe_checkpoint(force).await {
                 return Step::Stop(reason);
@@ -478,7 +543,7 @@ impl Worker {
         if batch.records.is_empty() {
             self.refresh_age().await;
             // Idle: wait, but wake for shutdown, fencing or news about the lease.
-            let sleep = self.args.clock.sleep(self.args.settings.poll_delay);
+            let sleep = self.args.clock.sleep(self.idle_wait());
             tokio::select! {
                 biased;
                 _ = self.args.cancel.cancelled() => {}
@@ -493,6 +558,32 @@ impl Worker {
         Step::Continue
     }
 
+    /// Whether the idle tick is due: [`Settings::max_wait_time`] has passed since the handler
+    /// was last called.
+    fn tick_due(&self) -> bool {
+        self.args.settings.max_wait_time.is_some_and(|d| {
+            self.args
+                .clock
+                .now()
+                .saturating_duration_since(self.last_call_at)
+                >= d
+        })
+    }
+
+    /// How long an idle worker waits before reading again: `poll_delay`, or less when the idle
+    /// tick falls due sooner.
+    fn idle_wait(&self) -> Duration {
+        let poll = self.args.settings.poll_delay;
+        match self.args.settings.max_wait_time {
+            Some(d) => {
+                let due = self.last_call_at + d;
+                poll.min(due.saturating_duration_since(self.args.clock.now()))
+                    .max(Duration::from_millis(1))
+            }
+            None => poll,
+        }
+    }
+
     /// Reads the next batch ([`Policy::READ_BATCH`]). An error the source calls final (an
     /// unknown continuation, a partition gone) gives the lease back at its checkpoint, as a
     /// failed open does.
@@ -505,6 +596,9 @@ impl Worker {
             };
             let retryable = err.is_retryable();
             warn!(lease = %self.ctx.key, error = %err, retryable, "reading the partition failed");
+            self.notify(ErrorOrigin::Source, || {
+                format!("reading the partition failed: {err}")
+            });
             metrics::counter!("changefeed_source_errors_total", "group" => self.args.group_label.clone()).increment(1);
             match self.after_failure(&mut retry, retryable).await {
                 Next::Retry => {}

@@ -1,0 +1,378 @@
+//! The handler options of issue 22: the idle tick (`max_wait_time`), the lease acquired,
+//! released and error notifications, the per-partition start position, and the per-partition
+//! lag gauges' setting. Virtual time throughout.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use changefeed::lease::{LeaseStore, MemoryLeaseStore};
+use changefeed::model::{GroupName, Lease, LeaseKey, PartitionId, Position};
+use changefeed::processor::{
+    handler_fn, CloseReason, ConfigError, ErrorNotice, ErrorOrigin, Processor, ProcessorBuilder,
+};
+use changefeed::source::MemoryFeed;
+use changefeed::testkit::fleet::{FaultMode, Faulty};
+use tokio::time::Instant;
+
+fn group() -> GroupName {
+    GroupName::new("g").unwrap()
+}
+
+fn pid(p: &str) -> PartitionId {
+    PartitionId::new(p).unwrap()
+}
+
+async fn create_leases(store: &MemoryLeaseStore, partitions: &[&str]) {
+    for p in partitions {
+        store
+            .create(&Lease::new(
+                LeaseKey::new(group(), pid(p)),
+                Position::Beginning,
+            ))
+            .await
+            .unwrap();
+    }
+}
+
+fn builder(store: Arc<dyn LeaseStore>, feed: &MemoryFeed) -> ProcessorBuilder {
+    Processor::builder()
+        .host("a")
+        .group("g")
+        .store(store)
+        .source(Arc::new(feed.clone()))
+        .seed(3)
+        .poll_delay(Duration::from_millis(100))
+}
+
+/// Every handler call: when (since the test began), which partition, how many records.
+type Calls = Arc<Mutex<Vec<(Duration, String, usize)>>>;
+
+fn recording(calls: &Calls, t0: Instant) -> impl changefeed::processor::Handler {
+    let calls = calls.clone();
+    handler_fn(move |ctx, batch| {
+        let calls = calls.clone();
+        async move {
+            calls.lock().unwrap().push((
+                t0.elapsed(),
+                ctx.partition().to_string(),
+                batch.records.len(),
+            ));
+            Ok(())
+        }
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_tick_calls_the_handler_with_an_empty_batch_after_max_wait_time_without_records() {
+    let store = MemoryLeaseStore::new();
+    create_leases(&store, &["0"]).await;
+    let feed = MemoryFeed::new(1);
+    let calls: Calls = Arc::default();
+    let t0 = Instant::now();
+    let running = builder(Arc::new(store.clone()), &feed)
+        .handler(recording(&calls, t0))
+        .max_wait_time(Some(Duration::from_secs(5)))
+        .build()
+        .unwrap()
+        .start();
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    // Records arrive: delivered at once, and the next tick counts from that call.
+    feed.append_to(&pid("0"), "k", "r0").unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let delivered_at = {
+        let calls = calls.lock().unwrap();
+        let (at, _, n) = calls
+            .iter()
+            .find(|c| c.2 > 0)
+            .expect("the record delivered");
+        assert_eq!(*n, 1);
+        *at
+    };
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    running.stop().await.unwrap();
+
+    let calls = calls.lock().unwrap().clone();
+    let ticks: Vec<Duration> = calls.iter().filter(|c| c.2 == 0).map(|c| c.0).collect();
+    assert!(
+        ticks.len() >= 3,
+        "a tick about every 5 s of the 24 s, but not in the 4 s after the record: {calls:?}"
+    );
+    let mut last = Duration::ZERO;
+    for (at, _, n) in &calls {
+        if *n == 0 {
+            let quiet = *at - last;
+            assert!(
+                quiet >= Duration::from_secs(5) && quiet < Duration::from_secs(6),
+                "a tick only after max_wait_time without a call, and soon after: {quiet:?} in {calls:?}"
+            );
+        }
+        last = *at;
+    }
+    assert!(
+        !ticks
+            .iter()
+            .any(|t| *t > delivered_at && *t < delivered_at + Duration::from_secs(5)),
+        "no tick within max_wait_time of a delivery: {calls:?}"
+    );
+    let lease = store
+        .get(&LeaseKey::new(group(), pid("0")))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        lease.continuation.is_some(),
+        "the record's checkpoint was written, and ticks did not clear it: {lease:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_max_wait_time_the_handler_never_sees_an_empty_batch() {
+    let store = MemoryLeaseStore::new();
+    create_leases(&store, &["0"]).await;
+    let feed = MemoryFeed::new(1);
+    feed.append_to(&pid("0"), "k", "r0").unwrap();
+    let calls: Calls = Arc::default();
+    let running = builder(Arc::new(store.clone()), &feed)
+        .handler(recording(&calls, Instant::now()))
+        .build()
+        .unwrap()
+        .start();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    running.stop().await.unwrap();
+    let calls = calls.lock().unwrap().clone();
+    assert_eq!(calls.len(), 1, "only the record's batch: {calls:?}");
+    assert_eq!(calls[0].2, 1);
+}
+
+#[tokio::test]
+async fn max_wait_time_of_zero_is_refused_by_name() {
+    let store = MemoryLeaseStore::new();
+    let feed = MemoryFeed::new(1);
+    let err = builder(Arc::new(store), &feed)
+        .handler(handler_fn(|_, _| async { Ok(()) }))
+        .max_wait_time(Some(Duration::ZERO))
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ConfigError::Invalid {
+                setting: "max_wait_time",
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+/// What the notifications said, in order.
+#[derive(Debug, Clone, PartialEq)]
+enum Note {
+    Acquired(String),
+    Released(String, CloseReason),
+    Error(ErrorNotice),
+}
+
+fn notified(b: ProcessorBuilder, notes: &Arc<Mutex<Vec<Note>>>) -> ProcessorBuilder {
+    let (n1, n2, n3) = (notes.clone(), notes.clone(), notes.clone());
+    b.on_lease_acquired(move |p| n1.lock().unwrap().push(Note::Acquired(p.to_string())))
+        .on_lease_released(move |p, why| {
+            n2.lock().unwrap().push(Note::Released(p.to_string(), why))
+        })
+        .on_error(move |e| n3.lock().unwrap().push(Note::Error(e.clone())))
+}
+
+#[tokio::test(start_paused = true)]
+async fn notifications_tell_acquisitions_releases_and_whose_part_failed() {
+    // Partition 0 is read; the handler fails on partition 1's records until its retries run
+    // out; partition 9 is not in the feed, so the source cannot open it.
+    let store = MemoryLeaseStore::new();
+    create_leases(&store, &["0", "1", "9"]).await;
+    let feed = MemoryFeed::new(2);
+    feed.append_to(&pid("0"), "k", "fine").unwrap();
+    feed.append_to(&pid("1"), "k", "poison").unwrap();
+    let notes: Arc<Mutex<Vec<Note>>> = Arc::default();
+    let faulty = Faulty::new(Arc::new(store.clone()));
+    let running = notified(builder(Arc::new(faulty.clone()), &feed), &notes)
+        .handler(handler_fn(|ctx, _| async move {
+            if ctx.partition().as_str() == "1" {
+                Err("the downstream service refused the record".into())
+            } else {
+                Ok(())
+            }
+        }))
+        .handler_max_retries(2)
+        .build()
+        .unwrap()
+        .start();
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    {
+        let notes = notes.lock().unwrap();
+        for p in ["0", "1", "9"] {
+            assert!(
+                notes.contains(&Note::Acquired(p.into())),
+                "{p} acquired: {notes:?}"
+            );
+        }
+        let user: Vec<&ErrorNotice> = notes
+            .iter()
+            .filter_map(|n| match n {
+                Note::Error(e) if e.is_user_error() => Some(e),
+                _ => None,
+            })
+            .collect();
+        assert!(!user.is_empty(), "the handler's failures: {notes:?}");
+        for e in &user {
+            assert_eq!(e.origin, ErrorOrigin::Handler);
+            assert_eq!(e.partition, Some(pid("1")), "{e}");
+            assert!(e.message.contains("refused the record"), "{e}");
+        }
+        assert!(
+            notes.contains(&Note::Released("1".into(), CloseReason::HandlerFailed)),
+            "released after its retries: {notes:?}"
+        );
+        assert!(
+            notes.iter().any(|n| matches!(n, Note::Error(e)
+                if e.origin == ErrorOrigin::Source && e.partition == Some(pid("9")))),
+            "the source's failure on 9, not a user error: {notes:?}"
+        );
+        assert!(
+            notes.contains(&Note::Released("9".into(), CloseReason::SourceFailed)),
+            "{notes:?}"
+        );
+        assert!(
+            !notes
+                .iter()
+                .any(|n| matches!(n, Note::Error(e) if e.origin == ErrorOrigin::Store)),
+            "no store error yet: {notes:?}"
+        );
+    }
+    // The store goes away for a moment: the host's own calls fail, told as store errors
+    // without a partition.
+    faulty.set(FaultMode::Fail);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    faulty.set(FaultMode::Healthy);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        notes
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|n| matches!(n, Note::Error(e)
+            if e.origin == ErrorOrigin::Store && !e.is_user_error())),
+        "{:?}",
+        notes.lock().unwrap()
+    );
+    running.stop().await.unwrap();
+    let notes = notes.lock().unwrap();
+    assert!(
+        notes.contains(&Note::Released("0".into(), CloseReason::Shutdown)),
+        "released at the stop: {notes:?}"
+    );
+    // Every acquisition is followed by exactly one release of the same partition.
+    for p in ["0", "1", "9"] {
+        let events: Vec<&Note> = notes
+            .iter()
+            .filter(|n| match n {
+                Note::Acquired(q) | Note::Released(q, _) => q == p,
+                Note::Error(_) => false,
+            })
+            .collect();
+        for pair in events.chunks(2) {
+            assert!(
+                matches!(pair, [Note::Acquired(_), Note::Released(..)]),
+                "acquired then released, in pairs, for {p}: {events:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_notification_does_not_stop_the_worker() {
+    let store = MemoryLeaseStore::new();
+    create_leases(&store, &["0"]).await;
+    let feed = MemoryFeed::new(1);
+    feed.append_to(&pid("0"), "k", "r0").unwrap();
+    let calls: Calls = Arc::default();
+    let running = builder(Arc::new(store.clone()), &feed)
+        .handler(recording(&calls, Instant::now()))
+        .on_lease_acquired(|_| panic!("a bug in the program's notification"))
+        .build()
+        .unwrap()
+        .start();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(calls.lock().unwrap().len(), 1, "the record was delivered");
+    running.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn start_position_for_chooses_where_each_partition_the_group_starts_on_begins() {
+    // Two partitions with old records; the program starts partition 1 at its end and partition
+    // 0 at the group's start (the beginning). The leases are created by the host itself (its
+    // partition sync), asking the callback once per partition.
+    let store = MemoryLeaseStore::new();
+    let feed = MemoryFeed::new(2);
+    for p in ["0", "1"] {
+        feed.append_to(&pid(p), "k", format!("old-{p}")).unwrap();
+    }
+    let asked: Arc<Mutex<Vec<(String, Position)>>> = Arc::default();
+    let delivered: Arc<Mutex<Vec<String>>> = Arc::default();
+    let (a, d) = (asked.clone(), delivered.clone());
+    let running = builder(Arc::new(store.clone()), &feed)
+        .start_position_for(move |p, planned| {
+            a.lock().unwrap().push((p.to_string(), planned.clone()));
+            if p.as_str() == "1" {
+                Position::Now
+            } else {
+                planned.clone()
+            }
+        })
+        .handler(handler_fn(move |_, batch| {
+            let d = d.clone();
+            async move {
+                d.lock().unwrap().extend(
+                    batch
+                        .records
+                        .iter()
+                        .map(|r| String::from_utf8_lossy(&r.data).into_owned()),
+                );
+                Ok(())
+            }
+        }))
+        .build()
+        .unwrap()
+        .start();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for p in ["0", "1"] {
+        feed.append_to(&pid(p), "k", format!("new-{p}")).unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    running.stop().await.unwrap();
+    let mut asked = asked.lock().unwrap().clone();
+    asked.sort_by(|x, y| x.0.cmp(&y.0));
+    assert_eq!(
+        asked,
+        [
+            ("0".to_string(), Position::Beginning),
+            ("1".to_string(), Position::Beginning)
+        ],
+        "asked once per partition, with the group's start"
+    );
+    let mut got = delivered.lock().unwrap().clone();
+    got.sort();
+    assert_eq!(
+        got,
+        ["new-0", "new-1", "old-0"],
+        "partition 1 began at its end"
+    );
+    let lease = store
+        .get(&LeaseKey::new(group(), pid("1")))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        lease.start,
+        Position::Now,
+        "the choice is kept in the lease"
+    );
+}

@@ -554,6 +554,11 @@ impl BackendUrl {
                 .row_version(key)
                 .await?),
             BackendUrl::Cosmos(cosmos) => Ok(cosmos.open().await?.row_version(key).await?),
+            BackendUrl::Postgres(pg) => Ok(PostgresLeaseStore::connect_with(pg.options())
+                .await
+                .with_context(|| format!("opening lease store {}", redact(&pg.conn)))?
+                .row_version(key)
+                .await?),
             _ => Err(anyhow::anyhow!(
                 "lease {key}: this store cannot read the version of a row it cannot parse, so the row cannot be rewritten; correct or delete it by hand"
             )),

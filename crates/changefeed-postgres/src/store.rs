@@ -396,6 +396,40 @@ impl PostgresLeaseStore {
         self.db.prefix()
     }
 
+    /// The version of the lease row under `key` as stored, whether or not the rest of it can
+    /// be read; `None` if there is no row. For repairing a malformed row (`changefeed reset
+    /// --force`): [`LeaseStore::delete`] removes it at this version.
+    ///
+    /// # Errors
+    /// [`LeaseError::Store`] if the query fails.
+    pub async fn row_version(&self, key: &LeaseKey) -> Result<Option<Version>, LeaseError> {
+        let sql = format!(
+            "SELECT version FROM {} WHERE grp = $1 AND partition = $2",
+            table(self.db.prefix(), "leases")
+        );
+        let rows = self
+            .query(
+                "get",
+                key.to_string(),
+                &sql,
+                &[&key.group.as_str(), &key.partition.as_str()],
+            )
+            .await?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        let version: i64 = col(row, 0, "version").map_err(|reason| LeaseError::Malformed {
+            key: key.to_string(),
+            reason,
+        })?;
+        u64::try_from(version)
+            .map(|v| Some(Version(v)))
+            .map_err(|_| LeaseError::Malformed {
+                key: key.to_string(),
+                reason: format!("version: {version} is negative"),
+            })
+    }
+
     async fn query(
         &self,
         operation: &'static str,

@@ -196,3 +196,67 @@ fn postgres_urls_in_the_wrong_role_are_usage_errors() {
         .expect("outbox");
     assert_eq!(out.status.code(), Some(2), "{:?}", text(&out));
 }
+
+#[test]
+fn reset_force_rewrites_a_malformed_postgres_row() {
+    // An operator can repair an unreadable lease row on PostgreSQL as on SQLite: the store
+    // reads the row's version alone, and `reset --force` replaces the row at that version.
+    let prefix = unique_prefix("clim");
+    let (store, source) = (store_url(&prefix), source_url(&prefix));
+    let rt = crate::support::rt();
+    let client = rt.block_on(raw_client());
+    run_ok(&["outbox", "--source", &source, "create", "--partitions", "2"]);
+    // A short run creates the leases (its partition sync), then stops.
+    let mut host = bin()
+        .args(["run", "--store", &store, "--source", &source])
+        .args([
+            "--group",
+            "g",
+            "--host",
+            "h1",
+            "--handler",
+            "cat >/dev/null",
+        ])
+        .args(FAST)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start run");
+    wait_for(Duration::from_secs(30), "the two leases", || {
+        let s = status(&store);
+        (s["leases"].as_array().map(Vec::len) == Some(2)).then_some(())
+    });
+    terminate(&host);
+    assert!(wait_exit(&mut host, Duration::from_secs(20)).success());
+    rt.block_on(client.execute(
+        &format!("UPDATE {prefix}_leases SET state = 'sideways' WHERE partition = '1.0'"),
+        &[],
+    ))
+    .expect("corrupt the row");
+    let reset = |extra: &[&str]| {
+        bin()
+            .args(["reset", "--store", &store, "--group", "g"])
+            .args(["--partition", "1.0", "--to", "beginning"])
+            .args(extra)
+            .output()
+            .expect("run reset")
+    };
+    let out = reset(&["--source", &source]);
+    assert_eq!(out.status.code(), Some(1), "{:?}", text(&out));
+    assert!(
+        text(&out).1.contains("malformed row") && text(&out).1.contains("--force"),
+        "{:?}",
+        text(&out)
+    );
+    let out = reset(&["--force", "--source", &source]);
+    assert!(out.status.success(), "{:?}", text(&out));
+    assert!(text(&out).0.contains("replaced"), "{:?}", text(&out));
+    let s = status(&store);
+    let lease = s["leases"]
+        .as_array()
+        .and_then(|l| l.iter().find(|l| l["partition"] == "1.0"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(lease["state"], "available", "readable again: {s}");
+    rt.block_on(drop_tables(&prefix));
+}

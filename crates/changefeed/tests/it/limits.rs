@@ -7,26 +7,10 @@ use std::time::Duration;
 
 use changefeed::balance::EqualShare;
 use changefeed::lease::{LeaseStore, MemoryLeaseStore};
-use changefeed::model::{GroupName, Lease, LeaseKey, PartitionId, Position};
 use changefeed::processor::{handler_fn, ConfigError, Processor, ProcessorBuilder};
 use changefeed::source::MemoryFeed;
 
-fn group() -> GroupName {
-    GroupName::new("g").unwrap()
-}
-
-async fn setup(partitions: u32) -> (MemoryLeaseStore, MemoryFeed) {
-    let store = MemoryLeaseStore::new();
-    let feed = MemoryFeed::new(partitions);
-    for i in 0..partitions {
-        let key = LeaseKey::new(group(), PartitionId::new(i.to_string()).unwrap());
-        store
-            .create(&Lease::new(key, Position::Beginning))
-            .await
-            .unwrap();
-    }
-    (store, feed)
-}
+use crate::common::{group, setup};
 
 fn builder(store: &MemoryLeaseStore, feed: &MemoryFeed, host: &str) -> ProcessorBuilder {
     Processor::builder()

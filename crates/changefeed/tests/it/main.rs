@@ -2,6 +2,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
 mod conformance;
 mod fence;
 mod handler;

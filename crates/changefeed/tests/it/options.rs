@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use changefeed::lease::{LeaseStore, MemoryLeaseStore};
-use changefeed::model::{GroupName, Lease, LeaseKey, PartitionId, Position};
+use changefeed::model::{Lease, LeaseKey, PartitionId, Position};
 use changefeed::processor::{
     handler_fn, CloseReason, ConfigError, ErrorNotice, ErrorOrigin, Processor, ProcessorBuilder,
 };
@@ -14,24 +14,17 @@ use changefeed::source::MemoryFeed;
 use changefeed::testkit::fleet::{FaultMode, Faulty};
 use tokio::time::Instant;
 
-fn group() -> GroupName {
-    GroupName::new("g").unwrap()
-}
+use crate::common::{group, setup};
 
 fn pid(p: &str) -> PartitionId {
     PartitionId::new(p).unwrap()
 }
 
-async fn create_leases(store: &MemoryLeaseStore, partitions: &[&str]) {
-    for p in partitions {
-        store
-            .create(&Lease::new(
-                LeaseKey::new(group(), pid(p)),
-                Position::Beginning,
-            ))
-            .await
-            .unwrap();
-    }
+/// One partition, `0`, with a lease and one record, `r0`.
+async fn one_record() -> (MemoryLeaseStore, MemoryFeed) {
+    let (store, feed) = setup(1).await;
+    feed.append_to(&pid("0"), "k", "r0").unwrap();
+    (store, feed)
 }
 
 fn builder(store: Arc<dyn LeaseStore>, feed: &MemoryFeed) -> ProcessorBuilder {
@@ -64,9 +57,7 @@ fn recording(calls: &Calls, t0: Instant) -> impl changefeed::processor::Handler 
 
 #[tokio::test(start_paused = true)]
 async fn idle_tick_calls_the_handler_with_an_empty_batch_after_max_wait_time_without_records() {
-    let store = MemoryLeaseStore::new();
-    create_leases(&store, &["0"]).await;
-    let feed = MemoryFeed::new(1);
+    let (store, feed) = setup(1).await;
     let calls: Calls = Arc::default();
     let t0 = Instant::now();
     let running = builder(Arc::new(store.clone()), &feed)
@@ -127,10 +118,7 @@ async fn idle_tick_calls_the_handler_with_an_empty_batch_after_max_wait_time_wit
 
 #[tokio::test(start_paused = true)]
 async fn without_max_wait_time_the_handler_never_sees_an_empty_batch() {
-    let store = MemoryLeaseStore::new();
-    create_leases(&store, &["0"]).await;
-    let feed = MemoryFeed::new(1);
-    feed.append_to(&pid("0"), "k", "r0").unwrap();
+    let (store, feed) = one_record().await;
     let calls: Calls = Arc::default();
     let running = builder(Arc::new(store.clone()), &feed)
         .handler(recording(&calls, Instant::now()))
@@ -186,9 +174,9 @@ fn notified(b: ProcessorBuilder, notes: &Arc<Mutex<Vec<Note>>>) -> ProcessorBuil
 async fn notifications_tell_acquisitions_releases_and_whose_part_failed() {
     // Partition 0 is read; the handler fails on partition 1's records until its retries run
     // out; partition 9 is not in the feed, so the source cannot open it.
-    let store = MemoryLeaseStore::new();
-    create_leases(&store, &["0", "1", "9"]).await;
-    let feed = MemoryFeed::new(2);
+    let (store, feed) = setup(2).await;
+    let gone = Lease::new(LeaseKey::new(group(), pid("9")), Position::Beginning);
+    store.create(&gone).await.unwrap();
     feed.append_to(&pid("0"), "k", "fine").unwrap();
     feed.append_to(&pid("1"), "k", "poison").unwrap();
     let notes: Arc<Mutex<Vec<Note>>> = Arc::default();
@@ -289,10 +277,7 @@ async fn notifications_tell_acquisitions_releases_and_whose_part_failed() {
 
 #[tokio::test(start_paused = true)]
 async fn a_panicking_notification_does_not_stop_the_worker() {
-    let store = MemoryLeaseStore::new();
-    create_leases(&store, &["0"]).await;
-    let feed = MemoryFeed::new(1);
-    feed.append_to(&pid("0"), "k", "r0").unwrap();
+    let (store, feed) = one_record().await;
     let calls: Calls = Arc::default();
     let running = builder(Arc::new(store.clone()), &feed)
         .handler(recording(&calls, Instant::now()))

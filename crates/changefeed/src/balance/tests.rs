@@ -93,6 +93,25 @@ impl Table {
     }
 }
 
+/// Every partition the plans name (taken, stolen, asked for or released), failing if two
+/// plans, or one plan twice, name the same partition.
+fn claimed<'a>(plans: impl IntoIterator<Item = &'a Plan>) -> BTreeSet<PartitionId> {
+    let mut all = BTreeSet::new();
+    for plan in plans {
+        let asked = plan.request_handoff.iter().map(|r| &r.partition);
+        for p in plan
+            .take
+            .iter()
+            .chain(&plan.steal)
+            .chain(asked)
+            .chain(&plan.release)
+        {
+            assert!(all.insert(p.clone()), "{p} is named twice: {plan:?}");
+        }
+    }
+    all
+}
+
 fn handoffs(plan: &Plan) -> BTreeMap<String, usize> {
     let mut from = BTreeMap::new();
     for r in &plan.request_handoff {

@@ -27,20 +27,7 @@ fn plans3(table: &Table, live: &[&str]) -> Vec<(HostName, Plan)> {
 
 /// Every partition the plans name, failing if one is named twice.
 fn named_once(plans: &[(HostName, Plan)]) -> BTreeSet<PartitionId> {
-    let mut all = BTreeSet::new();
-    for (me, plan) in plans {
-        let asked = plan.request_handoff.iter().map(|r| &r.partition);
-        for p in plan
-            .take
-            .iter()
-            .chain(&plan.steal)
-            .chain(asked)
-            .chain(&plan.release)
-        {
-            assert!(all.insert(p.clone()), "{p} named twice (again by {me})");
-        }
-    }
-    all
+    claimed(plans.iter().map(|(_, plan)| plan))
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! counterparts of Cosmos's balancing tests, then property tests over fleets with fleet-wide
 //! and per-host limits, run round by round as in the parent module.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 
@@ -14,24 +14,6 @@ fn limits(min: usize, max: Option<usize>) -> LeaseLimits {
 
 fn fleet_wide(min: usize, max: Option<usize>) -> EqualShare {
     EqualShare::with_limits(limits(min, max))
-}
-
-/// Every partition named by the plans, failing if one is named twice.
-fn claimed(plans: &[&Plan]) -> BTreeSet<PartitionId> {
-    let mut all = BTreeSet::new();
-    for plan in plans {
-        let asked = plan.request_handoff.iter().map(|r| &r.partition);
-        for p in plan
-            .take
-            .iter()
-            .chain(&plan.steal)
-            .chain(asked)
-            .chain(&plan.release)
-        {
-            assert!(all.insert(p.clone()), "{p} is in two plans");
-        }
-    }
-    all
 }
 
 #[test]
@@ -49,7 +31,7 @@ fn a_host_with_a_minimum_takes_it_even_above_its_equal_share() {
     assert_eq!(mine.take.len(), 7);
     assert_eq!(theirs.take.len(), 3);
     assert_eq!(
-        claimed(&[&mine, &theirs]).len(),
+        claimed([&mine, &theirs]).len(),
         10,
         "every free lease, once"
     );
@@ -70,7 +52,7 @@ fn a_host_at_its_maximum_takes_no_more_and_the_rest_goes_to_the_others() {
     assert_eq!(mine.take.len(), 3);
     assert_eq!(theirs.take.len(), 7);
     assert_eq!(
-        claimed(&[&mine, &theirs]).len(),
+        claimed([&mine, &theirs]).len(),
         10,
         "every free lease, once"
     );
@@ -97,7 +79,7 @@ fn a_fleet_wide_minimum_fills_hosts_one_after_another_when_leases_are_short() {
         .collect();
     let taken: Vec<usize> = plans.iter().map(|p| p.take.len()).collect();
     assert_eq!(taken, [4, 2, 1]);
-    assert_eq!(claimed(&plans.iter().collect::<Vec<_>>()).len(), 7);
+    assert_eq!(claimed(&plans).len(), 7);
 }
 
 #[test]
@@ -131,7 +113,7 @@ fn a_host_above_its_maximum_hands_off_what_is_asked_for_and_releases_the_rest() 
     assert_eq!(handoffs(&b), BTreeMap::from([("a".to_string(), 4)]));
     assert!(a.take.is_empty() && a.request_handoff.is_empty());
     assert_eq!(a.release, pids([4, 5]));
-    assert_eq!(claimed(&[&a, &b]).len(), 6);
+    assert_eq!(claimed([&a, &b]).len(), 6);
     // Alone, it releases everything above its maximum.
     assert_eq!(table.plan_with(&strategy, "a", &["a"]).release, pids(0..6));
     // Without a maximum it waits to be asked, as ever.

@@ -12,7 +12,9 @@
 //! The last line is `RESULT written=… delivered=… duplicates=… lost=… reordered=…`; the exit
 //! code is 1 if anything was lost or reordered. The database (and the hosts' logs beside it) is
 //! made in a new temporary directory and removed at the end, unless `--keep` (or `--db PATH`):
-//! the line before the result says which, and where.
+//! the line before the result says which, and where. With `--console [ADDR]` it also serves
+//! the live console (`changefeed console`) of its fleet while it runs, and prints what the
+//! console's reads cost the store before the result.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{IsTerminal as _, Write as _};
@@ -75,6 +77,10 @@ pub struct Args {
     /// children are read only after it is finished).
     #[arg(long)]
     no_split: bool,
+    /// Serve the live console (`changefeed console`) of the demo's fleet at ADDR while it
+    /// runs (default 127.0.0.1:7070).
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "127.0.0.1:7070")]
+    console: Option<std::net::SocketAddr>,
 }
 
 fn parse_secs(text: &str) -> Result<Duration, String> {
@@ -485,6 +491,37 @@ async fn snapshot(
 // ------------------------------------------------------------------------------------------
 // The run.
 
+/// Starts the console on the demo's database, judging hosts by the demo's timing settings.
+async fn start_console(
+    db: &Path,
+    group: &GroupName,
+    addr: std::net::SocketAddr,
+    args: &Args,
+    stop: CancellationToken,
+) -> anyhow::Result<crate::console::Console> {
+    let settings = crate::console::Settings {
+        list_every: Duration::from_secs(5),
+        fence_after: Duration::from_secs(2),
+        expire_after: Duration::from_secs(3),
+        handoff_timeout: Duration::from_secs(3),
+        window: (args.duration + Duration::from_secs(30)).max(Duration::from_secs(60)),
+    };
+    let store: Arc<dyn LeaseStore> = Arc::new(SqliteLeaseStore::open(db).await?);
+    let source: Arc<dyn FeedSource> = Arc::new(SqliteFeed::open(db).await?);
+    let console = crate::console::Console::start(
+        store,
+        Some(source),
+        group.clone(),
+        settings,
+        Duration::from_secs(1),
+        addr,
+        stop,
+    )
+    .await?;
+    println!("console: http://{}/", console.addr);
+    Ok(console)
+}
+
 async fn demo(args: Args) -> anyhow::Result<ExitCode> {
     let wall = SystemClock.wall();
     let seed = args.seed.unwrap_or(wall.millis() as u64);
@@ -555,6 +592,12 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(port) = args.metrics_port {
         println!("host-N serves Prometheus metrics at http://127.0.0.1:{port}+N-1/metrics");
     }
+
+    let console_stop = CancellationToken::new();
+    let console = match args.console {
+        Some(addr) => Some(start_console(&db, &group, addr, &args, console_stop.clone()).await?),
+        None => None,
+    };
 
     let mut hosts = Vec::new();
     for i in 1..=args.hosts {
@@ -775,6 +818,10 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
         );
     } else {
         println!("removing the database {} (--keep keeps it)", db.display());
+    }
+    if let Some(console) = &console {
+        console_stop.cancel();
+        println!("{}", console.cost_line());
     }
     println!(
         "RESULT written={} delivered={} duplicates={} lost={} reordered={}",

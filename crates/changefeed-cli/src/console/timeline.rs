@@ -124,8 +124,8 @@ impl Timeline {
         let mut s = String::new();
         let _ = writeln!(
             s,
-            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{height}" font-family="sans-serif" font-size="11" role="img">"#,
-            left + width + 20.0
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{height}" viewBox="0 0 {w} {height}" font-family="sans-serif" font-size="11" role="img">"#,
+            w = left + width + 20.0
         );
         let _ = writeln!(s, r#"<title>{}</title>"#, escape(title));
         let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);

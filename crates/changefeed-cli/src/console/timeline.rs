@@ -39,6 +39,8 @@ pub struct Timeline {
     window_ms: i64,
     rows: BTreeMap<PartitionId, Row>,
     marks: Vec<Mark>,
+    /// When it was first told anything: the axis starts there until the window is full.
+    origin: Option<i64>,
 }
 
 impl Timeline {
@@ -48,11 +50,13 @@ impl Timeline {
             window_ms: window_ms.max(1_000),
             rows: BTreeMap::new(),
             marks: Vec::new(),
+            origin: None,
         }
     }
 
     /// From `at` on, `partition` is owned by `owner` (or by nobody).
     pub fn own(&mut self, at: i64, partition: &PartitionId, owner: Option<&HostName>) {
+        self.origin.get_or_insert(at);
         let row = self.rows.entry(partition.clone()).or_default();
         row.deleted = None;
         if row.open.as_ref().map(|(_, h)| h) == owner {
@@ -115,9 +119,25 @@ impl Timeline {
         let rows = order.len().max(1);
         let row_h = if rows > 60 { 4.0 } else { 14.0 };
         let (left, top, width) = (70.0, 26.0, 1000.0);
-        let height = top + rows as f64 * row_h + 36.0;
-        let start = now - self.window_ms;
-        let span = self.window_ms as f64;
+        let hosts_drawn = {
+            let mut all: Vec<&HostName> = self
+                .rows
+                .values()
+                .flat_map(|r| {
+                    r.past
+                        .iter()
+                        .map(|(_, _, h)| h)
+                        .chain(r.open.iter().map(|(_, h)| h))
+                })
+                .collect();
+            all.sort();
+            all.dedup();
+            all
+        };
+        let height = top + rows as f64 * row_h + 52.0 + 16.0 * hosts_drawn.len().div_ceil(8) as f64;
+        // The whole window once it is full; until then, from the first read (at least 10 s).
+        let start = (now - self.window_ms).max(self.origin.unwrap_or(now).min(now - 10_000));
+        let span = (now - start) as f64;
         let x = |t: i64| left + ((t.max(start) - start) as f64 / span).min(1.0) * width;
         let y = |r: usize| top + r as f64 * row_h;
 
@@ -221,10 +241,25 @@ impl Timeline {
                 }
             }
         }
+        // Legend: every host drawn, in name order.
+        let drawn = hosts_drawn;
+        for (i, h) in drawn.iter().enumerate() {
+            let lx = left + (i % 8) as f64 * 120.0;
+            let ly = y(rows) + 30.0 + (i / 8) as f64 * 16.0;
+            let _ = writeln!(
+                s,
+                r#"<rect x="{lx}" y="{}" width="10" height="10" fill="{}"/><text x="{}" y="{ly}">{}</text>"#,
+                ly - 9.0,
+                colour(h),
+                lx + 14.0,
+                escape(h.as_str())
+            );
+        }
+        let legend_h = 16.0 * drawn.len().div_ceil(8) as f64;
         let _ = writeln!(
             s,
             r##"<text x="{left}" y="{:.1}" fill="#333">○ hand-off   ● steal   ▪ take (free or expired)   ✕ expired   ■ left   ▶ joined   || fenced   Y split/merge</text>"##,
-            y(rows) + 30.0
+            y(rows) + 34.0 + legend_h
         );
         s.push_str("</svg>\n");
         s

@@ -213,7 +213,7 @@ pub(crate) fn body_as(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use http_body_util::BodyExt as _;
     use metrics_exporter_prometheus::PrometheusBuilder;
@@ -225,7 +225,8 @@ mod tests {
         }
     }
 
-    async fn body(response: Response<Full<Bytes>>) -> String {
+    /// A response's body as text (the console's tests use it too).
+    pub(crate) async fn body(response: Response<Full<Bytes>>) -> String {
         let bytes = response
             .into_body()
             .collect()

@@ -37,7 +37,6 @@ use tracing::warn;
 
 use crate::config::{parse_duration, UsageError};
 use crate::http::{body_as, only_get, text};
-use crate::url::BackendUrl;
 pub use watch::{Settings, Watch};
 
 /// The page, served at `/`.
@@ -46,20 +45,11 @@ const PAGE: &str = include_str!("page.html");
 /// Arguments of `changefeed console`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The lease store, e.g. sqlite://leases.db or postgres://USER@HOST/DB?prefix=P.
-    #[arg(long, value_name = "URL", env = "CHANGEFEED_STORE")]
-    store: String,
+    #[command(flatten)]
+    target: crate::ops::Target,
     /// The feed source, to show each lease's lag in records and in seconds.
     #[arg(long, value_name = "URL", env = "CHANGEFEED_SOURCE")]
     source: Option<String>,
-    /// The group.
-    #[arg(
-        long,
-        value_name = "NAME",
-        env = "CHANGEFEED_GROUP",
-        default_value = "default"
-    )]
-    group: String,
     /// Where to serve the page (port 0: any free port; the address is printed).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7070")]
     listen: SocketAddr,
@@ -112,28 +102,11 @@ impl Args {
 
 /// `changefeed console`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let (settings, refresh) = match args.settings() {
-        Ok(s) => s,
-        Err(err) => return Ok(crate::run::usage(&err)),
-    };
-    let group = match GroupName::new(args.group.as_str()) {
-        Ok(g) => g,
-        Err(e) => return Ok(crate::run::usage(&UsageError(format!("--group: {e}")))),
-    };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the tokio runtime")?;
-    runtime.block_on(async move {
-        let store = match BackendUrl::store("--store", &args.store) {
-            Ok(url) => url.open_store().await?,
-            Err(err) => return Ok(crate::run::usage(&err)),
-        };
+    crate::ops::block_on(async move {
+        let (settings, refresh) = args.settings().map_err(anyhow::Error::new)?;
+        let (store, group) = args.target.open().await?;
         let source = match &args.source {
-            Some(text) => match BackendUrl::source("--source", text) {
-                Ok(url) => Some(url.open_source().await?),
-                Err(err) => return Ok(crate::run::usage(&err)),
-            },
+            Some(url) => Some(crate::ops::open_source(url).await?),
             None => None,
         };
         let cancel = CancellationToken::new();

@@ -1,12 +1,12 @@
 //! The console's view against scripted store changes on the in-memory store, on virtual time.
 
 use super::*;
+use crate::http::tests::body;
 use changefeed::clock::VirtualClock;
 use changefeed::lease::MemoryLeaseStore;
 use changefeed::model::{
     Heartbeat, HostName, Lease, LeaseKey, LeaseState, PartitionId, Position, Timestamp,
 };
-use http_body_util::BodyExt as _;
 
 fn settings() -> Settings {
     Settings {
@@ -276,16 +276,6 @@ async fn a_refresh_reads_the_membership_and_only_the_leases_that_changed_hands()
     let full = w.cost().since(&before);
     assert_eq!((full.reads, full.lists, full.lease_rows_read), (2, 1, 100));
     assert_eq!(full.writes, 0, "the console never writes");
-}
-
-async fn body(response: Response<Full<Bytes>>) -> String {
-    let bytes = response
-        .into_body()
-        .collect()
-        .await
-        .expect("a full body cannot fail")
-        .to_bytes();
-    String::from_utf8(bytes.to_vec()).expect("utf-8")
 }
 
 #[tokio::test(start_paused = true)]

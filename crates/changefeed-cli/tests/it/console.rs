@@ -369,3 +369,46 @@ fn the_console_costs_the_store_no_more_than_a_host() {
     );
     assert_eq!(field(&console(), "writes"), 0.0, "the console never writes");
 }
+
+#[test]
+fn bad_flags_are_refused_with_the_flag_named() {
+    // Bad input: a usage error (exit 2) naming the setting, or an operational one (exit 1)
+    // naming the address in use; never a panic.
+    let fx = Fixture::new();
+    fx.with_feed(async |feed| feed.create_partitions(1).await.expect("partitions"));
+    let url = fx.url();
+    let console = |extra: &[&str]| {
+        let out = bin()
+            .args(["console", "--store", &url, "--group", "g"])
+            .args(extra)
+            .output()
+            .expect("run console");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = console(&["--safety-margin", "20s"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("--safety-margin (20s) must be below --lease-expiry (10s)"),
+        "{err}"
+    );
+    let (code, err) = console(&["--refresh", "soon"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("--refresh: \"soon\" is not a duration"),
+        "{err}"
+    );
+    let (code, err) = console(&["--group", "a/b"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--group"), "{err}");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("addr").to_string();
+    let (code, err) = console(&["--listen", &addr]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains(&format!("--listen: serving the console on {addr}")),
+        "{err}"
+    );
+}

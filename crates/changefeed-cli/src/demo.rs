@@ -491,37 +491,6 @@ async fn snapshot(
 // ------------------------------------------------------------------------------------------
 // The run.
 
-/// Starts the console on the demo's database, judging hosts by the demo's timing settings.
-async fn start_console(
-    db: &Path,
-    group: &GroupName,
-    addr: std::net::SocketAddr,
-    args: &Args,
-    stop: CancellationToken,
-) -> anyhow::Result<crate::console::Console> {
-    let settings = crate::console::Settings {
-        list_every: Duration::from_secs(5),
-        fence_after: Duration::from_secs(2),
-        expire_after: Duration::from_secs(3),
-        handoff_timeout: Duration::from_secs(3),
-        window: (args.duration + Duration::from_secs(30)).max(Duration::from_secs(60)),
-    };
-    let store: Arc<dyn LeaseStore> = Arc::new(SqliteLeaseStore::open(db).await?);
-    let source: Arc<dyn FeedSource> = Arc::new(SqliteFeed::open(db).await?);
-    let console = crate::console::Console::start(
-        store,
-        Some(source),
-        group.clone(),
-        settings,
-        Duration::from_secs(1),
-        addr,
-        stop,
-    )
-    .await?;
-    println!("console: http://{}/", console.addr);
-    Ok(console)
-}
-
 async fn demo(args: Args) -> anyhow::Result<ExitCode> {
     let wall = SystemClock.wall();
     let seed = args.seed.unwrap_or(wall.millis() as u64);
@@ -595,7 +564,18 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
 
     let console_stop = CancellationToken::new();
     let console = match args.console {
-        Some(addr) => Some(start_console(&db, &group, addr, &args, console_stop.clone()).await?),
+        Some(addr) => {
+            let console = crate::console::Console::start_demo(
+                &db,
+                &group,
+                addr,
+                args.duration,
+                console_stop.clone(),
+            )
+            .await?;
+            println!("console: http://{}/", console.addr);
+            Some(console)
+        }
         None => None,
     };
 

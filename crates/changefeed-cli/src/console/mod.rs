@@ -215,6 +215,43 @@ impl Console {
         })
     }
 
+    /// The console of `changefeed demo --console`: the demo's SQLite file as store and source,
+    /// hosts judged by the demo's timing settings (`lease_expiry` 3s, `safety_margin` 1s,
+    /// `handoff_timeout` 3s), refreshed every second (the hosts' acquire interval), lag every
+    /// 5 s, and the whole run in the timeline.
+    ///
+    /// # Errors
+    /// As for [`Console::start`], and if the file cannot be opened.
+    pub async fn start_demo(
+        db: &std::path::Path,
+        group: &GroupName,
+        addr: SocketAddr,
+        duration: Duration,
+        stop: CancellationToken,
+    ) -> anyhow::Result<Self> {
+        let settings = Settings {
+            list_every: Duration::from_secs(5),
+            fence_after: Duration::from_secs(2),
+            expire_after: Duration::from_secs(3),
+            handoff_timeout: Duration::from_secs(3),
+            window: (duration + Duration::from_secs(30)).max(Duration::from_secs(60)),
+        };
+        let store = changefeed_sqlite::SqliteLeaseStore::open(db).await?;
+        let source = changefeed_sqlite::SqliteFeed::open(db).await?;
+        let refresh = Duration::from_secs(1);
+        let source: Arc<dyn FeedSource> = Arc::new(source);
+        Self::start(
+            Arc::new(store),
+            Some(source),
+            group.clone(),
+            settings,
+            refresh,
+            addr,
+            stop,
+        )
+        .await
+    }
+
     /// One line on what the console's reads cost the store so far, per refresh.
     pub fn cost_line(&self) -> String {
         let p = self

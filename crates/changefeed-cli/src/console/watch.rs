@@ -221,6 +221,12 @@ impl Watch {
                 .context("reading the leases that changed hands")?;
             match changes {
                 Some(changes) => {
+                    for bad in &changes.malformed {
+                        let text = bad.to_string();
+                        if !self.malformed.contains(&text) {
+                            self.malformed.push(text);
+                        }
+                    }
                     for key in &changes.deleted {
                         self.remove(key, at);
                     }

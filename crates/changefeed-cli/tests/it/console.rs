@@ -53,12 +53,14 @@ impl Drop for Procs {
     }
 }
 
-/// Starts `cmd` and waits (bounded) for a line of its standard output that `pick` accepts.
+/// Starts `cmd` and waits (bounded) for a line of its standard output that `pick` accepts;
+/// the later lines arrive on the receiver (the output is drained to its end either way, so the
+/// process never writes into a full or closed pipe).
 fn start_and_read(
     mut cmd: Command,
     what: &str,
     pick: fn(&str) -> Option<String>,
-) -> (Child, String) {
+) -> (Child, String, mpsc::Receiver<String>) {
     let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -68,9 +70,7 @@ fn start_and_read(
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                return;
-            }
+            let _ = tx.send(line);
         }
     });
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
@@ -79,7 +79,7 @@ fn start_and_read(
         match rx.recv_timeout(left) {
             Ok(line) => {
                 if let Some(found) = pick(&line) {
-                    return (child, found);
+                    return (child, found, rx);
                 }
             }
             Err(_) => {
@@ -99,7 +99,7 @@ fn chromedriver() -> (Child, u16) {
     );
     let mut cmd = Command::new("chromedriver");
     cmd.arg("--port=0");
-    let (child, port) = start_and_read(cmd, "chromedriver", |line| {
+    let (child, port, _) = start_and_read(cmd, "chromedriver", |line| {
         line.split("started successfully on port ")
             .nth(1)
             .map(|p| p.trim_end_matches('.').to_string())
@@ -196,18 +196,23 @@ fn fleet(fx: &Fixture, h1_args: &[&str], console_args: &[&str]) -> (Procs, Vec<S
             "3s",
         ])
         .args(console_args);
-    let (console, addr) = start_and_read(cmd, "changefeed console", |line| {
-        line.split("http://")
-            .nth(1)
-            .map(|a| a.trim_end_matches('/').to_string())
-    });
+    let (console, addr, _) = start_and_read(cmd, "changefeed console", served_at);
     procs.add("console", console);
-    let port = addr
-        .rsplit(':')
+    (procs, partitions, port_of(&addr))
+}
+
+/// The address in a line `… http://ADDR/`.
+fn served_at(line: &str) -> Option<String> {
+    line.split("http://")
+        .nth(1)
+        .map(|a| a.trim_end_matches('/').to_string())
+}
+
+fn port_of(addr: &str) -> u16 {
+    addr.rsplit(':')
         .next()
         .and_then(|p| p.parse().ok())
-        .expect("the console's port");
-    (procs, partitions, port)
+        .unwrap_or_else(|| panic!("no port in {addr}"))
 }
 
 #[test]
@@ -410,5 +415,63 @@ fn bad_flags_are_refused_with_the_flag_named() {
     assert!(
         err.contains(&format!("--listen: serving the console on {addr}")),
         "{err}"
+    );
+}
+
+#[test]
+fn demo_console_serves_the_demo_fleet_and_says_what_it_cost() {
+    // `changefeed demo --console`: the console of the demo's own fleet while it runs, and its
+    // store cost before the result; the demo's verdict is unchanged.
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let mut cmd = bin();
+    cmd.args([
+        "demo",
+        "--duration",
+        "6",
+        "--partitions",
+        "4",
+        "--hosts",
+        "2",
+    ])
+    .args(["--seed", "5", "--console", "127.0.0.1:0", "--db"])
+    .arg(dir.path().join("demo.db"));
+    let (demo, addr, lines) = start_and_read(cmd, "changefeed demo --console", |l| {
+        l.strip_prefix("console: ").and_then(served_at)
+    });
+    let mut procs = Procs::default();
+    procs.add("demo", demo);
+    let port = port_of(&addr);
+    wait_for(
+        Duration::from_secs(30),
+        "the demo's 4 leases owned in the console",
+        || {
+            let v: Value = serde_json::from_str(&get(port, "/api/leases")?.body).ok()?;
+            let leases = v["leases"].as_array()?;
+            (leases.iter().filter(|l| l["owner"].is_string()).count() >= 4).then_some(())
+        },
+    );
+    // The rest of its output, to its end (bounded: the demo drains and stops within 60 s).
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut rest: Vec<String> = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(line) => rest.push(line),
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) => panic!("the demo did not end: {rest:?}"),
+        }
+    }
+    let cost = rest
+        .iter()
+        .find(|l| l.starts_with("console store cost: "))
+        .unwrap_or_else(|| panic!("no cost line: {rest:?}"));
+    assert!(
+        cost.contains(" refreshes, ") && cost.contains(" full lists"),
+        "{cost}"
+    );
+    let last = rest.last().map(String::as_str).unwrap_or_default();
+    assert!(
+        last.starts_with("RESULT written=") && last.contains(" lost=0 reordered=0"),
+        "{rest:?}"
     );
 }

@@ -46,8 +46,9 @@ pub struct HostView {
     pub heartbeat: Heartbeat,
     /// When this console first saw the row at its current version.
     pub since: Instant,
-    /// Fenced (stood still past `fence_after`), and expired (past `expire_after`).
+    /// Its heartbeat has stood still past `fence_after`: it has stopped its workers.
     pub fenced: bool,
+    /// Its heartbeat has stood still past `expire_after`: its leases are free to take.
     pub expired: bool,
 }
 

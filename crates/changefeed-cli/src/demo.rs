@@ -12,7 +12,9 @@
 //! The last line is `RESULT written=… delivered=… duplicates=… lost=… reordered=…`; the exit
 //! code is 1 if anything was lost or reordered. The database (and the hosts' logs beside it) is
 //! made in a new temporary directory and removed at the end, unless `--keep` (or `--db PATH`):
-//! the line before the result says which, and where.
+//! the line before the result says which, and where. With `--console [ADDR]` it also serves
+//! the live console (`changefeed console`) of its fleet while it runs, and prints what the
+//! console's reads cost the store before the result.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{IsTerminal as _, Write as _};
@@ -75,6 +77,10 @@ pub struct Args {
     /// children are read only after it is finished).
     #[arg(long)]
     no_split: bool,
+    /// Serve the live console (`changefeed console`) of the demo's fleet at ADDR while it
+    /// runs (default 127.0.0.1:7070).
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "127.0.0.1:7070")]
+    console: Option<std::net::SocketAddr>,
 }
 
 fn parse_secs(text: &str) -> Result<Duration, String> {
@@ -556,6 +562,23 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
         println!("host-N serves Prometheus metrics at http://127.0.0.1:{port}+N-1/metrics");
     }
 
+    let console_stop = CancellationToken::new();
+    let console = match args.console {
+        Some(addr) => {
+            let console = crate::console::Console::start_demo(
+                &db,
+                &group,
+                addr,
+                args.duration,
+                console_stop.clone(),
+            )
+            .await?;
+            println!("console: http://{}/", console.addr);
+            Some(console)
+        }
+        None => None,
+    };
+
     let mut hosts = Vec::new();
     for i in 1..=args.hosts {
         let port = args.metrics_port.map(|p| p.saturating_add(i - 1));
@@ -775,6 +798,10 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
         );
     } else {
         println!("removing the database {} (--keep keeps it)", db.display());
+    }
+    if let Some(console) = &console {
+        console_stop.cancel();
+        println!("{}", console.cost_line());
     }
     println!(
         "RESULT written={} delivered={} duplicates={} lost={} reordered={}",

@@ -78,7 +78,9 @@ impl Endpoints {
             if let Ok(addr) = listener.local_addr() {
                 info!(%addr, "serving /metrics, /healthz and /readyz");
             }
-            tokio::spawn(serve(listener, state.clone(), cancel.clone()));
+            let state = state.clone();
+            let answer = move |method: &Method, path: &str| answer(&state, method, path);
+            tokio::spawn(serve(listener, cancel.clone(), answer));
         }
         tokio::spawn(async move {
             loop {
@@ -98,8 +100,13 @@ impl Endpoints {
     }
 }
 
-/// Accepts connections on `listener` until `cancel`, each served on a task of its own.
-async fn serve(listener: TcpListener, state: Arc<State>, cancel: CancellationToken) {
+/// Accepts connections on `listener` until `cancel`, each served on a task of its own and
+/// answered by `answer(method, path)`. The console (`changefeed console`) serves its page
+/// through this too.
+pub(crate) async fn serve<F>(listener: TcpListener, cancel: CancellationToken, answer: F)
+where
+    F: Fn(&Method, &str) -> Response<Full<Bytes>> + Clone + Send + Sync + 'static,
+{
     loop {
         let stream = tokio::select! {
             _ = cancel.cancelled() => return,
@@ -115,11 +122,11 @@ async fn serve(listener: TcpListener, state: Arc<State>, cancel: CancellationTok
                 }
             },
         };
-        let state = state.clone();
+        let answer = answer.clone();
         let cancel = cancel.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req| {
-                let response = answer(&state, req.method(), req.uri().path());
+                let response = answer(req.method(), req.uri().path());
                 async move { Ok::<_, Infallible>(response) }
             });
             let connection = http1::Builder::new()
@@ -138,17 +145,25 @@ async fn serve(listener: TcpListener, state: Arc<State>, cancel: CancellationTok
     }
 }
 
+/// `405` for anything but `GET` and `HEAD` (the only methods served), `None` for those.
+pub(crate) fn only_get(method: &Method) -> Option<Response<Full<Bytes>>> {
+    if method == Method::GET || method == Method::HEAD {
+        return None;
+    }
+    let mut response = text(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "only GET and HEAD are served\n".into(),
+    );
+    response
+        .headers_mut()
+        .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
+    Some(response)
+}
+
 /// The response to `method path`.
 fn answer(state: &State, method: &Method, path: &str) -> Response<Full<Bytes>> {
-    if method != Method::GET && method != Method::HEAD {
-        let mut response = text(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "only GET and HEAD are served\n".into(),
-        );
-        response
-            .headers_mut()
-            .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
-        return response;
+    if let Some(refused) = only_get(method) {
+        return refused;
     }
     match path {
         "/metrics" => {
@@ -178,18 +193,27 @@ fn answer(state: &State, method: &Method, path: &str) -> Response<Full<Bytes>> {
     }
 }
 
-fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+/// A plain-text response.
+pub(crate) fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    body_as(status, body, "text/plain; charset=utf-8")
+}
+
+/// A response of `content_type`.
+pub(crate) fn body_as(
+    status: StatusCode,
+    body: String,
+    content_type: &'static str,
+) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
-    response.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     response
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use http_body_util::BodyExt as _;
     use metrics_exporter_prometheus::PrometheusBuilder;
@@ -201,7 +225,8 @@ mod tests {
         }
     }
 
-    async fn body(response: Response<Full<Bytes>>) -> String {
+    /// A response's body as text (the console's tests use it too).
+    pub(crate) async fn body(response: Response<Full<Bytes>>) -> String {
         let bytes = response
             .into_body()
             .collect()

@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod config;
+mod console;
 mod demo;
 mod feed;
 mod http;
@@ -43,6 +44,8 @@ enum Command {
     Plan(plan::Args),
     /// Run one host of a fleet, piping each batch to a handler command as JSON lines.
     Run(Box<config::RunArgs>),
+    /// Serve a live web page of a group: hosts, leases, lag, an ownership timeline, events.
+    Console(console::Args),
     /// Show a group's lease table: owner, state, checkpoint, lag, owner heartbeat.
     Status(ops::StatusArgs),
     /// Show a group's hosts (heartbeat rows) and how many leases each owns.
@@ -73,6 +76,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => demo::run(args),
         Command::Plan(args) => plan::run(args),
         Command::Run(args) => run::run(*args),
+        Command::Console(args) => console::run(args),
         Command::Status(args) => ops::status(args),
         Command::Hosts(args) => ops::hosts(args),
         Command::Lag(args) => ops::lag(args),

@@ -123,7 +123,7 @@ pub struct ReleaseArgs {
 
 /// Runs an async operator command on a small runtime, mapping a [`UsageError`] to exit 2 and
 /// any other error to exit 1.
-fn block_on<F>(f: F) -> anyhow::Result<ExitCode>
+pub(crate) fn block_on<F>(f: F) -> anyhow::Result<ExitCode>
 where
     F: std::future::Future<Output = anyhow::Result<ExitCode>>,
 {
@@ -148,7 +148,8 @@ fn usage(msg: impl Into<String>) -> anyhow::Error {
 }
 
 impl Target {
-    async fn open(&self) -> anyhow::Result<(Arc<dyn LeaseStore>, GroupName)> {
+    /// Opens the store and checks the group name (a usage error names the flag).
+    pub(crate) async fn open(&self) -> anyhow::Result<(Arc<dyn LeaseStore>, GroupName)> {
         let group =
             GroupName::new(self.group.as_str()).map_err(|e| usage(format!("--group: {e}")))?;
         let store = BackendUrl::store("--store", &self.store)?
@@ -158,7 +159,8 @@ impl Target {
     }
 }
 
-async fn open_source(url: &str) -> anyhow::Result<Arc<dyn FeedSource>> {
+/// Opens the source `--source` names.
+pub(crate) async fn open_source(url: &str) -> anyhow::Result<Arc<dyn FeedSource>> {
     BackendUrl::source("--source", url)?.open_source().await
 }
 

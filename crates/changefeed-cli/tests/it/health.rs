@@ -28,21 +28,21 @@ const TIMINGS: &[&str] = &[
     "50ms",
 ];
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind");
     l.local_addr().expect("addr").port()
 }
 
 /// One answer: status code, headers and body.
 #[derive(Debug)]
-struct Answer {
-    status: u16,
-    head: String,
-    body: String,
+pub(crate) struct Answer {
+    pub(crate) status: u16,
+    pub(crate) head: String,
+    pub(crate) body: String,
 }
 
 /// `GET path` on 127.0.0.1:`port`; `None` while nothing answers there.
-fn get(port: u16, path: &str) -> Option<Answer> {
+pub(crate) fn get(port: u16, path: &str) -> Option<Answer> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     write!(

@@ -1,6 +1,7 @@
 //! Integration tests of the `changefeed` binary: one test binary, one module per command.
 
 mod bad_input;
+mod console;
 mod cosmos;
 mod cosmos_import;
 mod demo;

@@ -9,7 +9,9 @@ use super::world::{owner_of, Event, WriteOp, WriteRec};
 use super::SimOutcome;
 use crate::model::{Partition, PartitionId};
 
-const PALETTE: [&str; 12] = [
+/// The hosts' colours, in order (shared with the CLI's live console, so a fleet looks the same
+/// in both).
+pub const PALETTE: [&str; 12] = [
     "#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7",
     "#9c755f", "#bab0ac", "#86bcb6", "#d37295",
 ];
@@ -231,7 +233,8 @@ pub fn render_parts(
     s
 }
 
-fn nice_tick(total: f64) -> f64 {
+/// A round spacing (in seconds) for about a dozen ticks over `total` seconds.
+pub fn nice_tick(total: f64) -> f64 {
     for t in [
         1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
     ] {
@@ -242,7 +245,8 @@ fn nice_tick(total: f64) -> f64 {
     7200.0
 }
 
-fn escape(s: &str) -> String {
+/// `s` escaped for SVG text content (not for attributes: quotes are kept).
+pub fn escape(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")

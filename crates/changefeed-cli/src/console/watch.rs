@@ -1,0 +1,496 @@
+//! The console's view of one group, kept up to date from the store the way a host keeps its
+//! own: a membership read per refresh, the leases that changed hands when the change counter
+//! moved ([`LeaseStore::list_changes`]), and a full list only every `list_every` (for the
+//! checkpoints, which do not move the counter, and so for the lag).
+//!
+//! It owns the leases and heartbeats last read, the events derived by comparing them
+//! ([`super::events`]) and the [`Timeline`]. It writes nothing. Every store call goes
+//! through a [`CountingStore`], so [`Watch::cost`] tells what the console costs the store.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use changefeed::clock::{Clock, Instant};
+use changefeed::lease::{CountingStore, LeaseStore, StoreCounts, StoreStats};
+use changefeed::model::{GroupName, Heartbeat, HostName, Lease, LeaseKey, PartitionId};
+use changefeed::source::FeedSource;
+use changefeed::LeaseError;
+
+use super::events::{births, lease_moves, Change, Judge, Kind};
+use super::timeline::Timeline;
+
+/// How many events the console remembers.
+const EVENTS_KEPT: usize = 500;
+
+/// How the console reads and judges.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// A full list (checkpoints and lag) at least this often.
+    pub list_every: Duration,
+    /// A heartbeat standing still this long: the host has fenced itself
+    /// (`lease_expiry − safety_margin`).
+    pub fence_after: Duration,
+    /// A heartbeat standing still this long: its leases are free (`lease_expiry`).
+    pub expire_after: Duration,
+    /// A hand-off request pending this long may be stolen (`handoff_timeout`).
+    pub handoff_timeout: Duration,
+    /// How much history the timeline keeps.
+    pub window: Duration,
+}
+
+/// A host as the console last saw it.
+#[derive(Debug)]
+pub struct HostView {
+    /// Its heartbeat row.
+    pub heartbeat: Heartbeat,
+    /// When this console first saw the row at its current version.
+    pub since: Instant,
+    /// Its heartbeat has stood still past `fence_after`: it has stopped its workers.
+    pub fenced: bool,
+    /// Its heartbeat has stood still past `expire_after`: its leases are free to take.
+    pub expired: bool,
+}
+
+/// Lag of one partition, as of the last full list.
+#[derive(Debug, Clone, Default)]
+pub struct Lag {
+    /// Records after the checkpoint, when the source can say.
+    pub records: Option<u64>,
+    /// Age of the first unread record, in milliseconds, when the source can say.
+    pub age_ms: Option<u64>,
+    /// What the source answered instead, if asking failed.
+    pub error: Option<String>,
+}
+
+/// An event with its time (the console's wall clock, milliseconds).
+#[derive(Debug, Clone)]
+pub struct Event {
+    /// When the console saw it.
+    pub at_ms: i64,
+    /// What it saw.
+    pub change: Change,
+}
+
+/// One group, watched.
+#[derive(Debug)]
+pub struct Watch {
+    store: Arc<dyn LeaseStore>,
+    stats: Arc<StoreStats>,
+    source: Option<Arc<dyn FeedSource>>,
+    clock: Arc<dyn Clock>,
+    pub(super) group: GroupName,
+    settings: Settings,
+    pub(super) leases: BTreeMap<PartitionId, Lease>,
+    /// Rows that could not be read, as errors naming their key.
+    pub(super) malformed: Vec<String>,
+    /// Partitions the source lists that have no lease yet, with their lag.
+    pub(super) unleased: Vec<PartitionId>,
+    pub(super) lag: HashMap<PartitionId, Lag>,
+    pub(super) hosts: BTreeMap<HostName, HostView>,
+    /// The colour index of every host ever seen, in order of first sight.
+    colours: BTreeMap<HostName, usize>,
+    /// When each pending hand-off request was first seen.
+    requests: HashMap<PartitionId, Instant>,
+    counter: Option<u64>,
+    last_full: Option<Instant>,
+    /// Wall time of the last full list: the age of the checkpoints shown.
+    pub(super) listed_at_ms: i64,
+    pub(super) events: VecDeque<Event>,
+    pub(super) timeline: Timeline,
+    pub(super) refreshes: u64,
+    /// The last refresh's error, cleared by a refresh that succeeds.
+    pub(super) error: Option<String>,
+}
+
+impl Judge for Watch {
+    fn alive(&self, host: &HostName) -> bool {
+        self.hosts.get(host).is_some_and(|h| !h.expired)
+    }
+
+    fn request_overdue(&self, partition: &PartitionId) -> bool {
+        self.requests.get(partition).is_some_and(|seen| {
+            self.clock.now().saturating_duration_since(*seen) >= self.settings.handoff_timeout
+        })
+    }
+}
+
+impl Watch {
+    /// Watches `group` in `store` (and the lag in `source`, if given), reading nothing yet.
+    pub fn new(
+        store: Arc<dyn LeaseStore>,
+        source: Option<Arc<dyn FeedSource>>,
+        group: GroupName,
+        settings: Settings,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        let stats = Arc::new(StoreStats::default());
+        let window = settings.window.as_millis().min(i64::MAX as u128) as i64;
+        Self {
+            store: Arc::new(CountingStore::new(store, stats.clone())),
+            stats,
+            source,
+            clock,
+            group,
+            settings,
+            leases: BTreeMap::new(),
+            malformed: Vec::new(),
+            unleased: Vec::new(),
+            lag: HashMap::new(),
+            hosts: BTreeMap::new(),
+            colours: BTreeMap::new(),
+            requests: HashMap::new(),
+            counter: None,
+            last_full: None,
+            listed_at_ms: 0,
+            events: VecDeque::new(),
+            timeline: Timeline::new(window),
+            refreshes: 0,
+            error: None,
+        }
+    }
+
+    /// What the console's reads have cost the store so far.
+    pub fn cost(&self) -> StoreCounts {
+        self.stats.snapshot()
+    }
+
+    /// The colour of `host` (a new host gets the next one).
+    pub fn colour(&self, host: &HostName) -> &'static str {
+        let palette = &changefeed::sim::svg::PALETTE;
+        let i = self.colours.get(host).copied().unwrap_or(0);
+        palette[i % palette.len()]
+    }
+
+    fn see_host(&mut self, host: &HostName) {
+        let next = self.colours.len();
+        self.colours.entry(host.clone()).or_insert(next);
+    }
+
+    /// The console's monotonic time now.
+    pub fn now(&self) -> Instant {
+        self.clock.now()
+    }
+
+    /// Wall time now, in milliseconds.
+    pub fn wall_ms(&self) -> i64 {
+        self.clock.wall().millis()
+    }
+
+    fn record(&mut self, at_ms: i64, change: Change) {
+        self.timeline.mark(at_ms, &change);
+        self.events.push_back(Event { at_ms, change });
+        while self.events.len() > EVENTS_KEPT {
+            self.events.pop_front();
+        }
+    }
+
+    /// Reads what changed and updates the view, the events and the timeline. On an error the
+    /// view keeps what it had, and the error is kept in [`Watch::error`] too.
+    ///
+    /// # Errors
+    /// The store's, naming the read.
+    pub async fn refresh(&mut self) -> anyhow::Result<()> {
+        let result = self.read().await;
+        self.error = result.as_ref().err().map(crate::error_text);
+        result
+    }
+
+    async fn read(&mut self) -> anyhow::Result<()> {
+        use anyhow::Context as _;
+        let first = self.refreshes == 0;
+        let membership = self
+            .store
+            .membership(&self.group)
+            .await
+            .context("reading the heartbeats")?;
+        let now = self.clock.now();
+        let at = self.wall_ms();
+        self.observe_hosts(membership.hosts, now, at, first);
+        let full_due = self
+            .last_full
+            .is_none_or(|t| now.saturating_duration_since(t) >= self.settings.list_every);
+        let mut changed: Vec<PartitionId> = Vec::new();
+        if full_due {
+            self.full_list(membership.change_counter, at, first).await?;
+        } else if self.counter != Some(membership.change_counter) {
+            let since = self.counter.unwrap_or(0);
+            let changes = self
+                .store
+                .list_changes(&self.group, since)
+                .await
+                .context("reading the leases that changed hands")?;
+            match changes {
+                Some(changes) => {
+                    for bad in &changes.malformed {
+                        let text = bad.to_string();
+                        if !self.malformed.contains(&text) {
+                            self.malformed.push(text);
+                        }
+                    }
+                    for key in &changes.deleted {
+                        self.remove(key, at);
+                    }
+                    changed = changes
+                        .leases
+                        .iter()
+                        .map(|l| l.key.partition.clone())
+                        .collect();
+                    self.apply(changes.leases, at, first);
+                    self.counter = Some(changes.counter);
+                }
+                None => self.full_list(membership.change_counter, at, first).await?,
+            }
+        }
+        self.track_requests(now);
+        if full_due {
+            self.estimate_all().await;
+        } else {
+            self.estimate(&changed).await;
+        }
+        self.timeline.prune(at);
+        self.refreshes += 1;
+        Ok(())
+    }
+
+    fn observe_hosts(&mut self, rows: Vec<Heartbeat>, now: Instant, at: i64, first: bool) {
+        let present: BTreeSet<HostName> = rows.iter().map(|h| h.host.clone()).collect();
+        let gone: Vec<HostName> = self
+            .hosts
+            .keys()
+            .filter(|h| !present.contains(*h))
+            .cloned()
+            .collect();
+        for host in gone {
+            self.hosts.remove(&host);
+            self.record(
+                at,
+                Change::host(
+                    Kind::Leave,
+                    &host,
+                    format!("{host} left (heartbeat row removed)"),
+                ),
+            );
+        }
+        for row in rows {
+            let host = row.host.clone();
+            self.see_host(&host);
+            let change = match self.hosts.get_mut(&host) {
+                None => {
+                    self.hosts.insert(
+                        host.clone(),
+                        HostView {
+                            heartbeat: row,
+                            since: now,
+                            fenced: false,
+                            expired: false,
+                        },
+                    );
+                    (!first).then(|| Change::host(Kind::Join, &host, format!("{host} joined")))
+                }
+                Some(view)
+                    if view.heartbeat.version != row.version
+                        || view.heartbeat.incarnation != row.incarnation =>
+                {
+                    let restarted = view.heartbeat.incarnation != row.incarnation;
+                    let was_stale = view.fenced || view.expired;
+                    view.heartbeat = row;
+                    view.since = now;
+                    view.fenced = false;
+                    view.expired = false;
+                    if restarted {
+                        Some(Change::host(
+                            Kind::Restart,
+                            &host,
+                            format!("{host} restarted (new incarnation)"),
+                        ))
+                    } else if was_stale {
+                        Some(Change::host(
+                            Kind::Resume,
+                            &host,
+                            format!("{host}'s heartbeat moves again"),
+                        ))
+                    } else {
+                        None
+                    }
+                }
+                Some(view) => {
+                    let still = now.saturating_duration_since(view.since);
+                    if !view.expired && still >= self.settings.expire_after {
+                        view.expired = true;
+                        view.fenced = true;
+                        Some(Change::host(
+                            Kind::Expire,
+                            &host,
+                            format!(
+                                "{host} expired: heartbeat unchanged for {:.1}s",
+                                still.as_secs_f64()
+                            ),
+                        ))
+                    } else if !view.fenced && still >= self.settings.fence_after {
+                        view.fenced = true;
+                        Some(Change::host(
+                            Kind::Fence,
+                            &host,
+                            format!(
+                                "{host} fenced: heartbeat unchanged for {:.1}s",
+                                still.as_secs_f64()
+                            ),
+                        ))
+                    } else {
+                        None
+                    }
+                }
+            };
+            if let Some(change) = change {
+                self.record(at, change);
+            }
+        }
+    }
+
+    async fn full_list(&mut self, counter: u64, at: i64, first: bool) -> anyhow::Result<()> {
+        use anyhow::Context as _;
+        let listing = self
+            .store
+            .list(&self.group)
+            .await
+            .context("listing the leases")?;
+        let present: BTreeSet<&PartitionId> =
+            listing.leases.iter().map(|l| &l.key.partition).collect();
+        let gone: Vec<LeaseKey> = self
+            .leases
+            .values()
+            .filter(|l| !present.contains(&l.key.partition))
+            .map(|l| l.key.clone())
+            .collect();
+        for key in &gone {
+            self.remove(key, at);
+        }
+        self.malformed = listing
+            .malformed
+            .iter()
+            .map(LeaseError::to_string)
+            .collect();
+        self.apply(listing.leases, at, first);
+        self.counter = Some(counter);
+        self.last_full = Some(self.clock.now());
+        self.listed_at_ms = at;
+        Ok(())
+    }
+
+    fn remove(&mut self, key: &LeaseKey, at: i64) {
+        if let Some(old) = self.leases.remove(&key.partition) {
+            self.timeline.delete(at, &old.key.partition);
+            self.lag.remove(&old.key.partition);
+            let p = &old.key.partition;
+            let change = Change {
+                kind: Kind::Delete,
+                partition: Some(p.clone()),
+                host: None,
+                text: format!("lease of {p} deleted"),
+            };
+            self.record(at, change);
+        }
+    }
+
+    /// Takes in new rows: events against the old ones, the timeline, then the rows.
+    fn apply(&mut self, rows: Vec<Lease>, at: i64, first: bool) {
+        let mut changes = Vec::new();
+        let created: Vec<&Lease> = rows
+            .iter()
+            .filter(|l| !self.leases.contains_key(&l.key.partition))
+            .collect();
+        if !first {
+            changes.extend(births(&created));
+        }
+        for lease in &rows {
+            if let Some(owner) = &lease.owner {
+                self.see_host(owner);
+            }
+            match self.leases.get(&lease.key.partition) {
+                Some(old) => changes.extend(lease_moves(old, lease, self)),
+                None if !first => {
+                    // A lease born owned (taken between two reads) is a take too.
+                    let free = Lease::new(lease.key.clone(), lease.start.clone());
+                    changes.extend(lease_moves(&free, lease, self));
+                }
+                None => {}
+            }
+        }
+        for lease in rows {
+            self.timeline
+                .own(at, &lease.key.partition, lease.owner.as_ref());
+            self.leases.insert(lease.key.partition.clone(), lease);
+        }
+        for change in changes {
+            self.record(at, change);
+        }
+    }
+
+    fn track_requests(&mut self, now: Instant) {
+        self.requests
+            .retain(|p, _| self.leases.get(p).is_some_and(|l| l.next_owner.is_some()));
+        for lease in self.leases.values() {
+            if lease.next_owner.is_some() {
+                self.requests
+                    .entry(lease.key.partition.clone())
+                    .or_insert(now);
+            }
+        }
+    }
+
+    async fn estimate_all(&mut self) {
+        let Some(source) = self.source.clone() else {
+            return;
+        };
+        let all: Vec<PartitionId> = self.leases.keys().cloned().collect();
+        self.estimate(&all).await;
+        let leased: BTreeSet<PartitionId> = all.into_iter().collect();
+        let now = self.clock.wall();
+        match changefeed::lag::unleased(source.as_ref(), &leased).await {
+            Ok(missing) => {
+                self.unleased.clear();
+                for (partition, start) in missing {
+                    let records =
+                        changefeed::lag::lag_after(source.as_ref(), &partition, None, &start).await;
+                    let age =
+                        changefeed::lag::age_after(source.as_ref(), &partition, None, &start, now)
+                            .await;
+                    self.lag.insert(partition.clone(), lag_of(records, age));
+                    self.unleased.push(partition);
+                }
+            }
+            Err(err) => self.error = Some(format!("listing the source's partitions: {err}")),
+        }
+    }
+
+    async fn estimate(&mut self, partitions: &[PartitionId]) {
+        let Some(source) = self.source.clone() else {
+            return;
+        };
+        let now = self.clock.wall();
+        for p in partitions {
+            let Some(lease) = self.leases.get(p) else {
+                continue;
+            };
+            let records = changefeed::lag::lease_lag(source.as_ref(), lease).await;
+            let age = changefeed::lag::lease_age_ms(source.as_ref(), lease, now).await;
+            self.lag.insert(p.clone(), lag_of(records, age));
+        }
+    }
+}
+
+fn lag_of(
+    records: Result<Option<u64>, changefeed::SourceError>,
+    age: Result<Option<u64>, changefeed::SourceError>,
+) -> Lag {
+    let error = match (&records, &age) {
+        (Err(e), _) | (_, Err(e)) => Some(e.to_string()),
+        _ => None,
+    };
+    Lag {
+        records: records.ok().flatten(),
+        age_ms: age.ok().flatten(),
+        error,
+    }
+}

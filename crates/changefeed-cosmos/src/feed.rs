@@ -225,13 +225,14 @@ impl CosmosFeed {
             Position::Beginning => {}
             Position::AtTime(t) => reader.from = ReadFrom::Since(map::if_modified_since(*t)),
             Position::Continuation(c) => {
-                reader.from = ReadFrom::After(Cursor::parse(c.as_str()).map_err(|reason| {
+                let cursor = Cursor::parse(c.as_str()).map_err(|reason| {
                     SourceError::InvalidContinuation {
                         partition: partition.to_string(),
                         continuation: c.to_string(),
                         reason,
                     }
-                })?);
+                })?;
+                reader.from = ReadFrom::After(cursor.in_range(partition.as_str()));
             }
             Position::Now => {
                 // Fix "now" at opening: the range's current ETag.
@@ -252,7 +253,7 @@ impl CosmosFeed {
                                 },
                             )
                         })?;
-                        reader.from = ReadFrom::After(Cursor { etag, skip: 0 });
+                        reader.from = ReadFrom::After(Cursor::after(etag));
                     }
                 }
             }
@@ -487,7 +488,7 @@ impl CosmosReader {
                 // The range's end may have moved past writes the feed does not show (deletes).
                 if let (Some(etag), 0) = (etag, skip) {
                     if Cursor::parse(&etag).is_ok() {
-                        self.from = ReadFrom::After(Cursor { etag, skip: 0 });
+                        self.from = ReadFrom::After(Cursor::after(etag));
                     }
                 }
                 Ok(Batch::default())
@@ -506,17 +507,20 @@ impl CosmosReader {
                 };
                 let cursor = match &self.from {
                     ReadFrom::After(c) => c.clone(),
-                    _ => Cursor {
-                        etag: String::new(),
-                        skip: 0,
-                    },
+                    _ => Cursor::after(String::new()),
                 };
-                let records = map::page_records(docs, &etag, &cursor, &self.feed.key_paths)
-                    .map_err(|reason| SourceError::Corrupt {
-                        partition: self.partition.to_string(),
-                        reason,
-                    })?;
-                self.from = ReadFrom::After(Cursor { etag, skip: 0 });
+                let records = map::page_records(
+                    docs,
+                    self.partition.as_str(),
+                    &etag,
+                    &cursor,
+                    &self.feed.key_paths,
+                )
+                .map_err(|reason| SourceError::Corrupt {
+                    partition: self.partition.to_string(),
+                    reason,
+                })?;
+                self.from = ReadFrom::After(Cursor::after(etag));
                 self.buffer.extend(records);
                 Ok(self.take(max))
             }

@@ -174,16 +174,22 @@ pub(crate) fn partitions(
 /// A change feed page ends on an ETag, but documents written by one transaction (a
 /// transactional batch, a stored procedure) share one `_lsn`, and a reader may stop inside
 /// such a group: the continuation of a document followed by one of the same LSN is
-/// `"LSN-1";skip=K` (after the LSN before, the first K of the group done), so that resuming
-/// there neither skips the rest of the group nor repeats its start. Every other document's
-/// continuation is its own `"LSN"`, and a page's last document's is the page's ETag.
+/// `"LSN-1";skip=K;range=ID` (after the LSN before, the first K of the group done in range
+/// ID), so that resuming there neither skips the rest of the group nor repeats its start.
+/// Every other document's continuation is its own `"LSN"`, and a page's last document's is
+/// the page's ETag. The skip holds only in the range that counted it: a child range starting
+/// at its parent's continuation ([`Cursor::in_range`]) holds only some of the group's
+/// documents, so there the whole group is read again (at least once, never a gap).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Cursor {
     pub etag: String,
     pub skip: u32,
+    /// The range the skip was counted in (empty when `skip` is 0).
+    pub range: String,
 }
 
 const SKIP: &str = ";skip=";
+const RANGE: &str = ";range=";
 
 impl Cursor {
     /// The cursor a continuation stands for.
@@ -191,15 +197,20 @@ impl Cursor {
     /// # Errors
     /// Why the text is not a continuation of this source.
     pub fn parse(text: &str) -> Result<Self, String> {
-        let (etag, skip) = match text.split_once(SKIP) {
-            Some((etag, skip)) => (
-                etag,
-                skip.parse::<u32>()
+        let (etag, skip, range) = match text.split_once(SKIP) {
+            Some((etag, rest)) => {
+                let (skip, range) = rest
+                    .split_once(RANGE)
+                    .filter(|(_, range)| !range.is_empty())
+                    .ok_or(format!("{SKIP}{rest} names no {RANGE}ID"))?;
+                let skip = skip
+                    .parse::<u32>()
                     .ok()
                     .filter(|k| *k > 0)
-                    .ok_or(format!("{SKIP}{skip} is not a positive count"))?,
-            ),
-            None => (text, 0),
+                    .ok_or(format!("{SKIP}{skip} is not a positive count"))?;
+                (etag, skip, range.to_string())
+            }
+            None => (text, 0, String::new()),
         };
         let digits = etag
             .strip_prefix('"')
@@ -208,14 +219,34 @@ impl Cursor {
         if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) || digits.len() > 20 {
             return Err(
                 "a Cosmos DB change feed continuation is the ETag of a change feed page, a \
-                 quoted LSN such as \"42\" (optionally followed by ;skip=N)"
+                 quoted LSN such as \"42\" (optionally followed by ;skip=N;range=ID)"
                     .into(),
             );
         }
         Ok(Self {
             etag: etag.to_string(),
             skip,
+            range,
         })
+    }
+
+    /// After `etag` with nothing done beyond it.
+    pub fn after(etag: impl Into<String>) -> Self {
+        Self {
+            etag: etag.into(),
+            skip: 0,
+            range: String::new(),
+        }
+    }
+
+    /// This cursor for a reader of range `range`: its skip dropped when counted in another
+    /// range (a child starting at its parent's continuation).
+    pub fn in_range(self, range: &str) -> Self {
+        if self.skip > 0 && self.range != range {
+            Self::after(self.etag)
+        } else {
+            self
+        }
     }
 
     /// The continuation text.
@@ -223,7 +254,10 @@ impl Cursor {
         if self.skip == 0 {
             Continuation::new(self.etag.clone())
         } else {
-            Continuation::new(format!("{}{SKIP}{}", self.etag, self.skip))
+            Continuation::new(format!(
+                "{}{SKIP}{}{RANGE}{}",
+                self.etag, self.skip, self.range
+            ))
         }
     }
 }
@@ -253,13 +287,15 @@ pub(crate) fn partition_key(doc: &Value, paths: &[String]) -> String {
     }
 }
 
-/// The records of one change feed page read from `from`, each with its continuation (see
-/// [`Cursor`]): `from.skip` documents of the first LSN are dropped first (they were done).
+/// The records of one change feed page of range `range` read from `from`, each with its
+/// continuation (see [`Cursor`]): `from.skip` documents of the first LSN are dropped first
+/// (they were done).
 ///
 /// # Errors
 /// A document without a numeric `_lsn`, or LSNs going backwards.
 pub(crate) fn page_records(
     docs: Vec<Value>,
+    range: &str,
     page_etag: &str,
     from: &Cursor,
     key_paths: &[String],
@@ -298,19 +334,14 @@ pub(crate) fn page_records(
             continue;
         }
         let cursor = if i + 1 == n {
-            Cursor {
-                etag: page_etag.to_string(),
-                skip: 0,
-            }
+            Cursor::after(page_etag)
         } else if lsns[i + 1] != lsn {
-            Cursor {
-                etag: format!("\"{lsn}\""),
-                skip: 0,
-            }
+            Cursor::after(format!("\"{lsn}\""))
         } else {
             Cursor {
                 etag: format!("\"{}\"", lsn.saturating_sub(1)),
                 skip: in_group,
+                range: range.to_string(),
             }
         };
         let timestamp = doc

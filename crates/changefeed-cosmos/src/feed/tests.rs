@@ -194,31 +194,36 @@ fn listing_accepts_numeric_ids_and_refuses_broken_ranges() {
 
 #[test]
 fn continuations_are_change_feed_etags() {
-    assert_eq!(
-        Cursor::parse("\"42\""),
-        Ok(Cursor {
-            etag: "\"42\"".into(),
-            skip: 0
-        })
-    );
+    assert_eq!(Cursor::parse("\"42\""), Ok(Cursor::after("\"42\"")));
     // As the .NET processor's leases hold them (imported as is) and unquoted.
     assert_eq!(Cursor::parse("42").map(|c| c.skip), Ok(0));
+    let inside = Cursor {
+        etag: "\"41\"".into(),
+        skip: 2,
+        range: "3".into(),
+    };
+    assert_eq!(Cursor::parse("\"41\";skip=2;range=3"), Ok(inside.clone()));
     assert_eq!(
-        Cursor::parse("\"41\";skip=2"),
-        Ok(Cursor {
-            etag: "\"41\"".into(),
-            skip: 2
-        })
+        Cursor::parse(inside.to_continuation().as_str()),
+        Ok(inside.clone())
     );
-    for bad in ["", "abc", "\"\"", "\"41\";skip=0", "\"41\";skip=x", "0:17"] {
+    for bad in [
+        "",
+        "abc",
+        "\"\"",
+        "\"41\";skip=0;range=3",
+        "\"41\";skip=x;range=3",
+        "\"41\";skip=2",
+        "\"41\";skip=2;range=",
+        "0:17",
+    ] {
         let err = Cursor::parse(bad).expect_err(bad);
         assert!(err.contains("ETag") || err.contains("skip"), "{bad}: {err}");
     }
-    let c = Cursor {
-        etag: "\"41\"".into(),
-        skip: 2,
-    };
-    assert_eq!(Cursor::parse(c.to_continuation().as_str()), Ok(c));
+    // The skip holds in its own range; a child range starting at its parent's continuation
+    // reads the whole transaction again, since it holds only some of its documents.
+    assert_eq!(inside.clone().in_range("3"), inside);
+    assert_eq!(inside.in_range("5"), Cursor::after("\"41\""));
 }
 
 /// Documents of a change feed page as Cosmos DB returns them: the item and its system
@@ -241,20 +246,20 @@ fn ids(records: &[changefeed::model::Record]) -> Vec<String> {
 }
 
 fn start() -> Cursor {
-    Cursor {
-        etag: String::new(),
-        skip: 0,
-    }
+    Cursor::after("")
 }
 
 #[test]
 fn page_records_carry_keys_times_and_resumable_continuations() {
     let paths = vec!["/tenant".to_string()];
-    let records = map::page_records(page_docs(), "\"13\"", &start(), &paths).expect("records");
+    let records = map::page_records(page_docs(), "0", "\"13\"", &start(), &paths).expect("records");
     let conts: Vec<&str> = records.iter().map(|r| r.continuation.as_str()).collect();
     // After a: its LSN. After b, one of the two documents of LSN 11: before 11, one done.
     // After c: LSN 11. After d, the last of the page: the page's ETag.
-    assert_eq!(conts, vec!["\"10\"", "\"10\";skip=1", "\"11\"", "\"13\""]);
+    assert_eq!(
+        conts,
+        vec!["\"10\"", "\"10\";skip=1;range=0", "\"11\"", "\"13\""]
+    );
     let keys: Vec<&str> = records.iter().map(|r| r.key.as_str()).collect();
     assert_eq!(keys, vec!["t1", "t2", "t2", "7"]);
     assert_eq!(records[0].timestamp, Some(Timestamp(1_700_000_000_000)));
@@ -262,8 +267,8 @@ fn page_records_carry_keys_times_and_resumable_continuations() {
     assert_eq!(doc["id"], "d");
     // Resuming after b reads from LSN 10 on and drops the one document of LSN 11 done.
     let resumed = Cursor::parse(conts[1]).expect("cursor");
-    let again =
-        map::page_records(page_docs()[1..].to_vec(), "\"13\"", &resumed, &paths).expect("records");
+    let again = map::page_records(page_docs()[1..].to_vec(), "0", "\"13\"", &resumed, &paths)
+        .expect("records");
     assert_eq!(ids(&again), vec!["\"c\"", "\"d\""]);
     assert_eq!(again[0].continuation.as_str(), "\"11\"");
 }
@@ -271,7 +276,7 @@ fn page_records_carry_keys_times_and_resumable_continuations() {
 #[test]
 fn page_records_refuse_documents_without_lsn() {
     let docs = vec![json!({"id": "a", "_ts": 1})];
-    let err = map::page_records(docs, "\"1\"", &start(), &[]).expect_err("no _lsn");
+    let err = map::page_records(docs, "0", "\"1\"", &start(), &[]).expect_err("no _lsn");
     assert!(err.contains("_lsn") && err.contains("\"a\""), "{err}");
 }
 
@@ -404,14 +409,11 @@ fn a_split_ends_the_parent_at_its_last_continuation_and_the_children_start_there
     };
     let first = r.apply(page, 2, 0).expect("page");
     assert_eq!(first.records.len(), 2);
-    assert_eq!(first.continuation, Some(Continuation::new("\"10\";skip=1")));
     assert_eq!(
-        r.from,
-        ReadFrom::After(Cursor {
-            etag: "\"13\"".into(),
-            skip: 0
-        })
+        first.continuation,
+        Some(Continuation::new("\"10\";skip=1;range=0"))
     );
+    assert_eq!(r.from, ReadFrom::After(Cursor::after("\"13\"")));
     // The rest of the page comes from the buffer, before any other read.
     let rest = r.take(10);
     assert_eq!(rest.continuation, Some(Continuation::new("\"13\"")));
@@ -427,13 +429,7 @@ fn a_split_ends_the_parent_at_its_last_continuation_and_the_children_start_there
         )
         .expect("304");
     assert!(idle.records.is_empty() && idle.continuation.is_none() && !idle.end_of_partition);
-    assert_eq!(
-        r.from,
-        ReadFrom::After(Cursor {
-            etag: "\"15\"".into(),
-            skip: 0
-        })
-    );
+    assert_eq!(r.from, ReadFrom::After(Cursor::after("\"15\"")));
     // The split: 410/1002 ends the partition, and for good.
     let end = r.apply(Answered::Gone, 2, 0).expect("410");
     assert!(end.end_of_partition && end.records.is_empty());
@@ -468,6 +464,7 @@ fn a_continuation_inside_a_transaction_skips_what_was_done() {
     let mut r = reader(ReadFrom::After(Cursor {
         etag: "\"10\"".into(),
         skip: 1,
+        range: "0".into(),
     }));
     // Reading from LSN 10 on gives both documents of LSN 11 again; the first was done.
     let batch = r

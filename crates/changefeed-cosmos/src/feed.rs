@@ -93,6 +93,31 @@ enum Answered {
     Gone,
 }
 
+/// An answer of range `partition`'s change feed this source cannot use: final.
+fn unexpected(operation: &'static str, partition: &PartitionId, reason: String) -> SourceError {
+    let err = CosmosError::Unexpected {
+        request: format!("GET change feed of range {partition}"),
+        reason,
+    };
+    SourceError::source(operation, Some(partition.to_string()), false, err)
+}
+
+/// Where a reader "after `after`" starts: the continuation, or the beginning.
+fn after_or_beginning(after: Option<&Continuation>) -> Position {
+    after
+        .map(|c| Position::Continuation(c.clone()))
+        .unwrap_or(Position::Beginning)
+}
+
+/// The batch of a partition that will never have more.
+fn end_of_partition() -> Batch {
+    Batch {
+        records: Vec::new(),
+        continuation: None,
+        end_of_partition: true,
+    }
+}
+
 fn source_error(operation: &'static str, partition: &PartitionId, err: CosmosError) -> SourceError {
     let retryable = err.is_retryable()
         || matches!(err, CosmosError::Status { status: 410, substatus, .. } if substatus != Some(RANGE_GONE));
@@ -244,13 +269,10 @@ impl CosmosFeed {
                     Answered::Gone => reader.ended = true,
                     Answered::CaughtUp { etag, .. } | Answered::Page { etag, .. } => {
                         let etag = etag.ok_or_else(|| {
-                            source_error(
+                            unexpected(
                                 "open",
                                 partition,
-                                CosmosError::Unexpected {
-                                    request: format!("GET change feed of range {partition}"),
-                                    reason: "an answer to If-None-Match: * without an etag".into(),
-                                },
+                                "an answer to If-None-Match: * without an etag".into(),
                             )
                         })?;
                         reader.from = ReadFrom::After(Cursor::after(etag));
@@ -341,10 +363,7 @@ impl FeedSource for CosmosFeed {
         partition: &PartitionId,
         after: Option<&Continuation>,
     ) -> Result<Option<u64>, SourceError> {
-        let from = after
-            .map(|c| Position::Continuation(c.clone()))
-            .unwrap_or(Position::Beginning);
-        let reader = self.reader(partition, &from).await?;
+        let reader = self.reader(partition, &after_or_beginning(after)).await?;
         let skip = match &reader.from {
             ReadFrom::After(c) => c.skip as usize,
             _ => 0,
@@ -370,10 +389,7 @@ impl FeedSource for CosmosFeed {
         partition: &PartitionId,
         after: Option<&Continuation>,
     ) -> Result<OldestUnread, SourceError> {
-        let from = after
-            .map(|c| Position::Continuation(c.clone()))
-            .unwrap_or(Position::Beginning);
-        let mut reader = self.reader(partition, &from).await?;
+        let mut reader = self.reader(partition, &after_or_beginning(after)).await?;
         let batch = reader.next_batch(1).await?;
         Ok(match batch.records.first() {
             Some(Record {
@@ -423,11 +439,7 @@ impl PartitionReader for CosmosReader {
             return Ok(self.take(max));
         }
         if self.ended {
-            return Ok(Batch {
-                records: Vec::new(),
-                continuation: None,
-                end_of_partition: true,
-            });
+            return Ok(end_of_partition());
         }
         let skip = match &self.from {
             ReadFrom::After(c) => c.skip,
@@ -455,15 +467,7 @@ impl PartitionReader for CosmosReader {
                         reason: format!("refused by Cosmos DB: {message}"),
                     });
                 }
-                return Err(SourceError::source(
-                    "read",
-                    Some(self.partition.to_string()),
-                    false,
-                    CosmosError::Unexpected {
-                        request: format!("GET change feed of range {}", self.partition),
-                        reason: message,
-                    },
-                ));
+                return Err(unexpected("read", &self.partition, message));
             }
             Err(e) => return Err(source_error("read", &self.partition, e)),
         };
@@ -478,11 +482,7 @@ impl CosmosReader {
         match answer {
             Answered::Gone => {
                 self.ended = true;
-                Ok(Batch {
-                    records: Vec::new(),
-                    continuation: None,
-                    end_of_partition: true,
-                })
+                Ok(end_of_partition())
             }
             Answered::CaughtUp { etag, .. } => {
                 // The range's end may have moved past writes the feed does not show (deletes).
@@ -495,14 +495,10 @@ impl CosmosReader {
             }
             Answered::Page { docs, etag, .. } => {
                 let Some(etag) = etag else {
-                    return Err(SourceError::source(
+                    return Err(unexpected(
                         "read",
-                        Some(self.partition.to_string()),
-                        false,
-                        CosmosError::Unexpected {
-                            request: format!("GET change feed of range {}", self.partition),
-                            reason: "a change feed page without an etag".into(),
-                        },
+                        &self.partition,
+                        "a change feed page without an etag".into(),
                     ));
                 };
                 let cursor = match &self.from {

@@ -188,10 +188,9 @@ pub enum ChildStart {
 /// parent's own start unless that was `Now` (a position of the moment the parent's reader
 /// opened, long gone: `None`, the caller falls back to the beginning, which loses nothing).
 pub fn inherited_start(parent: &Lease) -> Option<Position> {
-    match (&parent.continuation, &parent.start) {
-        (Some(c), _) => Some(Position::Continuation(c.clone())),
-        (None, Position::Now) => None,
-        (None, start) => Some(start.clone()),
+    match parent.resume_position() {
+        Position::Now => None,
+        position => Some(position),
     }
 }
 

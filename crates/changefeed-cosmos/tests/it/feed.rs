@@ -2,7 +2,7 @@
 //!
 //! - Against the local server (`CHANGEFEED_TEST_COSMOS_URL`, as the lease store tests): only
 //!   what it answers like Cosmos DB, connecting (the container's partition key paths, a
-//!   missing container named) and the partition key range listing. Its change feed is not
+//!   missing container named), the partition key range listing, and a 304 read as caught up. Its change feed is not
 //!   Cosmos DB's (every read answers every document, without `_lsn`, and 304 to any
 //!   `If-None-Match`), so no read is checked there.
 //! - Against a real account or Microsoft's emulator, only when
@@ -58,6 +58,42 @@ async fn feed_lists_the_local_servers_one_range_over_the_whole_key_space() {
     assert!(
         err.to_string().contains("invalid continuation \"0:17\""),
         "{err}"
+    );
+}
+
+#[tokio::test]
+async fn feed_reads_a_304_over_http_as_caught_up() {
+    // The local server answers any If-None-Match with 304 and an etag, as Cosmos DB does when
+    // nothing is after the position: this checks the requests are accepted and a real 304 is
+    // read as "nothing yet", not the server's change feed (it has none to speak of).
+    let options = fresh_options("feed");
+    let docs = RawContainer::create(&options, "/tenant")
+        .await
+        .expect("container on the local server");
+    docs.create_document(&json!({"id": "a", "tenant": "t"}))
+        .await
+        .expect("write");
+    let feed = CosmosFeed::connect(&options).await.expect("connect");
+    let range = PartitionId::new("0").expect("id");
+    let mut now = feed
+        .open(&range, &Position::Now)
+        .await
+        .expect("open at now");
+    let batch = now.next_batch(10).await.expect("read");
+    assert!(batch.records.is_empty() && batch.continuation.is_none() && !batch.end_of_partition);
+    let after = Continuation::new("\"1\"");
+    assert_eq!(
+        feed.oldest_unread(&range, Some(&after))
+            .await
+            .expect("oldest"),
+        OldestUnread::CaughtUp
+    );
+    // No session token from this server: the estimate is unknown, not made up.
+    assert_eq!(
+        feed.remaining(&range, Some(&after))
+            .await
+            .expect("remaining"),
+        None
     );
 }
 

@@ -14,8 +14,9 @@
 //! - `kinesis://STREAM[?endpoint=URL&region=R]` (source): a [`KinesisFeed`] on one stream;
 //!   `kinesis://S1,S2,…` reads several streams with one lease table (a [`MultiFeed`], KCL's
 //!   multi-stream mode), partitions named `STREAM:SHARD`.
-//! - `cosmos://ACCOUNT/DATABASE/CONTAINER[?endpoint=URL]` (store): a [`CosmosLeaseStore`] on
-//!   one container (database and container created if absent) of the account
+//! - `cosmos://ACCOUNT/DATABASE/CONTAINER[?endpoint=URL]` (store and source): as a store, a
+//!   [`CosmosLeaseStore`] on one container (database and container created if absent); as a
+//!   source, a [`CosmosFeed`] on an existing container's change feed; of the account
 //!   `https://ACCOUNT.documents.azure.com:443/`, or of the server at `?endpoint=` (the emulator
 //!   or a local server). The account key comes from the environment variable
 //!   `CHANGEFEED_COSMOS_KEY`, never from the URL, and is never printed; with `?endpoint=` and no
@@ -35,7 +36,7 @@ use anyhow::Context as _;
 use changefeed::lease::LeaseStore;
 use changefeed::model::{LeaseKey, Version};
 use changefeed::source::{FeedSource, MultiFeed};
-use changefeed_cosmos::{CosmosLeaseStore, CosmosOptions};
+use changefeed_cosmos::{CosmosFeed, CosmosLeaseStore, CosmosOptions};
 use changefeed_dynamodb::DynamoLeaseStore;
 use changefeed_kinesis::KinesisFeed;
 use changefeed_postgres::{OutboxTable, PgOptions, PostgresLeaseStore, PostgresOutbox};
@@ -45,7 +46,7 @@ use crate::config::UsageError;
 
 /// Schemes this build understands, for error messages.
 const SUPPORTED: &str =
-    "sqlite://PATH, postgres://USER@HOST/DB[?prefix=P] (store), postgres-outbox://USER@HOST/DB[?prefix=P] (source), dynamodb://TABLE[?endpoint=URL&region=R] (store), cosmos://ACCOUNT/DATABASE/CONTAINER[?endpoint=URL] (store), kinesis://STREAM[,STREAM…][?endpoint=URL&region=R] (source)";
+    "sqlite://PATH, postgres://USER@HOST/DB[?prefix=P] (store), postgres-outbox://USER@HOST/DB[?prefix=P] (source), dynamodb://TABLE[?endpoint=URL&region=R] (store), cosmos://ACCOUNT/DATABASE/CONTAINER[?endpoint=URL] (store and source), kinesis://STREAM[,STREAM…][?endpoint=URL&region=R] (source)";
 
 /// A PostgreSQL connection URL with our own parameters taken out.
 #[derive(Clone, PartialEq, Eq)]
@@ -168,7 +169,7 @@ pub enum BackendUrl {
     Dynamodb(AwsUrl),
     /// A Kinesis stream feed source (`kinesis://STREAM`).
     Kinesis(AwsUrl),
-    /// A Cosmos DB lease store (`cosmos://ACCOUNT/DATABASE/CONTAINER`).
+    /// A Cosmos DB lease store or feed source (`cosmos://ACCOUNT/DATABASE/CONTAINER`).
     Cosmos(CosmosUrl),
 }
 
@@ -272,6 +273,19 @@ impl CosmosUrl {
                 self.account
             ))),
         }
+    }
+
+    /// The feed source on this container's change feed (the container must exist).
+    async fn open_feed(&self) -> anyhow::Result<CosmosFeed> {
+        let options = self.options(std::env::var(COSMOS_KEY_VAR).ok())?;
+        CosmosFeed::connect(&options).await.with_context(|| {
+            format!(
+                "opening the change feed of Cosmos DB container {}/{} at {}",
+                self.database,
+                self.container,
+                self.endpoint()
+            )
+        })
     }
 
     async fn open(&self) -> anyhow::Result<CosmosLeaseStore> {
@@ -497,11 +511,6 @@ impl BackendUrl {
                 "{setting}: postgres:// is a lease store; the PostgreSQL feed source is the outbox, postgres-outbox://USER@HOST/DB[?prefix=P]"
             )));
         }
-        if let BackendUrl::Cosmos(_) = url {
-            return Err(UsageError(format!(
-                "{setting}: cosmos:// is a lease store; there is no Cosmos DB feed source yet"
-            )));
-        }
         Ok(url)
     }
 
@@ -605,9 +614,7 @@ impl BackendUrl {
                 "postgres:// is a lease store; the PostgreSQL feed source is postgres-outbox://"
                     .into(),
             ))),
-            BackendUrl::Cosmos(_) => Err(anyhow::Error::new(UsageError(
-                "cosmos:// is a lease store; there is no Cosmos DB feed source yet".into(),
-            ))),
+            BackendUrl::Cosmos(cosmos) => Ok(Arc::new(cosmos.open_feed().await?)),
         }
     }
 }
@@ -693,9 +700,11 @@ mod tests {
         };
         assert_eq!(local.endpoint(), "http://127.0.0.1:8081");
         assert!(local.options(None).is_ok());
-        // It is a store only.
-        let err = BackendUrl::source("--source", "cosmos://acct/app/leases").expect_err("store");
-        assert!(err.0.contains("cosmos:// is a lease store"), "{err}");
+        // It is a source too.
+        assert!(matches!(
+            BackendUrl::source("--source", "cosmos://acct/app/orders"),
+            Ok(BackendUrl::Cosmos(_))
+        ));
         // Bad shapes name the setting and the part.
         for (text, says) in [
             ("cosmos://acct/app", "needs ACCOUNT/DATABASE/CONTAINER"),

@@ -4,8 +4,8 @@
 //! [`CosmosLeaseStore`] implements the core's [`LeaseStore`](changefeed::lease::LeaseStore) on
 //! one Cosmos DB (NoSQL API) container, through the documented REST API signed with the
 //! account key. This crate owns the document layout and the mapping of documents to the core's
-//! model; the lease protocol, balancing and lineage stay in the core. It does not read a Cosmos
-//! DB change feed (no feed source yet). [`import`] takes over the lease container of a .NET
+//! model; the lease protocol, balancing and lineage stay in the core. [`CosmosFeed`] is the
+//! feed source on a container's change feed (partition key ranges as partitions). [`import`] takes over the lease container of a .NET
 //! change feed processor (v3 SDK or v2 library): our leases at its continuations.
 //!
 //! # Documents
@@ -48,6 +48,7 @@
 
 pub mod doc;
 mod error;
+mod feed;
 pub mod import;
 mod rest;
 mod store;
@@ -55,6 +56,7 @@ mod store;
 pub mod testkit;
 
 pub use error::CosmosError;
+pub use feed::{CosmosFeed, CosmosReader};
 pub use import::{
     import_dotnet_leases, DotnetLeaseContainer, ImportError, ImportOptions, ImportReport,
 };

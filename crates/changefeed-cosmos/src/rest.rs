@@ -209,7 +209,11 @@ pub(crate) enum Resource<'a> {
     Databases,
     /// The containers of the database (`POST dbs/{db}/colls`).
     Containers,
-    /// The documents of the container (create, query, batch).
+    /// The container itself (`GET dbs/{db}/colls/{coll}`: its partition key paths).
+    Container,
+    /// The container's partition key ranges (`GET …/pkranges`).
+    PartitionKeyRanges,
+    /// The documents of the container (create, query, batch, change feed).
     Documents,
     /// One document.
     Document(&'a str),
@@ -322,6 +326,16 @@ impl Rest {
                 "colls",
                 format!("dbs/{db}"),
                 format!("/dbs/{}/colls", enc(db)),
+            ),
+            Resource::Container => (
+                "colls",
+                format!("dbs/{db}/colls/{coll}"),
+                format!("/dbs/{}/colls/{}", enc(db), enc(coll)),
+            ),
+            Resource::PartitionKeyRanges => (
+                "pkranges",
+                format!("dbs/{db}/colls/{coll}"),
+                format!("/dbs/{}/colls/{}/pkranges", enc(db), enc(coll)),
             ),
             Resource::Documents => (
                 "docs",

@@ -77,6 +77,21 @@ impl RawContainer {
             _ => Err(answer.into_error()),
         }
     }
+
+    /// Deletes the container (a test's on a real account, which costs while it exists).
+    ///
+    /// # Errors
+    /// [`CosmosError`] unless Cosmos DB answers 204 or 404.
+    pub async fn delete(&self) -> Result<(), CosmosError> {
+        let answer = self
+            .rest
+            .send(http::Method::DELETE, Resource::Container, &[], None)
+            .await?;
+        match answer.status {
+            204 | 404 => Ok(()),
+            _ => Err(answer.into_error()),
+        }
+    }
 }
 
 /// The documents of a .NET change feed processor's lease container, field for field as the

@@ -21,7 +21,22 @@
 //! | 1 | that is a root (no listed parent) reached from a leaf, when the start is `Beginning` or `AtTime` | the start position |
 //! | 2 | that is a parent of a partition the fleet will reach, when no lease exists or will exist on its own ancestry (`Now` only: the gap next to a leased sibling) | `Beginning` (`AtTime(t)` for an `AtTime` start) |
 //! | 3 | that is an open leaf the fleet will not reach otherwise (`Now`) | `Now` |
-//! | 4 | whose parents are all closed and settled (every parent finished: the child is ready) | `Beginning` (`AtTime(t)` for an `AtTime` start) |
+//! | 4 | whose parents are all closed and settled (every parent finished: the child is ready) | `Beginning` (`AtTime(t)` for an `AtTime` start); the parent's final continuation under [`ChildStart::ParentContinuation`] (tests `child_of_one_parent_continues_from_its_final_continuation`, `merge_child_starts_at_the_beginning_even_when_continuing`) |
+//!
+//! Where a rule-4 child starts depends on the source ([`ChildStart`], from
+//! [`crate::source::FeedSource::child_start`]). With [`ChildStart::Beginning`] (the default:
+//! Kinesis, the in-memory and SQLite feeds, where a child holds only what was written after
+//! the split) it starts as the table says. With [`ChildStart::ParentContinuation`] (Cosmos DB,
+//! where a child key range also holds every change of its keys from before the split, so
+//! reading it from its beginning would deliver the parent's records again) a child of **one**
+//! parent starts where that parent's finished lease ended ([`inherited_start`]): at its last
+//! continuation, or at the parent's own start when it never checkpointed and did not start at
+//! `Now`; otherwise as the table says. A child of **several** parents (a merge) starts as the
+//! table says: the core cannot order two opaque continuations, and the earlier of two
+//! positions is the only start that loses nothing, so it falls back to the beginning (or
+//! `AtTime(t)`), which delivers the parents' records again (at least once, never a gap). This
+//! is what the .NET change feed processor does on a split (the child leases take the parent's
+//! continuation token).
 //!
 //! Nothing else is created: not a settled partition, not a child while a parent is still
 //! being read, never a child at `Now`. The walk from the leaves stops at partitions that have
@@ -155,6 +170,30 @@ fn cycle_text(cycle: &[PartitionId]) -> String {
     text.join(" → ")
 }
 
+/// Where a child of finished parents (rule 4) starts: a property of the source
+/// ([`crate::source::FeedSource::child_start`]). See the module docs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ChildStart {
+    /// At the beginning of the child (or the group's `AtTime(t)`): the child holds only what
+    /// was written to it after the split or merge. The default.
+    #[default]
+    Beginning,
+    /// A child of one parent continues from that parent's final continuation (a Cosmos DB
+    /// partition key range, which also holds its keys' changes from before the split).
+    ParentContinuation,
+}
+
+/// Where a child continuing from its one finished parent `parent` starts under
+/// [`ChildStart::ParentContinuation`]: after the parent's last checkpoint; with none, at the
+/// parent's own start unless that was `Now` (a position of the moment the parent's reader
+/// opened, long gone: `None`, the caller falls back to the beginning, which loses nothing).
+pub fn inherited_start(parent: &Lease) -> Option<Position> {
+    match parent.resume_position() {
+        Position::Now => None,
+        position => Some(position),
+    }
+}
+
 /// What the rules look at: one snapshot of the source and the lease table.
 #[derive(Debug, Clone)]
 pub struct Input<'a> {
@@ -169,6 +208,8 @@ pub struct Input<'a> {
     pub closed_at: BTreeMap<PartitionId, Timestamp>,
     /// How to read a parent the list lacks.
     pub missing_parents: MissingParents,
+    /// Where a child of finished parents starts (rule 4).
+    pub child_start: ChildStart,
 }
 
 impl<'a> Input<'a> {
@@ -180,6 +221,7 @@ impl<'a> Input<'a> {
             start,
             closed_at: BTreeMap::new(),
             missing_parents: MissingParents::default(),
+            child_start: ChildStart::default(),
         }
     }
 
@@ -192,6 +234,12 @@ impl<'a> Input<'a> {
     /// Sets how missing parents are read.
     pub fn with_missing_parents(mut self, missing_parents: MissingParents) -> Self {
         self.missing_parents = missing_parents;
+        self
+    }
+
+    /// Sets where a child of finished parents starts.
+    pub fn with_child_start(mut self, child_start: ChildStart) -> Self {
+        self.child_start = child_start;
         self
     }
 }
@@ -331,7 +379,16 @@ pub fn plan(input: &Input<'_>) -> Plan {
         let ready =
             !parents[i].is_empty() && parents[i].iter().all(|p| g.parts[*p].closed && settled(*p));
         if ready && leased[i].is_none() && !below[i] && !pruned[i] {
-            create.entry(i).or_insert_with(|| child_start(input.start)); // rule 4
+            let inherited = match (input.child_start, parents[i].as_slice()) {
+                (ChildStart::ParentContinuation, [p]) if g.parts[i].parents.len() == 1 => {
+                    leased[*p].and_then(inherited_start)
+                }
+                _ => None,
+            };
+            create
+                .entry(i)
+                .or_insert_with(|| inherited.unwrap_or_else(|| child_start(input.start)));
+            // rule 4
         }
     }
     let mut create: Vec<NewLease> = create

@@ -517,3 +517,87 @@ fn created_leases_carry_the_partition_range() {
     let p = run(&partitions, &[], Position::Now);
     assert_eq!(p.create[0].key_range, Some(KeyRange::FULL));
 }
+
+fn run_continuing(partitions: &[Partition], leases: &[Lease], start: Position) -> Plan {
+    plan(&Input::new(partitions, leases, &start).with_child_start(ChildStart::ParentContinuation))
+}
+
+#[test]
+fn child_of_one_parent_continues_from_its_final_continuation() {
+    // Cosmos DB: a child key range also holds its keys' changes from before the split, so
+    // both children of a split continue where the parent's lease ended, whatever the start.
+    let partitions = [
+        part("0", &[], true),
+        part("1", &["0"], false),
+        part("2", &["0"], false),
+    ];
+    let parent = started(lease("0", LeaseState::Finished), 42);
+    let after = Position::Continuation(Continuation::new("0:42"));
+    for start in [
+        Position::Beginning,
+        Position::Now,
+        Position::AtTime(Timestamp(7)),
+    ] {
+        let p = run_continuing(&partitions, std::slice::from_ref(&parent), start.clone());
+        assert_eq!(
+            created(&p),
+            vec![("1".into(), after.clone()), ("2".into(), after.clone())],
+            "start {start}"
+        );
+        // The default rule is unchanged.
+        let p = run(&partitions, std::slice::from_ref(&parent), start.clone());
+        assert_eq!(p.create[0].start, child_start(&start), "start {start}");
+    }
+    // Still only once the parent is finished.
+    let reading = started(lease("0", LeaseState::Owned), 42);
+    let p = run_continuing(&partitions, &[reading], Position::Beginning);
+    assert!(p.create.is_empty(), "{p:?}");
+}
+
+#[test]
+fn child_of_a_parent_that_never_checkpointed_starts_where_the_parent_started() {
+    let partitions = [part("0", &[], true), part("1", &["0"], false)];
+    // A parent imported at a continuation, or started at a time, that read nothing more.
+    for parent_start in [
+        Position::Continuation(Continuation::new("\"17\"")),
+        Position::AtTime(Timestamp(5)),
+        Position::Beginning,
+    ] {
+        let mut parent = lease("0", LeaseState::Finished);
+        parent.start = parent_start.clone();
+        let p = run_continuing(&partitions, &[parent], Position::Now);
+        assert_eq!(created(&p), vec![("1".into(), parent_start)]);
+    }
+    // A parent started at `Now` that read nothing: its position is gone, and the child starts
+    // at the beginning (records again rather than a gap).
+    let mut parent = lease("0", LeaseState::Finished);
+    parent.start = Position::Now;
+    let p = run_continuing(&partitions, &[parent], Position::Now);
+    assert_eq!(created(&p), vec![("1".into(), Position::Beginning)]);
+}
+
+#[test]
+fn merge_child_starts_at_the_beginning_even_when_continuing() {
+    // Two parents' continuations are opaque to the core and cannot be ordered: the child of a
+    // merge starts at the beginning (or the group's time), which loses nothing.
+    let partitions = [
+        part("a", &[], true),
+        part("b", &[], true),
+        part("c", &["a", "b"], false),
+    ];
+    let leases = [
+        started(lease("a", LeaseState::Finished), 10),
+        started(lease("b", LeaseState::Finished), 30),
+    ];
+    let p = run_continuing(&partitions, &leases, Position::Now);
+    assert_eq!(created(&p), vec![("c".into(), Position::Beginning)]);
+    let p = run_continuing(&partitions, &leases, Position::AtTime(Timestamp(9)));
+    assert_eq!(
+        created(&p),
+        vec![("c".into(), Position::AtTime(Timestamp(9)))]
+    );
+    // One parent listed, the other trimmed: still a merge, still the beginning.
+    let partitions = [part("a", &[], true), part("c", &["a", "gone"], false)];
+    let p = run_continuing(&partitions, &leases[..1], Position::Now);
+    assert_eq!(created(&p), vec![("c".into(), Position::Beginning)]);
+}

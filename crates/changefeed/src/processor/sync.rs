@@ -139,7 +139,8 @@ impl Syncer {
             _ => {
                 let plan = lineage::plan(
                     &Input::new(&partitions, leases, &settings.start_position)
-                        .with_missing_parents(settings.missing_parents),
+                        .with_missing_parents(settings.missing_parents)
+                        .with_child_start(source.child_start()),
                 );
                 self.last_plan = counter.map(|c| (c, partitions.clone(), plan.clone()));
                 plan
@@ -377,6 +378,61 @@ mod tests {
         let leases = listed(&store).await;
         let second = sync(&mut s, &store, &feed, &settings, &leases, Some(1)).await;
         assert_eq!(second.created, vec![l, r]);
+    }
+
+    /// A memory feed whose children continue from their parent's continuation, as Cosmos DB's.
+    #[derive(Debug)]
+    struct Continuing(MemoryFeed);
+
+    #[async_trait::async_trait]
+    impl FeedSource for Continuing {
+        async fn partitions(&self) -> Result<Vec<Partition>, SourceError> {
+            self.0.partitions().await
+        }
+        async fn open(
+            &self,
+            partition: &PartitionId,
+            from: &Position,
+        ) -> Result<Box<dyn crate::source::PartitionReader>, SourceError> {
+            self.0.open(partition, from).await
+        }
+        async fn remaining(
+            &self,
+            partition: &PartitionId,
+            after: Option<&crate::model::Continuation>,
+        ) -> Result<Option<u64>, SourceError> {
+            self.0.remaining(partition, after).await
+        }
+        fn child_start(&self) -> lineage::ChildStart {
+            lineage::ChildStart::ParentContinuation
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn children_start_at_the_parents_continuation_when_the_source_says_so() {
+        // The sync passes the source's child start to the lineage rules.
+        let store = MemoryLeaseStore::new();
+        let feed = Continuing(MemoryFeed::new(1));
+        let settings = Settings::default();
+        let mut s = Syncer::default();
+        sync(&mut s, &store, &feed, &settings, &[], None).await;
+        let mut parent = listed(&store).await.remove(0);
+        let last = crate::model::Continuation::new("0:41");
+        parent.continuation = Some(last.clone());
+        store
+            .replace(&parent, parent.version)
+            .await
+            .expect("checkpoint");
+        let (_, l, r) = split_and_finish(&feed.0, &store).await;
+        let report = sync_listed(&mut s, &store, &feed, &settings).await;
+        assert_eq!(report.created, vec![l, r]);
+        let children: Vec<Position> = listed(&store)
+            .await
+            .into_iter()
+            .filter(|x| !x.parents.is_empty())
+            .map(|x| x.start)
+            .collect();
+        assert_eq!(children, vec![Position::Continuation(last); 2]);
     }
 
     #[tokio::test(start_paused = true)]

@@ -15,6 +15,7 @@ pub use multi::{MultiFeed, STREAM_SEPARATOR};
 use async_trait::async_trait;
 
 use crate::error::SourceError;
+use crate::lineage::ChildStart;
 use crate::model::{Batch, Continuation, Partition, PartitionId, Position, Timestamp};
 
 /// What [`FeedSource::oldest_unread`] knows of the first record after a position.
@@ -99,6 +100,15 @@ pub trait FeedSource: Send + Sync + std::fmt::Debug {
     ) -> Result<OldestUnread, SourceError> {
         let _ = (partition, after);
         Ok(OldestUnread::Unknown)
+    }
+
+    /// Where the lease of a child of finished parents starts (lineage rule 4):
+    /// [`ChildStart::Beginning`] (the default) when a child holds only what was written to it
+    /// after the split, [`ChildStart::ParentContinuation`] when it also holds its keys'
+    /// records from before (Cosmos DB), so that a child of one parent must continue from the
+    /// parent's final continuation (which this source must then accept for the child).
+    fn child_start(&self) -> ChildStart {
+        ChildStart::Beginning
     }
 
     /// Whether `partition` belongs to a part of the feed that is gone for good (a stream

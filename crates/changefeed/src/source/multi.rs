@@ -21,6 +21,7 @@ use async_trait::async_trait;
 
 use super::{FeedSource, PartitionReader};
 use crate::error::{ModelError, SourceError};
+use crate::lineage::ChildStart;
 use crate::model::{Continuation, Partition, PartitionId, Position};
 
 /// What separates the stream name from the stream's own partition id.
@@ -196,6 +197,22 @@ impl FeedSource for MultiFeed {
     ) -> Result<crate::source::OldestUnread, SourceError> {
         let (source, inner) = self.route(partition)?;
         source.oldest_unread(&inner, after).await
+    }
+
+    /// The streams' own rule: [`ChildStart::ParentContinuation`] when any stream's source
+    /// has it (a child and its parent are always of one stream, and continuations pass
+    /// through unchanged). Streams of mixed kinds would need a rule per partition; feeds of
+    /// one kind are what this type is for.
+    fn child_start(&self) -> ChildStart {
+        if self
+            .snapshot()
+            .iter()
+            .any(|(_, s)| s.child_start() == ChildStart::ParentContinuation)
+        {
+            ChildStart::ParentContinuation
+        } else {
+            ChildStart::Beginning
+        }
     }
 
     fn retired(&self, partition: &PartitionId) -> bool {

@@ -1,0 +1,404 @@
+//! The pure half of the feed source: Cosmos DB's answers mapped to the core's model, with no
+//! I/O, so every rule here is tested on documented response bodies and headers
+//! (`feed/tests.rs`).
+//!
+//! - Partition key ranges (`GET …/pkranges`: `id`, `minInclusive`, `maxExclusive`, `parents`)
+//!   become partitions; ranges a split removed from the listing come back as closed
+//!   partitions, rebuilt from their children's `parents`.
+//! - Effective partition key (EPK) ranges become [`KeyRange`]s of the 128-bit key space.
+//! - Change feed pages become records with per-record continuations ([`Cursor`]).
+//! - Session tokens give the LSN the .NET estimator counts from.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use bytes::Bytes;
+use changefeed::model::{Continuation, KeyRange, Partition, PartitionId, Record, Timestamp};
+use serde_json::Value;
+
+/// One partition key range as `GET …/pkranges` lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct PkRange {
+    pub id: String,
+    pub min: String,
+    pub max: String,
+    /// Every ancestor, oldest first (Cosmos DB lists the whole lineage: a range split twice
+    /// names its grandparent, then its parent).
+    pub parents: Vec<String>,
+}
+
+/// The id of a range, a string on Cosmos DB (`"0"`), a number on the local test server.
+fn id_text(v: &Value) -> Option<String> {
+    match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+/// The ranges of a `GET …/pkranges` body (`{"PartitionKeyRanges": [...], "_count": n}`).
+pub(crate) fn parse_pkranges(body: &Value) -> Result<Vec<PkRange>, String> {
+    let ranges = body
+        .get("PartitionKeyRanges")
+        .and_then(Value::as_array)
+        .ok_or("no PartitionKeyRanges array")?;
+    ranges
+        .iter()
+        .map(|r| {
+            let id = r
+                .get("id")
+                .and_then(id_text)
+                .ok_or(format!("a range without an id: {r}"))?;
+            let text = |field: &str| {
+                r.get(field)
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+                    .ok_or(format!("range {id}: no {field}"))
+            };
+            let parents = match r.get("parents") {
+                None | Some(Value::Null) => Vec::new(),
+                Some(Value::Array(ps)) => ps
+                    .iter()
+                    .map(|p| {
+                        id_text(p).ok_or(format!("range {id}: a parent that is not an id: {p}"))
+                    })
+                    .collect::<Result<_, _>>()?,
+                Some(other) => return Err(format!("range {id}: parents is not an array: {other}")),
+            };
+            Ok(PkRange {
+                min: text("minInclusive")?,
+                max: text("maxExclusive")?,
+                id,
+                parents,
+            })
+        })
+        .collect()
+}
+
+/// The largest EPK, `FF`: the exclusive end of the last range.
+const EPK_MAX: &str = "FF";
+
+/// An EPK (upper-case hex, most significant first) as a point of the 128-bit key space: the
+/// first 32 hex digits, padded with zeros. `None` when it is not hex or longer than 128 bits
+/// (hierarchical partition keys): the range is then left without a key range.
+fn epk_point(epk: &str) -> Option<u128> {
+    if epk.len() > 32 || !epk.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let padded = format!("{epk:0<32}");
+    u128::from_str_radix(&padded, 16).ok()
+}
+
+/// The key range of the EPK range `[min, max)`: `""` is 0 and `FF` the end of the space, as
+/// Kinesis hash key ranges cover it (inclusive ends).
+pub(crate) fn epk_range(min: &str, max: &str) -> Option<KeyRange> {
+    let start = epk_point(min)?;
+    let end = if max == EPK_MAX {
+        u128::MAX
+    } else {
+        epk_point(max)?.checked_sub(1)?
+    };
+    (start <= end).then_some(KeyRange { start, end })
+}
+
+fn partition_id(id: &str) -> Result<PartitionId, String> {
+    PartitionId::new(id).map_err(|e| format!("partition key range {id:?}: {e}"))
+}
+
+/// The partitions of a listing: every listed range open, its parent the last of its
+/// `parents`; and every ancestor the listing no longer has (a split replaces the parent by
+/// its children) closed, its parent the one before it in a descendant's `parents`, its key
+/// range the one `seen` remembers from an earlier listing, or else the union of its
+/// descendants' ranges when they are contiguous.
+pub(crate) fn partitions(
+    listed: &[PkRange],
+    seen: &BTreeMap<String, KeyRange>,
+) -> Result<Vec<Partition>, String> {
+    let listed_ids: BTreeSet<&str> = listed.iter().map(|r| r.id.as_str()).collect();
+    let mut out = Vec::with_capacity(listed.len());
+    let mut gone: BTreeMap<&str, (Option<&str>, Vec<KeyRange>, bool)> = BTreeMap::new();
+    for r in listed {
+        let range = epk_range(&r.min, &r.max);
+        out.push(Partition {
+            id: partition_id(&r.id)?,
+            parents: r
+                .parents
+                .last()
+                .map(|p| partition_id(p))
+                .transpose()?
+                .into_iter()
+                .collect(),
+            closed: false,
+            key_range: range,
+        });
+        for (k, ancestor) in r.parents.iter().enumerate() {
+            if listed_ids.contains(ancestor.as_str()) {
+                continue;
+            }
+            let parent = k.checked_sub(1).map(|j| r.parents[j].as_str());
+            let entry = gone.entry(ancestor).or_insert((parent, Vec::new(), true));
+            match range {
+                Some(range) => entry.1.push(range),
+                None => entry.2 = false,
+            }
+        }
+    }
+    for (id, (parent, mut ranges, all_known)) in gone {
+        let key_range = seen.get(id).copied().or_else(|| {
+            ranges.sort();
+            let contiguous = all_known
+                && ranges
+                    .windows(2)
+                    .all(|w| w[0].end.checked_add(1) == Some(w[1].start) || w[0] == w[1]);
+            match (contiguous, ranges.first(), ranges.last()) {
+                (true, Some(first), Some(last)) => Some(KeyRange {
+                    start: first.start,
+                    end: last.end,
+                }),
+                _ => None,
+            }
+        });
+        out.push(Partition {
+            id: partition_id(id)?,
+            parents: parent.map(partition_id).transpose()?.into_iter().collect(),
+            closed: true,
+            key_range,
+        });
+    }
+    out.sort_by(|a, b| a.id.cmp(&b.id));
+    Ok(out)
+}
+
+/// Where a reader stands: after the change feed ETag `etag` (`"42"`, the LSN the next read
+/// starts after), with the first `skip` documents of the next LSN already done.
+///
+/// A change feed page ends on an ETag, but documents written by one transaction (a
+/// transactional batch, a stored procedure) share one `_lsn`, and a reader may stop inside
+/// such a group: the continuation of a document followed by one of the same LSN is
+/// `"LSN-1";skip=K;range=ID` (after the LSN before, the first K of the group done in range
+/// ID), so that resuming there neither skips the rest of the group nor repeats its start.
+/// Every other document's continuation is its own `"LSN"`, and a page's last document's is
+/// the page's ETag. The skip holds only in the range that counted it: a child range starting
+/// at its parent's continuation ([`Cursor::in_range`]) holds only some of the group's
+/// documents, so there the whole group is read again (at least once, never a gap).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Cursor {
+    pub etag: String,
+    pub skip: u32,
+    /// The range the skip was counted in (empty when `skip` is 0).
+    pub range: String,
+}
+
+const SKIP: &str = ";skip=";
+const RANGE: &str = ";range=";
+
+impl Cursor {
+    /// The cursor a continuation stands for.
+    ///
+    /// # Errors
+    /// Why the text is not a continuation of this source.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let (etag, skip, range) = match text.split_once(SKIP) {
+            Some((etag, rest)) => {
+                let (skip, range) = rest
+                    .split_once(RANGE)
+                    .filter(|(_, range)| !range.is_empty())
+                    .ok_or(format!("{SKIP}{rest} names no {RANGE}ID"))?;
+                let skip = skip
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|k| *k > 0)
+                    .ok_or(format!("{SKIP}{skip} is not a positive count"))?;
+                (etag, skip, range.to_string())
+            }
+            None => (text, 0, String::new()),
+        };
+        let digits = etag
+            .strip_prefix('"')
+            .and_then(|e| e.strip_suffix('"'))
+            .unwrap_or(etag);
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) || digits.len() > 20 {
+            return Err(
+                "a Cosmos DB change feed continuation is the ETag of a change feed page, a \
+                 quoted LSN such as \"42\" (optionally followed by ;skip=N;range=ID)"
+                    .into(),
+            );
+        }
+        Ok(Self {
+            etag: etag.to_string(),
+            skip,
+            range,
+        })
+    }
+
+    /// After `etag` with nothing done beyond it.
+    pub fn after(etag: impl Into<String>) -> Self {
+        Self {
+            etag: etag.into(),
+            skip: 0,
+            range: String::new(),
+        }
+    }
+
+    /// This cursor for a reader of range `range`: its skip dropped when counted in another
+    /// range (a child starting at its parent's continuation).
+    pub fn in_range(self, range: &str) -> Self {
+        if self.skip > 0 && self.range != range {
+            Self::after(self.etag)
+        } else {
+            self
+        }
+    }
+
+    /// The continuation text.
+    pub fn to_continuation(&self) -> Continuation {
+        if self.skip == 0 {
+            Continuation::new(self.etag.clone())
+        } else {
+            Continuation::new(format!(
+                "{}{SKIP}{}{RANGE}{}",
+                self.etag, self.skip, self.range
+            ))
+        }
+    }
+}
+
+/// The LSN of a change feed document (`_lsn`, a number; a string in some answers).
+fn lsn_of(doc: &Value) -> Option<u64> {
+    match doc.get("_lsn")? {
+        Value::Number(n) => n.as_u64(),
+        Value::String(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+/// The partition key of `doc` under the container's key paths (`/tenant`, `/a/b`): the value
+/// as text for one path (a string as is, anything else as JSON), a JSON array of the values
+/// for hierarchical keys; empty where the document has none.
+pub(crate) fn partition_key(doc: &Value, paths: &[String]) -> String {
+    let value = |path: &str| doc.pointer(path).cloned().unwrap_or(Value::Null);
+    match paths {
+        [] => String::new(),
+        [one] => match value(one) {
+            Value::String(s) => s,
+            Value::Null => String::new(),
+            other => other.to_string(),
+        },
+        many => Value::Array(many.iter().map(|p| value(p)).collect()).to_string(),
+    }
+}
+
+/// The records of one change feed page of range `range` read from `from`, each with its
+/// continuation (see [`Cursor`]): `from.skip` documents of the first LSN are dropped first
+/// (they were done).
+///
+/// # Errors
+/// A document without a numeric `_lsn`, or LSNs going backwards.
+pub(crate) fn page_records(
+    docs: Vec<Value>,
+    range: &str,
+    page_etag: &str,
+    from: &Cursor,
+    key_paths: &[String],
+) -> Result<Vec<Record>, String> {
+    let lsns: Vec<u64> = docs
+        .iter()
+        .map(|d| {
+            lsn_of(d).ok_or_else(|| {
+                format!(
+                    "a change feed document without a numeric _lsn: id {}",
+                    d.get("id").unwrap_or(&Value::Null)
+                )
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    if lsns.windows(2).any(|w| w[1] < w[0]) {
+        return Err(format!("change feed documents out of LSN order: {lsns:?}"));
+    }
+    let first = lsns.first().copied();
+    let done = lsns
+        .iter()
+        .take(from.skip as usize)
+        .take_while(|l| Some(**l) == first)
+        .count();
+    let n = docs.len();
+    let mut records = Vec::with_capacity(n - done);
+    let mut in_group = 0u32;
+    for (i, doc) in docs.into_iter().enumerate() {
+        let lsn = lsns[i];
+        in_group = if i > 0 && lsns[i - 1] == lsn {
+            in_group + 1
+        } else {
+            1
+        };
+        if i < done {
+            continue;
+        }
+        let cursor = if i + 1 == n {
+            Cursor::after(page_etag)
+        } else if lsns[i + 1] != lsn {
+            Cursor::after(format!("\"{lsn}\""))
+        } else {
+            Cursor {
+                etag: format!("\"{}\"", lsn.saturating_sub(1)),
+                skip: in_group,
+                range: range.to_string(),
+            }
+        };
+        let timestamp = doc
+            .get("_ts")
+            .and_then(Value::as_i64)
+            .map(|s| Timestamp(s.saturating_mul(1000)));
+        let key = partition_key(&doc, key_paths);
+        let data = Bytes::from(serde_json::to_vec(&doc).map_err(|e| e.to_string())?);
+        records.push(Record {
+            key,
+            data,
+            continuation: cursor.to_continuation(),
+            timestamp,
+        });
+    }
+    Ok(records)
+}
+
+/// The LSN a session token ends at, as the .NET estimator reads it: after the range id and
+/// `:`, the second `#` segment (`0:1#1234#3=1200` → 1234), or the whole rest in the old form
+/// (`0:1234`). Of a compound token (`0:…,1:…`) the part of range `range` (or the first).
+pub(crate) fn session_lsn(token: &str, range: &str) -> Option<u64> {
+    let part = token
+        .split(',')
+        .find(|t| t.split_once(':').is_some_and(|(id, _)| id == range))
+        .or_else(|| token.split(',').next())?;
+    let rest = part.split_once(':').map_or(part, |(_, rest)| rest);
+    let segments: Vec<&str> = rest.split('#').collect();
+    let lsn = if segments.len() < 2 {
+        segments[0]
+    } else {
+        segments[1]
+    };
+    lsn.trim().parse().ok()
+}
+
+/// The .NET estimator's remaining work of a range: the session LSN minus the LSN before the
+/// first unread document (0 when nothing is unread). It counts LSNs, not documents: deletes
+/// and other writes of the physical partition move it too, so it is an estimate.
+pub(crate) fn estimate(session_lsn: u64, first_unread_lsn: Option<u64>) -> u64 {
+    match first_unread_lsn {
+        Some(first) => session_lsn.saturating_sub(first.saturating_sub(1)),
+        None => 0,
+    }
+}
+
+/// The LSN of the first document of a page, for [`estimate`].
+pub(crate) fn first_lsn(docs: &[Value]) -> Option<u64> {
+    docs.first().and_then(lsn_of)
+}
+
+/// The `If-Modified-Since` value for a start at `t` (ms): an HTTP date, which has whole
+/// seconds, one second before the second `t` falls in, so that no change at or after `t` is
+/// missed whether Cosmos DB compares exclusively or not (a reader may see up to two seconds
+/// of changes before `t`).
+pub(crate) fn if_modified_since(t: Timestamp) -> String {
+    let secs = t.millis().div_euclid(1000).saturating_sub(1).max(0);
+    let when = std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs as u64);
+    httpdate::fmt_http_date(when)
+}

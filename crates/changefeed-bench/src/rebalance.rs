@@ -38,6 +38,10 @@ use changefeed::model::{Continuation, PartitionId};
 use changefeed::processor::Settings;
 use changefeed::sim::{FleetConfig, SimFleet, StrategyKind, TraceMode};
 
+use realistic::Conditions;
+
+mod realistic;
+
 /// Arguments of `changefeed-bench rebalance`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -120,9 +124,14 @@ fn block<F: std::future::Future>(f: F) -> anyhow::Result<F::Output> {
         .block_on(f))
 }
 
-async fn fleet(strategy: StrategyKind, cadence: Cadence, leases: u32) -> SimFleet {
+async fn fleet(
+    strategy: StrategyKind,
+    cadence: Cadence,
+    leases: u32,
+    conditions: Conditions,
+) -> SimFleet {
     let anchor = strategy != StrategyKind::EqualShare;
-    SimFleet::simulated(FleetConfig {
+    let fleet = SimFleet::simulated(FleetConfig {
         seed: 1,
         partitions: leases,
         settings: settings(strategy, cadence),
@@ -131,7 +140,9 @@ async fn fleet(strategy: StrategyKind, cadence: Cadence, leases: u32) -> SimFlee
         trace: TraceMode::Off,
         history: false,
     })
-    .await
+    .await;
+    conditions.apply(&fleet);
+    fleet
 }
 
 fn name(i: usize) -> String {
@@ -146,6 +157,8 @@ struct Change {
     /// Moves of a lease that had already moved in this rebalance.
     repeat_moves: usize,
     done: bool,
+    /// Transaction conflicts on the shared change counter during the change.
+    conflicts: u64,
     /// Seconds until every lease that changed owner had been read by its new owner (its first
     /// checkpoint after the move), with records arriving on every partition; `None` on an idle
     /// feed or when some were not read within the limit.
@@ -230,6 +243,7 @@ fn change_of(
         moves: moved.values().sum(),
         repeat_moves: moved.values().map(|n| n.saturating_sub(1)).sum(),
         done,
+        conflicts: 0,
         reading: reading.map(|r| r.as_secs_f64()),
     }
 }
@@ -243,7 +257,27 @@ async fn change(
     (from, to): (usize, usize),
     per_step: u64,
 ) -> Change {
-    let mut fleet = fleet(strategy, cadence, leases).await;
+    change_under(
+        strategy,
+        cadence,
+        leases,
+        (from, to),
+        per_step,
+        Conditions::IDEAL,
+    )
+    .await
+}
+
+/// [`change`] under `conditions`.
+async fn change_under(
+    strategy: StrategyKind,
+    cadence: Cadence,
+    leases: u32,
+    (from, to): (usize, usize),
+    per_step: u64,
+    conditions: Conditions,
+) -> Change {
+    let mut fleet = fleet(strategy, cadence, leases, conditions).await;
     let acquire = settings(strategy, cadence).acquire_interval;
     for i in 0..from {
         fleet.start(&name(i));
@@ -260,14 +294,21 @@ async fn change(
             fleet.begin_stop(&name(i));
         }
     }
-    let c = until_balanced(&mut fleet, limit, acquire, per_step).await;
+    let conflicts = fleet.counter_conflicts();
+    let mut c = until_balanced(&mut fleet, limit, acquire, per_step).await;
+    c.conflicts = fleet.counter_conflicts() - conflicts;
     fleet.stop_all().await;
     c
 }
 
 /// Seconds from a crash until every lease of the crashed host is owned by a running host.
-async fn failover(strategy: StrategyKind, cadence: Cadence, leases: u32) -> f64 {
-    let mut fleet = fleet(strategy, cadence, leases).await;
+async fn failover(
+    strategy: StrategyKind,
+    cadence: Cadence,
+    leases: u32,
+    conditions: Conditions,
+) -> f64 {
+    let mut fleet = fleet(strategy, cadence, leases, conditions).await;
     let acquire = settings(strategy, cadence).acquire_interval;
     for i in 0..10 {
         fleet.start(&name(i));
@@ -300,7 +341,7 @@ struct Io {
 
 /// Store calls per host per minute in steady state, 10 hosts.
 async fn io(strategy: StrategyKind, leases: u32, minutes: u64) -> Io {
-    let mut fleet = fleet(strategy, Cadence::Same, leases).await;
+    let mut fleet = fleet(strategy, Cadence::Same, leases, Conditions::IDEAL).await;
     let acquire = settings(strategy, Cadence::Same).acquire_interval;
     let hosts: Vec<String> = (0..10).map(name).collect();
     for h in &hosts {
@@ -431,7 +472,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         row("10 -> 11: moved leases read", &cells);
         let mut cells = Vec::new();
         for s in strategies {
-            let f = block(failover(s, cadence, args.leases))?;
+            let f = block(failover(s, cadence, args.leases, Conditions::IDEAL))?;
             fail.insert((cadence, s.name()), f);
             cells.push(format!("{f:.1} s"));
         }
@@ -500,6 +541,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         small.reads,
         small.rows
     );
+    let realistic = realistic::run(args.leases)?;
     println!("wall time {:.1} s", started.elapsed().as_secs_f64());
     let (same, own) = (Cadence::Same, Cadence::Own);
     let ours = cycles[&(same, 10, 11, "ours")].max(1);
@@ -538,7 +580,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         fail[&(own, "kcl3")],
     ));
     println!(
-        "RESULT cycles_ours={ours} cycles_kcl={kcl} cycles_cosmos={cosmos} ratio_vs_kcl={:.1} failover_s_ours={:.1} failover_s_kcl={:.1} writes_per_host_min_ours={:.0} writes_per_host_min_kcl={:.0} reading_s_ours={} reading_s_kcl={} reading_s_cosmos={} cycles_ours_default={} cycles_kcl_default={} cycles_cosmos_default={} balanced_s_ours_default={:.0} balanced_s_kcl_default={:.0} balanced_s_cosmos_default={:.0} reading_s_ours_default={} reading_s_kcl_default={} reading_s_cosmos_default={} failover_s_ours_default={:.1} failover_s_kcl_default={:.1} failover_s_cosmos_default={:.1}{extra}",
+        "RESULT cycles_ours={ours} cycles_kcl={kcl} cycles_cosmos={cosmos} ratio_vs_kcl={:.1} failover_s_ours={:.1} failover_s_kcl={:.1} writes_per_host_min_ours={:.0} writes_per_host_min_kcl={:.0} reading_s_ours={} reading_s_kcl={} reading_s_cosmos={} cycles_ours_default={} cycles_kcl_default={} cycles_cosmos_default={} balanced_s_ours_default={:.0} balanced_s_kcl_default={:.0} balanced_s_cosmos_default={:.0} reading_s_ours_default={} reading_s_kcl_default={} reading_s_cosmos_default={} failover_s_ours_default={:.1} failover_s_kcl_default={:.1} failover_s_cosmos_default={:.1}{extra}{realistic}",
         kcl as f64 / ours as f64,
         fail[&(same, "ours")],
         fail[&(same, "kcl")],

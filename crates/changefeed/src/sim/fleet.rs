@@ -400,6 +400,23 @@ impl Fleet<SimKit> {
         self.kit.world.set_rates(rates);
     }
 
+    /// From now on every store call of every host takes from `latency.0` to `latency.1`
+    /// (uniform; zero: none), and with `counter` every ownership write (create, delete, a
+    /// replace that changes the owner, state or next owner) goes through one shared
+    /// change-counter item as in the DynamoDB store, conflicting with the writes that overlap
+    /// it. For benchmarks: the random scenario never sets them.
+    pub fn store_conditions(&self, latency: (Duration, Duration), counter: bool) {
+        self.kit
+            .world
+            .set_conditions(super::world::StoreConditions { latency, counter });
+    }
+
+    /// Transaction conflicts on the shared change counter so far (see
+    /// [`Self::store_conditions`]).
+    pub fn counter_conflicts(&self) -> u64 {
+        self.kit.world.counter().conflicts
+    }
+
     /// Checks every rule over what the fleet delivered and wrote so far (see [`fn@super::check`]).
     /// `max_duplicates`: most duplicate records allowed per ownership epoch (`None`: not
     /// counted).

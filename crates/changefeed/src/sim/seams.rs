@@ -121,6 +121,9 @@ impl HostCtl {
     }
 }
 
+/// Attempts of an ownership write on the shared change counter, as the DynamoDB store's.
+const COUNTER_ATTEMPTS: u32 = 60;
+
 /// A host's store: the shared memory store behind its faults, logging every write.
 #[derive(Debug, Clone)]
 pub(crate) struct SimStore {
@@ -162,10 +165,44 @@ impl SimStore {
             tokio::time::sleep(Duration::from_millis(ms)).await;
             self.ctl.gate().await;
         }
+        let base = self.world.conditions().latency;
+        if !base.1.is_zero() {
+            tokio::time::sleep(self.world.between(base)).await;
+            self.ctl.gate().await;
+        }
         if self.world.roll(self.world.rates().store_error) {
             return Err(self.fail(op, "transient store error"));
         }
         Ok(())
+    }
+
+    /// With the shared change counter on ([`StoreConditions::counter`]), an ownership write
+    /// first gets the counter item: while another write holds it (for the shortest round trip
+    /// after it got it) the write fails with a transaction conflict, backs off as the DynamoDB
+    /// store does (up to 5 ms × 2^attempt, at most 160 ms) and pays another round trip; after
+    /// [`COUNTER_ATTEMPTS`] it fails as that store does.
+    ///
+    /// [`StoreConditions::counter`]: super::world::StoreConditions::counter
+    async fn through_counter(&self, op: &'static str) -> Result<(), LeaseError> {
+        let conditions = self.world.conditions();
+        if !conditions.counter {
+            return Ok(());
+        }
+        for attempt in 1..COUNTER_ATTEMPTS {
+            let now = self.world.now();
+            {
+                let mut item = self.world.counter();
+                if item.busy_until <= now {
+                    item.busy_until = now + conditions.latency.0;
+                    return Ok(());
+                }
+                item.conflicts += 1;
+            }
+            let backoff = Duration::from_millis(1 + self.world.below((5u64 << attempt.min(5)) - 1));
+            tokio::time::sleep(backoff + self.world.between(conditions.latency)).await;
+            self.ctl.gate().await;
+        }
+        Err(self.fail(op, "transaction conflicts on the change counter"))
     }
 
     /// After a write was applied: maybe lose the reply.
@@ -200,6 +237,7 @@ impl crate::lease::ForwardingStore for SimStore {
 
     async fn create(&self, lease: &Lease) -> Result<Option<Lease>, LeaseError> {
         self.pre("create").await?;
+        self.through_counter("create").await?;
         let r = self.inner.create(lease).await?;
         if let Some(stored) = &r {
             self.world.write(
@@ -224,7 +262,16 @@ impl crate::lease::ForwardingStore for SimStore {
                 });
             }
         }
-        let before = self.inner.get(&lease.key).await.ok().flatten();
+        let mut before = self.inner.get(&lease.key).await.ok().flatten();
+        let owner_changes = |b: &Option<Lease>| {
+            b.as_ref().is_none_or(|b| {
+                (b.state, &b.owner, &b.next_owner) != (lease.state, &lease.owner, &lease.next_owner)
+            })
+        };
+        if owner_changes(&before) && self.world.conditions().counter {
+            self.through_counter("replace").await?;
+            before = self.inner.get(&lease.key).await.ok().flatten();
+        }
         let stored = self.inner.replace(lease, expected).await?;
         self.world.write(
             &self.ctl.name,
@@ -238,6 +285,7 @@ impl crate::lease::ForwardingStore for SimStore {
 
     async fn delete(&self, key: &LeaseKey, expected: Version) -> Result<(), LeaseError> {
         self.pre("delete").await?;
+        self.through_counter("delete").await?;
         let before = self.inner.get(key).await.ok().flatten();
         self.inner.delete(key, expected).await?;
         self.world.write(

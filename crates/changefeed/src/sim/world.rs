@@ -154,6 +154,28 @@ pub(crate) struct Rates {
     pub slow_handler_max: Duration,
 }
 
+/// Conditions every host's store calls meet, set by a benchmark rather than drawn by the seed
+/// (the random scenario leaves them off, so its runs do not change).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct StoreConditions {
+    /// Every store call takes from `latency.0` to `latency.1` (uniform), on top of any latency
+    /// fault; zero: none.
+    pub latency: (Duration, Duration),
+    /// Ownership writes go through one shared change-counter item, as in the DynamoDB store: a
+    /// write that reaches the item while another holds it fails with a transaction conflict
+    /// and is retried after a back-off.
+    pub counter: bool,
+}
+
+/// The shared change-counter item of [`StoreConditions::counter`].
+#[derive(Debug, Default)]
+pub(crate) struct CounterItem {
+    /// Until when the last ownership write holds the item.
+    pub busy_until: Duration,
+    /// Transaction conflicts so far.
+    pub conflicts: u64,
+}
+
 /// Everything the run logs.
 #[derive(Debug)]
 pub(crate) struct Log {
@@ -175,6 +197,8 @@ pub(crate) struct World {
     rng: Mutex<SmallRng>,
     log: Mutex<Log>,
     rates: Mutex<Rates>,
+    conditions: Mutex<StoreConditions>,
+    counter: Mutex<CounterItem>,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -199,6 +223,8 @@ impl World {
                 keep_history,
             }),
             rates: Mutex::new(Rates::default()),
+            conditions: Mutex::new(StoreConditions::default()),
+            counter: Mutex::new(CounterItem::default()),
         }
     }
 
@@ -216,6 +242,24 @@ impl World {
 
     pub(crate) fn rates(&self) -> Rates {
         *lock(&self.rates)
+    }
+
+    pub(crate) fn set_conditions(&self, conditions: StoreConditions) {
+        *lock(&self.conditions) = conditions;
+    }
+
+    pub(crate) fn conditions(&self) -> StoreConditions {
+        *lock(&self.conditions)
+    }
+
+    pub(crate) fn counter(&self) -> MutexGuard<'_, CounterItem> {
+        lock(&self.counter)
+    }
+
+    /// A duration drawn uniformly from `min` to `max` (whole milliseconds).
+    pub(crate) fn between(&self, (min, max): (Duration, Duration)) -> Duration {
+        let (lo, hi) = (min.as_millis() as u64, max.as_millis() as u64);
+        Duration::from_millis(lock(&self.rng).gen_range(lo..=hi.max(lo)))
     }
 
     /// True with probability `p`; draws nothing when `p` is zero, so runs without a fault do

@@ -320,3 +320,100 @@ fn a_call_begun_before_another_epoch_but_applying_only_after_it_is_an_overlap() 
     ];
     assert_eq!(rules(&bad), vec!["overlap"]);
 }
+
+/// A fleet of `hosts` on `partitions` leases under the given store conditions, records
+/// arriving, run until every record is delivered with no broken rule; returns the transaction
+/// conflicts on the shared counter.
+async fn under_conditions(
+    latency: (Duration, Duration),
+    counter: bool,
+    hosts: usize,
+    partitions: u32,
+) -> u64 {
+    let settings = sim_settings();
+    let mut fleet = SimFleet::simulated(FleetConfig {
+        seed: 5,
+        partitions,
+        settings: settings.clone(),
+        strategy: StrategyKind::EqualShare,
+        anchor_costs: false,
+        trace: TraceMode::Off,
+        history: true,
+    })
+    .await;
+    fleet.store_conditions(latency, counter);
+    for i in 0..hosts {
+        fleet.start(&format!("h{i:02}"));
+    }
+    for _ in 0..200 {
+        fleet.write_random_keys(4, 64);
+        fleet.advance(Duration::from_millis(100)).await;
+    }
+    for _ in 0..120 {
+        if fleet.delivered() >= fleet.written() {
+            break;
+        }
+        fleet.advance(Duration::from_secs(1)).await;
+    }
+    assert_eq!(fleet.delivered(), fleet.written(), "every record delivered");
+    fleet.stop_all().await;
+    let violations = fleet.check(Some(settings.max_batch_size)).await;
+    assert!(violations.is_empty(), "{violations:?}");
+    fleet.counter_conflicts()
+}
+
+#[test]
+fn store_latency_delays_every_call() {
+    paused_runtime().block_on(async {
+        let ms = Duration::from_millis;
+        // A take needs several store calls (heartbeat, membership, list, the write): with
+        // 5–10 ms each, nothing is owned 4 ms after the start, and all is owned later.
+        for (latency, owned_at_4ms) in [((ms(0), ms(0)), true), ((ms(5), ms(10)), false)] {
+            let mut fleet = SimFleet::simulated(FleetConfig {
+                seed: 5,
+                partitions: 4,
+                settings: sim_settings(),
+                strategy: StrategyKind::EqualShare,
+                anchor_costs: false,
+                trace: TraceMode::Off,
+                history: false,
+            })
+            .await;
+            fleet.store_conditions(latency, false);
+            fleet.start("h00");
+            fleet.advance(ms(4)).await;
+            let owned = |f: Vec<changefeed::model::Lease>| f.iter().any(|l| l.owner.is_some());
+            assert_eq!(
+                owned(fleet.leases().await),
+                owned_at_4ms,
+                "latency {latency:?}"
+            );
+            fleet.advance(Duration::from_secs(5)).await;
+            assert!(
+                owned(fleet.leases().await),
+                "latency {latency:?}: owned later"
+            );
+            fleet.stop_all().await;
+        }
+    });
+}
+
+#[test]
+fn the_shared_counter_conflicts_only_when_ownership_writes_overlap() {
+    let ms = Duration::from_millis;
+    // Without latency a write holds the counter for no time: no conflict. With 5–10 ms per
+    // call, four hosts taking and handing off leases at once conflict, retry, and break no
+    // rule.
+    let run =
+        |latency, counter| paused_runtime().block_on(under_conditions(latency, counter, 4, 32));
+    assert_eq!(run((ms(0), ms(0)), true), 0, "no overlap without latency");
+    assert_eq!(
+        run((ms(5), ms(10)), false),
+        0,
+        "no counter without the switch"
+    );
+    assert!(
+        run((ms(5), ms(10)), true) > 0,
+        "overlapping ownership writes conflict"
+    );
+}

@@ -9,12 +9,15 @@ use clap::{Parser, Subcommand};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+mod child;
 mod config;
 mod demo;
 mod feed;
 mod http;
 mod import_cosmos;
 mod import_kcl;
+mod kcl;
+mod lines;
 mod lineage;
 mod metrics;
 mod ops;

@@ -124,7 +124,10 @@ impl LinesHandler {
                     }
                     if !in_batch(&c) {
                         return Err(child
-                            .failed(&format!("acknowledged {}, not a record of the batch", quote(&c)))
+                            .failed(&format!(
+                                "acknowledged {}, not a record of the batch",
+                                quote(&c)
+                            ))
                             .into());
                     }
                     ctx.checkpoint(Continuation::new(c.clone())).await?;
@@ -191,7 +194,10 @@ mod tests {
 
     #[test]
     fn replies_are_one_keyed_objects_and_anything_else_is_named() {
-        assert_eq!(parse_reply(r#"{"ack":"3:4"}"#), Ok(Reply::Ack("3:4".into())));
+        assert_eq!(
+            parse_reply(r#"{"ack":"3:4"}"#),
+            Ok(Reply::Ack("3:4".into()))
+        );
         assert_eq!(
             parse_reply(r#"{"checkpoint":"3:2"}"#),
             Ok(Reply::Checkpoint("3:2".into()))
@@ -200,7 +206,12 @@ mod tests {
             parse_reply(r#"{"error":"db down"}"#),
             Ok(Reply::Error("db down".into()))
         );
-        for bad in [r#"{"ack":"1","error":"x"}"#, r#"{"done":"1"}"#, "ok", r#"{"ack":1}"#] {
+        for bad in [
+            r#"{"ack":"1","error":"x"}"#,
+            r#"{"done":"1"}"#,
+            "ok",
+            r#"{"ack":1}"#,
+        ] {
             let err = parse_reply(bad).expect_err(bad);
             assert!(err.contains("is not {\"ack\":C}"), "{err}");
             assert!(err.contains(&bad.escape_debug().to_string()), "{err}");

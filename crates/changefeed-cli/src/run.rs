@@ -269,10 +269,7 @@ impl ProcessGroups {
 
     /// Starts `command` as the leader of a new process group and registers the group, holding
     /// the lock across the start so that an exiting host cannot miss it.
-    pub(crate) fn spawn(
-        &self,
-        command: &mut tokio::process::Command,
-    ) -> std::io::Result<Running> {
+    pub(crate) fn spawn(&self, command: &mut tokio::process::Command) -> std::io::Result<Running> {
         let mut table = self.lock();
         if table.closed {
             return Err(std::io::Error::other("the host is exiting"));

@@ -104,9 +104,8 @@ fn target(
     };
     let known = in_batch
         || delivered == Some(seq)
-        || delivered.is_some_and(|high| {
-            ordered_between(checkpointed.map(Continuation::as_str), high)
-        });
+        || delivered
+            .is_some_and(|high| ordered_between(checkpointed.map(Continuation::as_str), high));
     if known {
         Ok(Target::At(Continuation::new(seq)))
     } else {
@@ -293,8 +292,14 @@ impl KclHandler {
             self.shard_end(ctx, session).await?;
         } else if self.stop.is_cancelled() && !session.shutdown_requested {
             session.shutdown_requested = true;
-            self.converse(ctx, session, &ToChild::ShutdownRequested, "shutdownRequested", None)
-                .await?;
+            self.converse(
+                ctx,
+                session,
+                &ToChild::ShutdownRequested,
+                "shutdownRequested",
+                None,
+            )
+            .await?;
         }
         Ok(())
     }
@@ -341,17 +346,17 @@ impl Handler for KclHandler {
         };
         let said = tokio::time::timeout(KILL_GRACE, async {
             match reason {
-            // The end came in a batch without records, which the handler is not called for:
-            // the lease is finished at the last record the child returned from; the child
-            // still gets `shardEnded` and its checkpoint is acknowledged.
-            CloseReason::PartitionEnded if !session.shard_ended => {
-                self.shard_end(ctx, &mut session).await
-            }
-            CloseReason::PartitionEnded => Ok(()),
-            _ => self
-                .converse(ctx, &mut session, &ToChild::LeaseLost, "leaseLost", None)
-                .await
-                .map(|_| ()),
+                // The end came in a batch without records, which the handler is not called for:
+                // the lease is finished at the last record the child returned from; the child
+                // still gets `shardEnded` and its checkpoint is acknowledged.
+                CloseReason::PartitionEnded if !session.shard_ended => {
+                    self.shard_end(ctx, &mut session).await
+                }
+                CloseReason::PartitionEnded => Ok(()),
+                _ => self
+                    .converse(ctx, &mut session, &ToChild::LeaseLost, "leaseLost", None)
+                    .await
+                    .map(|_| ()),
             }
         })
         .await

@@ -127,7 +127,12 @@ pub(crate) fn apply(args: &mut RunArgs, name: &str, text: &str) -> Result<(), Us
             Some(v) => v
                 .parse::<u64>()
                 .map(|n| Some(format!("{n}ms")))
-                .map_err(|_| bad(key, &format!("\"{}\" is not milliseconds", v.escape_debug()))),
+                .map_err(|_| {
+                    bad(
+                        key,
+                        &format!("\"{}\" is not milliseconds", v.escape_debug()),
+                    )
+                }),
         }
     };
     if let Some(d) = millis("idleTimeBetweenReadsInMillis")? {
@@ -173,10 +178,7 @@ failoverTimeMillis = 10000
     fn a_kcl_properties_file_fills_the_run_settings() {
         let mut args = RunArgs::default();
         apply(&mut args, "app.properties", FILE).expect("valid");
-        assert_eq!(
-            args.handler.as_deref(),
-            Some("python3 sample_kclpy_app.py")
-        );
+        assert_eq!(args.handler.as_deref(), Some("python3 sample_kclpy_app.py"));
         assert_eq!(
             args.source.as_deref(),
             Some("kinesis://orders?endpoint=http://127.0.0.1:4568&region=us-east-1")
@@ -208,9 +210,16 @@ failoverTimeMillis = 10000
         );
         let text = format!("{FILE}initialPositionInStream = SOMEWHERE\n");
         let err = apply(&mut RunArgs::default(), "a.properties", &text).expect_err("position");
-        assert!(err.to_string().contains("initialPositionInStream: \"SOMEWHERE\""), "{err}");
+        assert!(
+            err.to_string()
+                .contains("initialPositionInStream: \"SOMEWHERE\""),
+            "{err}"
+        );
         let text = format!("{FILE}failoverTimeMillis = soon\n");
         let err = apply(&mut RunArgs::default(), "a.properties", &text).expect_err("millis");
-        assert!(err.to_string().contains("failoverTimeMillis: \"soon\""), "{err}");
+        assert!(
+            err.to_string().contains("failoverTimeMillis: \"soon\""),
+            "{err}"
+        );
     }
 }

@@ -107,8 +107,12 @@ pub(crate) fn decode(line: &str) -> Result<Line, String> {
     if !trimmed.starts_with('{') {
         return Ok(Line::Other);
     }
-    let value: serde_json::Value = serde_json::from_str(trimmed)
-        .map_err(|e| format!("sent a malformed message ({e}): {}", crate::lines::quote(line)))?;
+    let value: serde_json::Value = serde_json::from_str(trimmed).map_err(|e| {
+        format!(
+            "sent a malformed message ({e}): {}",
+            crate::lines::quote(line)
+        )
+    })?;
     match value.get("action") {
         Some(serde_json::Value::String(a)) if a == "checkpoint" || a == "status" => {}
         Some(serde_json::Value::String(a)) => {
@@ -127,7 +131,12 @@ pub(crate) fn decode(line: &str) -> Result<Line, String> {
     }
     serde_json::from_value(value)
         .map(Line::Message)
-        .map_err(|e| format!("sent a malformed message ({e}): {}", crate::lines::quote(line)))
+        .map_err(|e| {
+            format!(
+                "sent a malformed message ({e}): {}",
+                crate::lines::quote(line)
+            )
+        })
 }
 
 #[cfg(test)]
@@ -185,7 +194,9 @@ mod tests {
     #[test]
     fn child_messages_decode_and_bad_ones_are_named() {
         assert_eq!(
-            decode(r#"{"action": "checkpoint", "sequenceNumber": null, "subSequenceNumber": null}"#),
+            decode(
+                r#"{"action": "checkpoint", "sequenceNumber": null, "subSequenceNumber": null}"#
+            ),
             Ok(Line::Message(FromChild::Checkpoint {
                 sequence_number: None,
                 sub_sequence_number: None

@@ -28,7 +28,10 @@ fn a_checkpoint_goes_where_the_child_asks_within_what_it_was_given() {
     assert_eq!(target(None, Some(&b), Some(&delivered), None), at("110"));
     assert_eq!(target(None, None, None, None), Ok(Target::Nothing));
     // A record of the batch.
-    assert_eq!(target(Some("105"), Some(&b), Some(&delivered), None), at("105"));
+    assert_eq!(
+        target(Some("105"), Some(&b), Some(&delivered), None),
+        at("105")
+    );
     // A record of an earlier batch: between the last checkpoint and the last delivered.
     assert_eq!(
         target(Some("95"), Some(&b), Some(&delivered), Some(&before)),

@@ -8,6 +8,7 @@ mod feed;
 mod fence;
 mod health;
 mod import_kcl;
+mod kcl;
 mod lag_seconds;
 mod lineage;
 mod ops;

@@ -11,6 +11,7 @@ mod import_kcl;
 mod kcl;
 mod lag_seconds;
 mod lineage;
+mod lines;
 mod ops;
 mod pg_failure;
 mod plan;

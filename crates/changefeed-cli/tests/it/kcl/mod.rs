@@ -296,3 +296,81 @@ fn rand_suffix() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::from(d.subsec_nanos()))
 }
+
+#[test]
+fn a_child_that_breaks_the_protocol_is_named_replaced_and_leaves_no_process_behind() {
+    // A child (no client library: it must speak out of turn) answers initialize, then sends
+    // an unknown message for processRecords. Each time the batch fails with the message
+    // named, the child's whole process group (with a grandchild it started) is killed, a fresh
+    // child is started after the backoff, and after handler_max_retries the lease is released.
+    // After the host's graceful stop, no process of any child is left.
+    let fx = crate::support::Fixture::new();
+    fx.with_feed(async |feed| {
+        feed.create_partitions(1).await.expect("partitions");
+        let p = PartitionId::new("0").expect("id");
+        for i in 0..3 {
+            feed.append_to(&p, "k", format!("r-{i}"))
+                .await
+                .expect("append");
+        }
+    });
+    let pids = fx.path("pids");
+    let script = fx.path("child.py");
+    std::fs::write(
+        &script,
+        format!(
+            r#"import json, os, subprocess, sys
+grandchild = subprocess.Popen(["sleep", "300"])
+open("{pids}", "a").write(f"{{os.getpid()}}\n{{grandchild.pid}}\n")
+for line in sys.stdin:
+    action = json.loads(line)["action"]
+    if action == "initialize":
+        print(json.dumps({{"action": "status", "responseFor": "initialize"}}), flush=True)
+    elif action == "processRecords":
+        print("a line of debug output is skipped", flush=True)
+        print(json.dumps({{"action": "explode"}}), flush=True)
+"#,
+            pids = pids.display()
+        ),
+    )
+    .expect("write child");
+    let stderr = fx.path("stderr");
+    let mut host = Host(
+        bin()
+            .args(["run", "--store", &fx.url(), "--source", &fx.url()])
+            .args(["--protocol", "kcl", "--host", "h1", "--group", "g"])
+            .args(["--handler", &format!("python3 '{}'", script.display())])
+            .args(["--handler-max-retries", "2"])
+            .args(FAST)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&stderr).expect("stderr file"))
+            .spawn()
+            .expect("start run"),
+    );
+    wait_for(
+        Duration::from_secs(30),
+        "the lease released after the retries",
+        || read(&stderr).contains("reason=HandlerFailed").then_some(()),
+    );
+    let log = read(&stderr);
+    assert!(
+        log.contains(r#"sent an unknown message "explode" (a child sends checkpoint or status)"#),
+        "the message is named: {log}"
+    );
+    let started: Vec<i64> = read(&pids).lines().filter_map(|l| l.parse().ok()).collect();
+    assert!(started.len() >= 4, "a fresh child per attempt: {started:?}");
+    assert_eq!(
+        fx.lease("g", "0").and_then(|l| l.continuation),
+        None,
+        "nothing checkpointed"
+    );
+    terminate(&host.0);
+    let status = wait_exit(&mut host.0, Duration::from_secs(15));
+    assert!(status.success(), "graceful stop: {status}");
+    let started: Vec<i64> = read(&pids).lines().filter_map(|l| l.parse().ok()).collect();
+    let left: Vec<i64> = started.into_iter().filter(|p| running(*p)).collect();
+    assert!(
+        left.is_empty(),
+        "children and grandchildren left running: {left:?}"
+    );
+}

@@ -206,7 +206,10 @@ async fn measure(
             bail!("{} at batch {batch}: not done in time", mode.name());
         }
         if let Some(status) = host.0.try_wait()? {
-            bail!("{} at batch {batch}: changefeed run exited: {status}", mode.name());
+            bail!(
+                "{} at batch {batch}: changefeed run exited: {status}",
+                mode.name()
+            );
         }
         let leases = store.list(&group).await?.leases;
         let done = leases.len() == ends.len()
@@ -215,9 +218,8 @@ async fn measure(
                     .any(|(p, c)| *p == l.key.partition && l.continuation.as_ref() == Some(c))
             });
         if done {
-            let from = started.context(
-                "done before every lease was seen owned: too few records to measure",
-            )?;
+            let from = started
+                .context("done before every lease was seen owned: too few records to measure")?;
             let secs = from.elapsed().as_secs_f64();
             return Ok((secs, records as f64 / secs));
         }

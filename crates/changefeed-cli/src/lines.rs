@@ -16,8 +16,6 @@
 //! Anything else is a named error that fails the batch; the process is then replaced, as is
 //! one that exits or closes its stdout. Stdin closing is the process's signal to exit.
 
-use std::sync::Arc;
-
 use async_trait::async_trait;
 use changefeed::model::{Batch, Continuation};
 use changefeed::processor::{CloseReason, Context, Handler, HandlerError};
@@ -175,10 +173,6 @@ impl Handler for LinesHandler {
         self.exchange(ctx, &mut child, batch).await?;
         self.slots.put(ctx.partition(), child);
         Ok(())
-    }
-
-    async fn handle_shared(&self, ctx: &Context, batch: Arc<Batch>) -> Result<(), HandlerError> {
-        self.handle(ctx, &batch).await
     }
 
     async fn close(&self, ctx: &Context, _reason: CloseReason) {

@@ -177,3 +177,67 @@ for line in sys.stdin:
         "each partition's process replaced once"
     );
 }
+
+#[test]
+fn lines_protocol_hung_process_is_cut_by_handler_timeout_and_by_the_stop() {
+    // The fencing rules hold for long-lived processes: a process that never answers is cut
+    // at handler_timeout (its whole group, grandchild included, killed; a fresh process gets
+    // the batch), and a stop with one hung ends within shutdown_timeout, exit 0, nothing left.
+    let fx = Fixture::new();
+    feed(&fx, 3);
+    let pids = fx.path("pids");
+    let script = fx.path("hung.py");
+    std::fs::write(
+        &script,
+        format!(
+            r#"import os, subprocess, sys, time
+grandchild = subprocess.Popen(["sleep", "300"])
+open("{pids}", "a").write(f"{{os.getpid()}}\n{{grandchild.pid}}\n")
+sys.stdin.readline()
+time.sleep(300)
+"#,
+            pids = pids.display()
+        ),
+    )
+    .expect("write handler");
+    let mut host = bin()
+        .args(["run", "--store", &fx.url(), "--source", &fx.url()])
+        .args(["--handler", &format!("python3 '{}'", script.display())])
+        .args(["--protocol", "lines", "--host", "h1", "--group", "g"])
+        .args(["--handler-timeout", "1s", "--shutdown-timeout", "2s"])
+        .args(["--handler-max-retries", "100"])
+        .args(FAST)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start run");
+    let all = || -> Vec<i32> { read(&pids).lines().filter_map(|l| l.parse().ok()).collect() };
+    // Two attempts per partition: the first processes were cut and are gone.
+    let first = wait_for(Duration::from_secs(30), "second attempts", || {
+        let p = all();
+        (p.len() >= 8).then_some(p)
+    });
+    wait_for(Duration::from_secs(10), "the cut processes gone", || {
+        first[..4].iter().all(|p| !alive(*p)).then_some(())
+    });
+    let stopping = std::time::Instant::now();
+    terminate(&host);
+    let status = wait_exit(&mut host, Duration::from_secs(15));
+    assert!(status.success(), "graceful stop: {status}");
+    assert!(
+        stopping.elapsed() < Duration::from_secs(8),
+        "the stop is bounded by shutdown_timeout and the kill grace: {:?}",
+        stopping.elapsed()
+    );
+    let left: Vec<i32> = all().into_iter().filter(|p| alive(*p)).collect();
+    assert!(left.is_empty(), "processes left: {left:?}");
+    assert_eq!(fx.lease("g", "0").and_then(|l| l.owner), None, "released");
+}
+
+/// Whether `pid` exists and is not a zombie.
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|t| t.rsplit_once(')').map(|(_, r)| r.trim_start().to_string()))
+        .is_some_and(|r| !r.starts_with('Z'))
+}

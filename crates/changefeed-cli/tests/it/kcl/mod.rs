@@ -10,14 +10,16 @@ mod real_kcl;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use changefeed::model::PartitionId;
 use changefeed_kinesis::{AwsOptions, KinesisFeed};
 use serde_json::Value;
 
-use crate::support::{bin, json, read, rt, run_ok, terminate, wait_exit, wait_for, FAST};
+use crate::support::{
+    bin, json, process_alive, read, rt, run_ok, terminate, wait_exit, wait_for, KillOnDrop, FAST,
+};
 
 /// The interpreter that has `amazon_kclpy`, checked.
 pub fn kclpy_python() -> String {
@@ -70,20 +72,29 @@ fn seq(v: &Value) -> (usize, String) {
     (s.len(), s.to_string())
 }
 
-/// A `changefeed run` host, killed if the test ends early.
-struct Host(Child);
-
-impl Drop for Host {
-    fn drop(&mut self) {
-        if self.0.try_wait().ok().flatten().is_none() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
+/// A fresh two-shard stream `name` on kinesis-mock.
+fn stream(kinesis: &str, name: &str) -> KinesisFeed {
+    rt().block_on(async {
+        let feed = KinesisFeed::connect(&AwsOptions::local(kinesis.to_string()), name).await;
+        feed.create_stream(2).await.expect("create stream");
+        feed
+    })
 }
 
-fn start_host(properties: &Path, ledger: &Path, name: &str, extra: &[&str]) -> Host {
-    Host(
+/// Writes records `r-{i}` for `i` in `range`, each with a key of its own (so that a split
+/// shard's records spread over both children).
+fn put(feed: &KinesisFeed, range: std::ops::Range<usize>) {
+    rt().block_on(async {
+        for i in range {
+            feed.put(&format!("key-{i}"), format!("r-{i}").into_bytes(), None)
+                .await
+                .expect("put");
+        }
+    })
+}
+
+fn start_host(properties: &Path, ledger: &Path, name: &str, extra: &[&str]) -> KillOnDrop {
+    KillOnDrop(
         bin()
             .args(["run", "--properties"])
             .arg(properties)
@@ -120,24 +131,7 @@ fn an_amazon_kclpy_processor_runs_unchanged_through_a_split_and_a_killed_host() 
         ),
     )
     .expect("write properties");
-    let feed = rt().block_on(async {
-        let feed = KinesisFeed::connect(&AwsOptions::local(kinesis.clone()), unique.clone()).await;
-        feed.create_stream(2).await.expect("create stream");
-        feed
-    });
-    let put = |from: usize, to: usize| {
-        rt().block_on(async {
-            for i in from..to {
-                feed.put(
-                    &format!("key-{}", i % 7),
-                    format!("r-{i}").into_bytes(),
-                    None,
-                )
-                .await
-                .expect("put");
-            }
-        })
-    };
+    let feed = stream(&kinesis, &unique);
     let seen = |n: usize| {
         let want: BTreeSet<String> = (0..n).map(|i| format!("r-{i}")).collect();
         let path = ledger_path.clone();
@@ -146,7 +140,7 @@ fn an_amazon_kclpy_processor_runs_unchanged_through_a_split_and_a_killed_host() 
             want.is_subset(&got).then_some(())
         }
     };
-    put(0, 20);
+    put(&feed, 0..20);
     let mut a = start_host(&properties, &ledger_path, "a", &[]);
     wait_for(
         Duration::from_secs(60),
@@ -158,7 +152,7 @@ fn an_amazon_kclpy_processor_runs_unchanged_through_a_split_and_a_killed_host() 
     let shards = rt().block_on(feed.shards()).expect("shards");
     let parent = PartitionId::new(shards[0].shard_id()).expect("shard id");
     let (left, right) = rt().block_on(feed.split(&parent)).expect("SplitShard");
-    put(20, 40);
+    put(&feed, 20..40);
     wait_for(
         Duration::from_secs(60),
         "the records after the split",
@@ -205,14 +199,19 @@ fn an_amazon_kclpy_processor_runs_unchanged_through_a_split_and_a_killed_host() 
     wait_for(
         Duration::from_secs(20),
         "host a's children to exit on their closed stdin",
-        || a_children.iter().all(|pid| !running(*pid)).then_some(()),
+        || {
+            a_children
+                .iter()
+                .all(|pid| !process_alive(*pid))
+                .then_some(())
+        },
     );
     let before_kill = ledger(&ledger_path);
     let mut last_ckpt: BTreeMap<String, Value> = BTreeMap::new();
     for e in before_kill.iter().filter(|e| e["ev"] == "ckpt") {
         last_ckpt.insert(e["shard"].as_str().expect("shard").into(), e["seq"].clone());
     }
-    put(40, 50);
+    put(&feed, 40..50);
     let mut b = start_host(&properties, &ledger_path, "b", &[]);
     wait_for(
         Duration::from_secs(60),
@@ -282,17 +281,6 @@ fn an_amazon_kclpy_processor_runs_unchanged_through_a_split_and_a_killed_host() 
     rt().block_on(feed.delete_stream()).expect("delete stream");
 }
 
-/// Whether process `pid` exists and is not a zombie.
-fn running(pid: i64) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|t| {
-            t.rsplit_once(')')
-                .map(|(_, rest)| rest.trim_start().to_string())
-        })
-        .is_some_and(|rest| !rest.starts_with('Z'))
-}
-
 /// A few random digits so that reruns do not meet the last run's stream and table.
 fn rand_suffix() -> u64 {
     std::time::SystemTime::now()
@@ -338,7 +326,7 @@ for line in sys.stdin:
     )
     .expect("write child");
     let stderr = fx.path("stderr");
-    let mut host = Host(
+    let mut host = KillOnDrop(
         bin()
             .args(["run", "--store", &fx.url(), "--source", &fx.url()])
             .args(["--protocol", "kcl", "--host", "h1", "--group", "g"])
@@ -371,7 +359,7 @@ for line in sys.stdin:
     let status = wait_exit(&mut host.0, Duration::from_secs(15));
     assert!(status.success(), "graceful stop: {status}");
     let started: Vec<i64> = read(&pids).lines().filter_map(|l| l.parse().ok()).collect();
-    let left: Vec<i64> = started.into_iter().filter(|p| running(*p)).collect();
+    let left: Vec<i64> = started.into_iter().filter(|p| process_alive(*p)).collect();
     assert!(
         left.is_empty(),
         "children and grandchildren left running: {left:?}"

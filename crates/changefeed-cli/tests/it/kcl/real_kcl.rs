@@ -13,13 +13,12 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use changefeed::model::PartitionId;
-use changefeed_kinesis::{AwsOptions, KinesisFeed};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
 
-use super::{delivered, endpoint, kclpy_python, ledger, rand_suffix, running, seq, start_host};
-use crate::support::{read, rt, run_ok, terminate, wait_exit, wait_for};
+use super::{delivered, endpoint, kclpy_python, ledger, put, rand_suffix, seq, start_host, stream};
+use crate::support::{process_alive, read, rt, run_ok, terminate, wait_exit, wait_for};
 
 /// The Java daemon's process group (its record processors included), SIGKILLed on drop.
 struct Jvm(std::process::Child);
@@ -83,22 +82,9 @@ fn changefeed_resumes_a_real_kcl_fleet_from_its_lease_table() {
         ),
     )
     .expect("write properties");
-    let feed = rt().block_on(async {
-        let feed = KinesisFeed::connect(&AwsOptions::local(kinesis.clone()), app.clone()).await;
-        feed.create_stream(2).await.expect("create stream");
-        feed
-    });
-    let put = |from: usize, to: usize| {
-        rt().block_on(async {
-            for i in from..to {
-                feed.put(&format!("key-{i}"), format!("r-{i}").into_bytes(), None)
-                    .await
-                    .expect("put");
-            }
-        })
-    };
+    let feed = stream(&kinesis, &app);
     // Records on both shards, a split, records on the children: the KCL finishes the parent.
-    put(0, 20);
+    put(&feed, 0..20);
     let shards = rt().block_on(feed.shards()).expect("shards");
     let parent = PartitionId::new(shards[0].shard_id()).expect("id");
     let other = shards[1].shard_id().to_string();
@@ -141,7 +127,7 @@ fn changefeed_resumes_a_real_kcl_fleet_from_its_lease_table() {
     loop {
         if split.is_none() && want.is_subset(&delivered(&ledger(&ledger_path))) {
             split = Some(rt().block_on(feed.split(&parent)).expect("SplitShard"));
-            put(20, 40);
+            put(&feed, 20..40);
             want = (0..40).map(|i| format!("r-{i}")).collect();
         }
         let entries = ledger(&ledger_path);
@@ -173,7 +159,7 @@ fn changefeed_resumes_a_real_kcl_fleet_from_its_lease_table() {
     wait_for(
         Duration::from_secs(20),
         "the KCL's record processors gone",
-        || kcl_pids.iter().all(|p| !running(*p)).then_some(()),
+        || kcl_pids.iter().all(|p| !process_alive(*p)).then_some(()),
     );
     let kcl_entries = ledger(&ledger_path);
     let mut kcl_ckpt: BTreeMap<String, Value> = BTreeMap::new();
@@ -184,7 +170,7 @@ fn changefeed_resumes_a_real_kcl_fleet_from_its_lease_table() {
         kcl_entries.iter().all(|e| e["host"] == "?"),
         "the KCL's children have no CHANGEFEED_HOST"
     );
-    put(40, 50);
+    put(&feed, 40..50);
 
     let store = format!("dynamodb://{app}-cf?endpoint={dynamodb}&region=us-east-1");
     run_ok(&[

@@ -72,9 +72,12 @@ impl LongLived {
         let Some(stdin) = self.guard.stdin.as_mut() else {
             return Err(self.failed("has no stdin").into());
         };
+        // One write per message: the line and its newline together.
+        let mut framed = Vec::with_capacity(line.len() + 1);
+        framed.extend_from_slice(line);
+        framed.push(b'\n');
         let written = async {
-            stdin.write_all(line).await?;
-            stdin.write_all(b"\n").await?;
+            stdin.write_all(&framed).await?;
             stdin.flush().await
         }
         .await;

@@ -35,17 +35,18 @@ pub struct Args {
     /// The Python interpreter for the long-lived handlers.
     #[arg(long, default_value = "python3")]
     python: String,
-    /// Partitions of the feed.
-    #[arg(long, default_value_t = 4)]
+    /// Partitions of the feed (default: one per core of the 2-core CI machine; with more
+    /// partitions than cores the long-lived handlers compete with the host for the CPU).
+    #[arg(long, default_value_t = 2)]
     partitions: u32,
     /// Records for the per-batch mode with batches of 10 (a process per 10 records is slow).
-    #[arg(long, default_value_t = 4_000)]
+    #[arg(long, default_value_t = 8_000)]
     per_batch_records_b10: u64,
     /// Records for the long-lived modes with batches of 10.
-    #[arg(long, default_value_t = 40_000)]
+    #[arg(long, default_value_t = 120_000)]
     records_b10: u64,
     /// Records for every mode with batches of 1,000.
-    #[arg(long, default_value_t = 200_000)]
+    #[arg(long, default_value_t = 400_000)]
     records_b1000: u64,
     /// Longest one measurement may take.
     #[arg(long, default_value = "300")]
@@ -209,7 +210,10 @@ async fn measure(
             bail!("{} at batch {batch}: not done in time", mode.name());
         }
         if let Some(status) = host.0.try_wait()? {
-            bail!("{} at batch {batch}: changefeed run exited: {status}", mode.name());
+            bail!(
+                "{} at batch {batch}: changefeed run exited: {status}",
+                mode.name()
+            );
         }
         let leases = store.list(&group).await?.leases;
         let done = leases.len() == ends.len()
@@ -218,9 +222,8 @@ async fn measure(
                     .any(|(p, c)| *p == l.key.partition && l.continuation.as_ref() == Some(c))
             });
         if done {
-            let (from, before) = started.context(
-                "done before every lease was seen owned: too few records to measure",
-            )?;
+            let (from, before) = started
+                .context("done before every lease was seen owned: too few records to measure")?;
             let secs = from.elapsed().as_secs_f64();
             return Ok((secs, (records - before) as f64 / secs));
         }

@@ -585,6 +585,30 @@ fn parse_checkpoint(value: &str) -> Result<CheckpointMode, UsageError> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn protocol_is_batch_lines_or_kcl_and_kcl_checkpoints_where_asked() {
+        let with = |protocol: Option<&str>, checkpoint: Option<&str>| {
+            RunArgs {
+                protocol: protocol.map(Into::into),
+                checkpoint: checkpoint.map(Into::into),
+                ..args()
+            }
+            .resolve()
+        };
+        assert_eq!(with(None, None).expect("valid").protocol, Protocol::Batch);
+        assert_eq!(
+            with(Some("lines"), None).expect("valid").protocol,
+            Protocol::Lines
+        );
+        let kcl = with(Some("kcl"), None).expect("valid");
+        assert_eq!(kcl.protocol, Protocol::Kcl);
+        assert_eq!(kcl.settings.checkpoint_mode, CheckpointMode::Manual);
+        let err = with(Some("kcl"), Some("every-batch")).expect_err("checkpoint refused");
+        assert!(err.0.starts_with("checkpoint: the kcl protocol"), "{err}");
+        let err = with(Some("grpc"), None).expect_err("unknown");
+        assert_eq!(err.0, "protocol: \"grpc\" must be batch, lines or kcl");
+    }
+
     fn args() -> RunArgs {
         RunArgs {
             store: Some("sqlite://s.db".into()),

@@ -8,6 +8,7 @@ mod balance;
 mod dynamodb_cost;
 mod outbox;
 mod rebalance;
+mod run_throughput;
 mod store;
 mod store_io;
 mod throughput;
@@ -38,6 +39,8 @@ enum Command {
     Throughput(throughput::Args),
     /// Store reads and writes per host in steady state (10 hosts, virtual time).
     StoreIo(store_io::Args),
+    /// Records/s through `changefeed run`: per-batch, long-lived and KCL protocol modes.
+    RunThroughput(run_throughput::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -50,5 +53,6 @@ fn main() -> anyhow::Result<()> {
         Command::Store(args) => store::run(args),
         Command::Throughput(args) => throughput::run(args),
         Command::StoreIo(args) => store_io::run(args),
+        Command::RunThroughput(args) => run_throughput::run(args),
     }
 }

@@ -156,6 +156,28 @@ pub struct RunArgs {
     /// Log format on stderr: text or json (filter with RUST_LOG; default info).
     #[arg(long, value_name = "FORMAT", env = "CHANGEFEED_LOG_FORMAT")]
     pub log_format: Option<String>,
+    /// How the handler runs: batch (a fresh `sh -c` per batch, the default), lines (one
+    /// long-lived process per partition, framed JSON lines) or kcl (one long-lived child per
+    /// lease speaking the KCL MultiLangDaemon protocol). See docs/operations.md.
+    #[arg(long, value_name = "PROTOCOL", env = "CHANGEFEED_PROTOCOL")]
+    pub protocol: Option<String>,
+    /// A KCL MultiLangDaemon properties file (executableName, streamName, applicationName,
+    /// initialPositionInStream, endpoints, regionName …) to take the handler, source, store and
+    /// group from; implies --protocol kcl. Flags and variables win over it.
+    #[arg(long, value_name = "FILE", env = "CHANGEFEED_PROPERTIES")]
+    pub properties: Option<PathBuf>,
+}
+
+/// How `run` talks to the handler command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Protocol {
+    /// A fresh `sh -c CMD` per batch, the batch on its stdin ([`crate::run`]).
+    #[default]
+    Batch,
+    /// One long-lived process per partition, framed JSON lines ([`crate::lines`]).
+    Lines,
+    /// One long-lived child per lease, the KCL MultiLangDaemon protocol ([`crate::kcl`]).
+    Kcl,
 }
 
 /// The file keys, in the order of [`RunArgs`].
@@ -188,6 +210,7 @@ const KEYS: &[&str] = &[
     "http",
     "metrics_addr",
     "log_format",
+    "protocol",
 ];
 
 /// A fully resolved and validated `run` configuration.
@@ -211,6 +234,8 @@ pub struct RunConfig {
     pub log_format: LogFormat,
     /// The dead-letter command, set exactly when `settings.dead_letter_after` is.
     pub dead_letter_command: Option<String>,
+    /// How the handler command is run.
+    pub protocol: Protocol,
 }
 
 impl RunArgs {
@@ -244,6 +269,7 @@ impl RunArgs {
             "http" => &mut self.http,
             "metrics_addr" => &mut self.metrics_addr,
             "log_format" => &mut self.log_format,
+            "protocol" => &mut self.protocol,
             _ => return None,
         })
     }
@@ -287,12 +313,19 @@ impl RunArgs {
     /// # Errors
     /// [`UsageError`] naming the first bad setting.
     pub fn resolve(mut self) -> Result<RunConfig, UsageError> {
+        if let Some(path) = self.properties.clone() {
+            let name = path.display().to_string();
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| UsageError(format!("properties file {name}: {e}")))?;
+            crate::kcl::apply_properties(&mut self, &name, &text)?;
+        }
         if let Some(path) = self.config.clone() {
             let name = path.display().to_string();
             let text = std::fs::read_to_string(&path)
                 .map_err(|e| UsageError(format!("config file {name}: {e}")))?;
             self.merge_file(&name, &text)?;
         }
+        let protocol = self.protocol_setting()?;
         let required = |v: Option<String>, key: &str, flag: &str| {
             v.ok_or_else(|| {
                 UsageError(format!(
@@ -366,6 +399,14 @@ impl RunArgs {
         }
         if let Some(v) = &self.checkpoint {
             settings.checkpoint_mode = parse_checkpoint(v)?;
+        }
+        if protocol == Protocol::Kcl {
+            if self.checkpoint.is_some() {
+                return Err(UsageError(
+                    "checkpoint: the kcl protocol checkpoints where the record processor asks; leave checkpoint unset".into(),
+                ));
+            }
+            settings.checkpoint_mode = CheckpointMode::Manual;
         }
         if let Some(v) = &self.min_leases {
             settings.min_leases = parse_number("min_leases", v)?;
@@ -459,7 +500,30 @@ impl RunArgs {
             http_addrs,
             log_format,
             dead_letter_command,
+            protocol,
         })
+    }
+
+    /// The `protocol` setting: given, or kcl with a properties file, or batch.
+    fn protocol_setting(&self) -> Result<Protocol, UsageError> {
+        let protocol = match self.protocol.as_deref().map(str::trim) {
+            None if self.properties.is_some() => Protocol::Kcl,
+            None | Some("batch") => Protocol::Batch,
+            Some("lines") => Protocol::Lines,
+            Some("kcl") => Protocol::Kcl,
+            Some(other) => {
+                return Err(UsageError(format!(
+                    "protocol: \"{}\" must be batch, lines or kcl",
+                    other.escape_debug()
+                )))
+            }
+        };
+        if self.properties.is_some() && protocol != Protocol::Kcl {
+            return Err(UsageError(
+                "properties: a KCL properties file runs the kcl protocol; drop --protocol or pass --protocol kcl".into(),
+            ));
+        }
+        Ok(protocol)
     }
 }
 
@@ -550,6 +614,30 @@ fn parse_checkpoint(value: &str) -> Result<CheckpointMode, UsageError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn protocol_is_batch_lines_or_kcl_and_kcl_checkpoints_where_asked() {
+        let with = |protocol: Option<&str>, checkpoint: Option<&str>| {
+            RunArgs {
+                protocol: protocol.map(Into::into),
+                checkpoint: checkpoint.map(Into::into),
+                ..args()
+            }
+            .resolve()
+        };
+        assert_eq!(with(None, None).expect("valid").protocol, Protocol::Batch);
+        assert_eq!(
+            with(Some("lines"), None).expect("valid").protocol,
+            Protocol::Lines
+        );
+        let kcl = with(Some("kcl"), None).expect("valid");
+        assert_eq!(kcl.protocol, Protocol::Kcl);
+        assert_eq!(kcl.settings.checkpoint_mode, CheckpointMode::Manual);
+        let err = with(Some("kcl"), Some("every-batch")).expect_err("checkpoint refused");
+        assert!(err.0.starts_with("checkpoint: the kcl protocol"), "{err}");
+        let err = with(Some("grpc"), None).expect_err("unknown");
+        assert_eq!(err.0, "protocol: \"grpc\" must be batch, lines or kcl");
+    }
 
     fn args() -> RunArgs {
         RunArgs {

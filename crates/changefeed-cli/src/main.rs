@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+mod child;
 mod config;
 mod console;
 mod demo;
@@ -16,7 +17,9 @@ mod feed;
 mod http;
 mod import_cosmos;
 mod import_kcl;
+mod kcl;
 mod lineage;
+mod lines;
 mod metrics;
 mod ops;
 mod outbox;

@@ -75,14 +75,14 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::config::{RunArgs, RunConfig, UsageError, USAGE_EXIT};
+use crate::config::{Protocol, RunArgs, RunConfig, UsageError, USAGE_EXIT};
 use crate::url::BackendUrl;
 
 /// Handler names that select a built-in handler instead of a command.
 const INTERNAL_PREFIX: &str = "internal:";
 
 /// How long a handler's process group has between SIGTERM and SIGKILL.
-const KILL_GRACE: Duration = Duration::from_secs(2);
+pub(crate) const KILL_GRACE: Duration = Duration::from_secs(2);
 
 /// How often a signalled process group is checked for having gone.
 const REAP_POLL: Duration = Duration::from_millis(50);
@@ -120,6 +120,7 @@ async fn run_host(config: RunConfig) -> anyhow::Result<ExitCode> {
     let store = config.store.open_store().await?;
     let source = config.source.open_source().await?;
     let groups = ProcessGroups::default();
+    let cancel = CancellationToken::new();
     let handler: Arc<dyn Handler> = match config.handler.strip_prefix(INTERNAL_PREFIX) {
         Some("ledger") => match &config.source {
             BackendUrl::Sqlite(path) => {
@@ -137,13 +138,26 @@ async fn run_host(config: RunConfig) -> anyhow::Result<ExitCode> {
                 other.escape_debug()
             ))))
         }
-        None => Arc::new(CommandHandler {
-            command: config.handler.clone(),
-            group: config.group.clone(),
-            groups: groups.clone(),
-        }),
+        None => match config.protocol {
+            Protocol::Batch => Arc::new(CommandHandler {
+                command: config.handler.clone(),
+                group: config.group.clone(),
+                groups: groups.clone(),
+            }),
+            Protocol::Lines => Arc::new(crate::lines::LinesHandler::new(
+                config.handler.clone(),
+                config.group.clone(),
+                groups.clone(),
+            )),
+            Protocol::Kcl => Arc::new(crate::kcl::KclHandler::new(
+                config.handler.clone(),
+                config.group.clone(),
+                groups.clone(),
+                store.clone(),
+                cancel.clone(),
+            )),
+        },
     };
-    let cancel = CancellationToken::new();
     let mut builder = Processor::builder()
         .host(config.host.clone())
         .group(config.group.clone())
@@ -236,7 +250,7 @@ async fn stop_on_signal(
 /// Each entry carries a generation, so that a group id the kernel reuses for a new command is
 /// never signalled on behalf of the old one.
 #[derive(Debug, Clone, Default)]
-struct ProcessGroups(Arc<Mutex<GroupTable>>);
+pub(crate) struct ProcessGroups(Arc<Mutex<GroupTable>>);
 
 #[derive(Debug, Default)]
 struct GroupTable {
@@ -255,7 +269,7 @@ impl ProcessGroups {
 
     /// Starts `command` as the leader of a new process group and registers the group, holding
     /// the lock across the start so that an exiting host cannot miss it.
-    fn spawn(&self, command: &mut tokio::process::Command) -> std::io::Result<Running> {
+    pub(crate) fn spawn(&self, command: &mut tokio::process::Command) -> std::io::Result<Running> {
         let mut table = self.lock();
         if table.closed {
             return Err(std::io::Error::other("the host is exiting"));
@@ -355,20 +369,20 @@ fn group_alive(pgid: i32) -> bool {
 }
 
 /// A command just started: its child handle and the guard of its process group.
-struct Running {
-    child: tokio::process::Child,
-    guard: GroupGuard,
+pub(crate) struct Running {
+    pub(crate) child: tokio::process::Child,
+    pub(crate) guard: GroupGuard,
 }
 
 /// Owns a command's process group and the write end of its stdin. Dropped (the call ended, or
 /// its future was dropped), it sends the group SIGTERM, then SIGKILL after [`KILL_GRACE`] from
 /// a thread if anything of it is still there; the stdin pipe stays open until then, so a
 /// command cut short never reads an end of input after a partial batch.
-struct GroupGuard {
+pub(crate) struct GroupGuard {
     pgid: i32,
     generation: u64,
     groups: ProcessGroups,
-    stdin: Option<ChildStdin>,
+    pub(crate) stdin: Option<ChildStdin>,
 }
 
 impl Drop for GroupGuard {
@@ -453,7 +467,7 @@ async fn run_command(
 
 /// One record as a JSON line on the handler's stdin.
 #[derive(Serialize)]
-struct RecordLine<'a> {
+pub(crate) struct RecordLine<'a> {
     partition: &'a str,
     key: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -465,7 +479,7 @@ struct RecordLine<'a> {
 }
 
 impl<'a> RecordLine<'a> {
-    fn new(partition: &'a PartitionId, r: &'a Record) -> Self {
+    pub(crate) fn new(partition: &'a PartitionId, r: &'a Record) -> Self {
         let text = std::str::from_utf8(&r.data).ok();
         RecordLine {
             partition: partition.as_str(),

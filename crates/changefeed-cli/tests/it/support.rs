@@ -201,3 +201,23 @@ pub fn killed_host_keeps_its_leases_until_release(store: &str, source: &str, lea
     let s = status(store);
     assert_eq!(owned_by(&s, "h2"), 0, "{s}");
 }
+
+/// A child process (a `changefeed run` host), killed if the test ends early.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if self.0.try_wait().ok().flatten().is_none() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// Whether process `pid` exists and is not a zombie.
+pub fn process_alive(pid: i64) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|t| t.rsplit_once(')').map(|(_, r)| r.trim_start().to_string()))
+        .is_some_and(|r| !r.starts_with('Z'))
+}

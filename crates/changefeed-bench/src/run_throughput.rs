@@ -1,0 +1,275 @@
+//! `run-throughput`: records per second through `changefeed run` with a trivial external
+//! handler on the SQLite feed (issue 20, item 5), as a new user would run it: the per-batch
+//! mode (`sh -c 'cat >/dev/null'` per batch, the baseline), the long-lived mode
+//! (`--protocol lines`, a Python process per partition acknowledging each batch) and the KCL
+//! protocol (`--protocol kcl`, a Python child per lease checkpointing each batch at its last
+//! record, as a KCL application does), with batches of at most 10 and of 1,000 records.
+//!
+//! Each measurement gets a fresh lease database and feed (separate SQLite files) filled with
+//! `records` records over `partitions` partitions, then starts the release `changefeed` binary
+//! and polls the lease table until every partition is checkpointed at its last record. The
+//! clock starts once every lease is owned, so lease discovery and the first acquisition
+//! (`acquire_interval`) are not counted, and the records already checkpointed then (a SQLite
+//! continuation `P:N` covers N records) are left out of the count; every batch is
+//! checkpointed in every mode.
+//!
+//! Real time is measured here with `std::time::Instant`: a benchmark is the one place that must
+//! read the machine's clock rather than the library's injectable one.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use changefeed::lease::LeaseStore;
+use changefeed::model::{Continuation, GroupName, PartitionId};
+use changefeed_sqlite::{SqliteFeed, SqliteLeaseStore};
+
+/// Arguments of `changefeed-bench run-throughput`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The `changefeed` binary (default: next to this one; build it with `cargo build
+    /// --release -p changefeed-cli`).
+    #[arg(long)]
+    changefeed: Option<PathBuf>,
+    /// The Python interpreter for the long-lived handlers.
+    #[arg(long, default_value = "python3")]
+    python: String,
+    /// Partitions of the feed (default: one per core of the 2-core CI machine; with more
+    /// partitions than cores the long-lived handlers compete with the host for the CPU).
+    #[arg(long, default_value_t = 2)]
+    partitions: u32,
+    /// Records for the per-batch mode with batches of 10 (a process per 10 records is slow).
+    #[arg(long, default_value_t = 8_000)]
+    per_batch_records_b10: u64,
+    /// Records for the long-lived modes with batches of 10.
+    #[arg(long, default_value_t = 120_000)]
+    records_b10: u64,
+    /// Records for every mode with batches of 1,000.
+    #[arg(long, default_value_t = 400_000)]
+    records_b1000: u64,
+    /// Longest one measurement may take.
+    #[arg(long, default_value = "300")]
+    timeout_secs: u64,
+}
+
+/// The long-lived handler of `--protocol lines`: acknowledge each batch at its last record.
+const LINES_HANDLER: &str = r#"import json, sys
+for line in sys.stdin:
+    last = json.loads(line)["records"][-1]["continuation"]
+    sys.stdout.write(json.dumps({"ack": last}) + "\n")
+    sys.stdout.flush()
+"#;
+
+/// A KCL child: checkpoint each batch at its last record, answer every message with a status.
+const KCL_HANDLER: &str = r#"import json, sys
+def send(m):
+    sys.stdout.write(json.dumps(m) + "\n")
+    sys.stdout.flush()
+for line in sys.stdin:
+    action = json.loads(line)["action"]
+    if action == "processRecords":
+        send({"action": "checkpoint", "sequenceNumber": None, "subSequenceNumber": None})
+        sys.stdin.readline()
+    send({"action": "status", "responseFor": action})
+"#;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    PerBatch,
+    Lines,
+    Kcl,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::PerBatch => "per-batch",
+            Mode::Lines => "long-lived",
+            Mode::Kcl => "kcl",
+        }
+    }
+}
+
+/// Kills the host if a measurement ends early.
+struct Host(Child);
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        if self.0.try_wait().ok().flatten().is_none() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let binary = match &args.changefeed {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()?
+            .parent()
+            .context("the bench binary has no directory")?
+            .join("changefeed"),
+    };
+    if !binary.is_file() {
+        bail!(
+            "{} not found: build it with `cargo build --release -p changefeed-cli` or pass --changefeed",
+            binary.display()
+        );
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let plan = [
+        (Mode::PerBatch, 10, args.per_batch_records_b10),
+        (Mode::Lines, 10, args.records_b10),
+        (Mode::Kcl, 10, args.records_b10),
+        (Mode::PerBatch, 1000, args.records_b1000),
+        (Mode::Lines, 1000, args.records_b1000),
+        (Mode::Kcl, 1000, args.records_b1000),
+    ];
+    println!("mode        batch   records      seconds    records/s");
+    let mut rates = Vec::new();
+    for (mode, batch, records) in plan {
+        let (secs, rate) = runtime.block_on(measure(&args, &binary, mode, batch, records))?;
+        println!(
+            "{:<10} {batch:>6} {records:>9} {secs:>12.2} {rate:>12.0}",
+            mode.name()
+        );
+        rates.push(rate);
+    }
+    println!(
+        "ratio long-lived/per-batch at batch 10: {:.1}; kcl/per-batch: {:.1}",
+        rates[1] / rates[0],
+        rates[2] / rates[0]
+    );
+    println!("kcl at batch 1000: {:.0} records/s", rates[5]);
+    println!(
+        "RESULT per_batch_rps_b10={:.0} long_lived_rps_b10={:.0} kcl_rps_b10={:.0} per_batch_rps_b1000={:.0} long_lived_rps_b1000={:.0}",
+        rates[0], rates[1], rates[2], rates[3], rates[4]
+    );
+    Ok(())
+}
+
+/// Fills a fresh feed, runs one host in `mode` until every record is checkpointed, and returns
+/// the seconds taken and records per second.
+async fn measure(
+    args: &Args,
+    binary: &Path,
+    mode: Mode,
+    batch: usize,
+    records: u64,
+) -> anyhow::Result<(f64, f64)> {
+    let dir = tempfile::tempdir()?;
+    let feed_db = dir.path().join("feed.db");
+    let lease_db = dir.path().join("leases.db");
+    let ends = fill(&feed_db, args.partitions, records).await?;
+    let store = SqliteLeaseStore::open(&lease_db).await?;
+    let handler = match mode {
+        Mode::PerBatch => "cat >/dev/null".to_string(),
+        Mode::Lines | Mode::Kcl => {
+            let script = dir.path().join("handler.py");
+            let text = if mode == Mode::Lines {
+                LINES_HANDLER
+            } else {
+                KCL_HANDLER
+            };
+            std::fs::write(&script, text)?;
+            format!("{} {}", args.python, script.display())
+        }
+    };
+    let protocol = match mode {
+        Mode::PerBatch => "batch",
+        Mode::Lines => "lines",
+        Mode::Kcl => "kcl",
+    };
+    let mut host = Host(
+        Command::new(binary)
+            .arg("run")
+            .arg("--store")
+            .arg(format!("sqlite://{}", lease_db.display()))
+            .arg("--source")
+            .arg(format!("sqlite://{}", feed_db.display()))
+            .args(["--handler", &handler, "--protocol", protocol])
+            .args(["--host", "bench", "--group", "g"])
+            .args(["--max-batch-size", &batch.to_string()])
+            .args(["--acquire-interval", "100ms", "--poll-delay", "20ms"])
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .context("starting changefeed run")?,
+    );
+    let group = GroupName::new("g")?;
+    let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
+    // When every lease was first seen owned, and how many records were checkpointed then.
+    let mut started: Option<(Instant, u64)> = None;
+    loop {
+        if Instant::now() > deadline {
+            bail!("{} at batch {batch}: not done in time", mode.name());
+        }
+        if let Some(status) = host.0.try_wait()? {
+            bail!(
+                "{} at batch {batch}: changefeed run exited: {status}",
+                mode.name()
+            );
+        }
+        let leases = store.list(&group).await?.leases;
+        let done = leases.len() == ends.len()
+            && leases.iter().all(|l| {
+                ends.iter()
+                    .any(|(p, c)| *p == l.key.partition && l.continuation.as_ref() == Some(c))
+            });
+        if done {
+            let (from, before) = started
+                .context("done before every lease was seen owned: too few records to measure")?;
+            let secs = from.elapsed().as_secs_f64();
+            return Ok((secs, (records - before) as f64 / secs));
+        }
+        if started.is_none()
+            && leases.len() == ends.len()
+            && leases.iter().all(|l| l.owner.is_some())
+        {
+            let checkpointed = leases
+                .iter()
+                .map(|l| l.continuation.as_ref().map_or(0, position))
+                .sum();
+            started = Some((Instant::now(), checkpointed));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// How many records of its partition a SQLite feed continuation (`PARTITION:N`) covers.
+fn position(c: &Continuation) -> u64 {
+    c.as_str()
+        .rsplit_once(':')
+        .and_then(|(_, n)| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Creates `partitions` partitions with `records` records spread over them; returns each
+/// partition's last continuation.
+async fn fill(
+    path: &Path,
+    partitions: u32,
+    records: u64,
+) -> anyhow::Result<Vec<(PartitionId, Continuation)>> {
+    let feed = SqliteFeed::open(path).await?;
+    feed.create_partitions(partitions).await?;
+    let mut ends = Vec::new();
+    for p in 0..partitions {
+        let id = PartitionId::new(p.to_string())?;
+        let mut last = None;
+        let share = records / u64::from(partitions)
+            + u64::from(u64::from(p) < records % u64::from(partitions));
+        for i in 0..share {
+            last = Some(feed.append_to(&id, "k", format!("record {i}")).await?);
+        }
+        if let Some(c) = last {
+            ends.push((id, c));
+        }
+    }
+    Ok(ends)
+}

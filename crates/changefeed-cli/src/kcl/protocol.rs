@@ -1,0 +1,231 @@
+//! The KCL MultiLangDaemon's messages, as JSON lines, in both directions. Pure: no I/O.
+//!
+//! To the child (each one line): `initialize`, `processRecords` (records with `"action":
+//! "record"`, base64 `data`, `partitionKey`, `sequenceNumber`, `subSequenceNumber`,
+//! `approximateArrivalTimestamp` in epoch milliseconds; and `millisBehindLatest`), `checkpoint`
+//! (the answer to the child's request, with `error` naming the exception when it failed),
+//! `leaseLost`, `shardEnded`, `shutdownRequested`. From the child: `checkpoint` requests
+//! (`sequenceNumber` null means "at the last record delivered") and `status` replies naming the
+//! message they answer (`responseFor`). The field names and `action` values are those of the
+//! Java daemon's `software.amazon.kinesis.multilang.messages` and of `amazon_kclpy`'s
+//! `messages.py`, which decodes every object (records included) by its `action`.
+
+use base64::Engine as _;
+use changefeed::model::Record;
+use serde::{Deserialize, Serialize};
+
+/// A message the daemon writes to the child.
+#[derive(Serialize, Debug)]
+#[serde(tag = "action", rename_all = "camelCase")]
+pub(crate) enum ToChild<'a> {
+    #[serde(rename_all = "camelCase")]
+    Initialize {
+        shard_id: &'a str,
+        /// The lease's checkpoint, or `TRIM_HORIZON` / `LATEST` / `AT_TIMESTAMP` for a lease
+        /// that has none yet (the KCL's sentinel values).
+        sequence_number: &'a str,
+        sub_sequence_number: u64,
+    },
+    #[serde(rename_all = "camelCase")]
+    ProcessRecords {
+        records: Vec<RecordJson<'a>>,
+        millis_behind_latest: i64,
+    },
+    #[serde(rename_all = "camelCase")]
+    Checkpoint {
+        sequence_number: Option<&'a str>,
+        sub_sequence_number: Option<u64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        error: Option<&'a str>,
+    },
+    LeaseLost,
+    ShardEnded,
+    ShutdownRequested,
+}
+
+/// One record of `processRecords`, as the Java daemon's `JsonFriendlyRecord` writes it.
+#[derive(Serialize, Debug)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct RecordJson<'a> {
+    action: &'static str,
+    data: String,
+    partition_key: &'a str,
+    sequence_number: &'a str,
+    sub_sequence_number: u64,
+    approximate_arrival_timestamp: i64,
+}
+
+impl<'a> RecordJson<'a> {
+    pub(crate) fn new(r: &'a Record) -> Self {
+        RecordJson {
+            action: "record",
+            data: base64::engine::general_purpose::STANDARD.encode(&r.data),
+            partition_key: &r.key,
+            sequence_number: r.continuation.as_str(),
+            sub_sequence_number: 0,
+            // A source without arrival times: the epoch, as a number (the clients need one).
+            approximate_arrival_timestamp: r.timestamp.map_or(0, |t| t.millis()),
+        }
+    }
+}
+
+/// A message the child writes to the daemon.
+#[derive(Deserialize, Debug, PartialEq, Eq)]
+#[serde(tag = "action", rename_all = "camelCase")]
+pub(crate) enum FromChild {
+    /// Checkpoint at `sequence_number`, or at the last record delivered when it is null.
+    #[serde(rename_all = "camelCase")]
+    Checkpoint {
+        #[serde(default)]
+        sequence_number: Option<String>,
+        #[serde(default)]
+        sub_sequence_number: Option<u64>,
+    },
+    /// The child finished handling the message named `response_for`.
+    #[serde(rename_all = "camelCase")]
+    Status { response_for: String },
+}
+
+/// What one line from the child is.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Line {
+    Message(FromChild),
+    /// Not a JSON object at all: output of the child's own (a library printing to stdout),
+    /// which the Java daemon skips too.
+    Other,
+}
+
+/// Encodes a message as one line (without the newline).
+pub(crate) fn encode(message: &ToChild<'_>) -> Result<Vec<u8>, serde_json::Error> {
+    serde_json::to_vec(message)
+}
+
+/// Decodes one line from the child. A line that starts as a JSON object must be a known
+/// message; the error names what is wrong with it.
+pub(crate) fn decode(line: &str) -> Result<Line, String> {
+    let trimmed = line.trim_start();
+    if !trimmed.starts_with('{') {
+        return Ok(Line::Other);
+    }
+    let value: serde_json::Value = serde_json::from_str(trimmed).map_err(|e| {
+        format!(
+            "sent a malformed message ({e}): {}",
+            crate::lines::quote(line)
+        )
+    })?;
+    match value.get("action") {
+        Some(serde_json::Value::String(a)) if a == "checkpoint" || a == "status" => {}
+        Some(serde_json::Value::String(a)) => {
+            return Err(format!(
+                "sent an unknown message \"{}\" (a child sends checkpoint or status): {}",
+                a.escape_debug(),
+                crate::lines::quote(line)
+            ))
+        }
+        _ => {
+            return Err(format!(
+                "sent a message without an \"action\": {}",
+                crate::lines::quote(line)
+            ))
+        }
+    }
+    serde_json::from_value(value)
+        .map(Line::Message)
+        .map_err(|e| {
+            format!(
+                "sent a malformed message ({e}): {}",
+                crate::lines::quote(line)
+            )
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use changefeed::model::{Continuation, Timestamp};
+    use serde_json::json;
+
+    fn value(m: &ToChild<'_>) -> serde_json::Value {
+        serde_json::from_slice(&encode(m).expect("encodes")).expect("json")
+    }
+
+    #[test]
+    fn messages_to_the_child_have_the_java_daemons_fields() {
+        assert_eq!(
+            value(&ToChild::Initialize {
+                shard_id: "shardId-000000000001",
+                sequence_number: "TRIM_HORIZON",
+                sub_sequence_number: 0
+            }),
+            json!({"action":"initialize","shardId":"shardId-000000000001","sequenceNumber":"TRIM_HORIZON","subSequenceNumber":0})
+        );
+        let r = Record {
+            key: "pk".into(),
+            data: Bytes::from_static(b"hi"),
+            continuation: Continuation::new("4960"),
+            timestamp: Some(Timestamp(1_700_000_000_000)),
+        };
+        assert_eq!(
+            value(&ToChild::ProcessRecords {
+                records: vec![RecordJson::new(&r)],
+                millis_behind_latest: 5
+            }),
+            json!({"action":"processRecords","millisBehindLatest":5,"records":[
+                {"action":"record","data":"aGk=","partitionKey":"pk","sequenceNumber":"4960",
+                 "subSequenceNumber":0,"approximateArrivalTimestamp":1_700_000_000_000_i64}]})
+        );
+        assert_eq!(
+            value(&ToChild::Checkpoint {
+                sequence_number: Some("4960"),
+                sub_sequence_number: Some(0),
+                error: Some("ShutdownException")
+            }),
+            json!({"action":"checkpoint","sequenceNumber":"4960","subSequenceNumber":0,"error":"ShutdownException"})
+        );
+        assert_eq!(value(&ToChild::LeaseLost), json!({"action":"leaseLost"}));
+        assert_eq!(value(&ToChild::ShardEnded), json!({"action":"shardEnded"}));
+        assert_eq!(
+            value(&ToChild::ShutdownRequested),
+            json!({"action":"shutdownRequested"})
+        );
+    }
+
+    #[test]
+    fn child_messages_decode_and_bad_ones_are_named() {
+        assert_eq!(
+            decode(
+                r#"{"action": "checkpoint", "sequenceNumber": null, "subSequenceNumber": null}"#
+            ),
+            Ok(Line::Message(FromChild::Checkpoint {
+                sequence_number: None,
+                sub_sequence_number: None
+            }))
+        );
+        assert_eq!(
+            decode(r#"{"action":"checkpoint","sequenceNumber":"49","subSequenceNumber":0}"#),
+            Ok(Line::Message(FromChild::Checkpoint {
+                sequence_number: Some("49".into()),
+                sub_sequence_number: Some(0)
+            }))
+        );
+        assert_eq!(
+            decode(r#"{"action": "status", "responseFor": "processRecords"}"#),
+            Ok(Line::Message(FromChild::Status {
+                response_for: "processRecords".into()
+            }))
+        );
+        assert_eq!(decode("debug output"), Ok(Line::Other));
+        let unknown = decode(r#"{"action":"explode"}"#).expect_err("unknown");
+        assert!(unknown.contains("unknown message \"explode\""), "{unknown}");
+        let missing = decode(r#"{"action":"status"}"#).expect_err("no responseFor");
+        assert!(
+            missing.contains("malformed") && missing.contains("responseFor"),
+            "{missing}"
+        );
+        let broken = decode(r#"{"action":"status", "#).expect_err("not json");
+        assert!(broken.contains("malformed"), "{broken}");
+        let no_action = decode(r#"{"responseFor":"initialize"}"#).expect_err("no action");
+        assert!(no_action.contains("without an \"action\""), "{no_action}");
+    }
+}

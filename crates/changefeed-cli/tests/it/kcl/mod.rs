@@ -55,6 +55,21 @@ fn ledger(path: &Path) -> Vec<Value> {
 }
 
 /// The distinct record data the ledger shows delivered.
+/// Waits until every checkpoint the processors asked for has been answered (granted or
+/// refused), so that a kill that follows cannot fall between a checkpoint being stored and its
+/// answer reaching the processor (a stored checkpoint the ledger would not show).
+fn checkpoints_answered(path: &Path) {
+    wait_for(
+        Duration::from_secs(20),
+        "every checkpoint asked for answered",
+        || {
+            let entries = ledger(path);
+            let count = |ev: &str| entries.iter().filter(|e| e["ev"] == ev).count();
+            (count("ckpt_ask") == count("ckpt") + count("ckpt_error")).then_some(())
+        },
+    );
+}
+
 fn delivered(entries: &[Value]) -> BTreeSet<String> {
     entries
         .iter()
@@ -189,6 +204,7 @@ fn an_amazon_kclpy_processor_runs_unchanged_through_a_split_and_a_killed_host() 
 
     // SIGKILL the host: its children see stdin close and exit; host b resumes every shard at
     // the checkpoint the processor last asked for.
+    checkpoints_answered(&ledger_path);
     a.0.kill().expect("SIGKILL host a");
     let _ = a.0.wait();
     let a_children: BTreeSet<i64> = ledger(&ledger_path)

@@ -17,7 +17,10 @@ use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
 
-use super::{delivered, endpoint, kclpy_python, ledger, put, rand_suffix, seq, start_host, stream};
+use super::{
+    checkpoints_answered, delivered, endpoint, kclpy_python, ledger, put, rand_suffix, seq,
+    start_host, stream,
+};
 use crate::support::{process_alive, read, rt, run_ok, terminate, wait_exit, wait_for};
 
 /// The Java daemon's process group (its record processors included), SIGKILLed on drop.
@@ -151,6 +154,7 @@ fn changefeed_resumes_a_real_kcl_fleet_from_its_lease_table() {
     let (left, right) = split.expect("split");
     // Part of each shard is checkpointed (every third record); kill the whole daemon so that
     // nothing more is (no shutdownRequested).
+    checkpoints_answered(&ledger_path);
     drop(jvm);
     let kcl_pids: BTreeSet<i64> = ledger(&ledger_path)
         .iter()

@@ -31,6 +31,9 @@ class RecordProcessor(processor.RecordProcessorBase):
         note(ev="init", shard=self.shard, seq=initialize_input.sequence_number)
 
     def checkpoint(self, checkpointer, seq, why):
+        # Noted before asking too: a host killed after storing a checkpoint but before
+        # answering leaves an asked-for checkpoint stored without its grant in the ledger.
+        note(ev="ckpt_ask", shard=self.shard, seq=seq if seq is not None else self.last, why=why)
         try:
             checkpointer.checkpoint(seq)
             note(ev="ckpt", shard=self.shard, seq=seq if seq is not None else self.last, why=why)

@@ -410,13 +410,15 @@ impl Host {
     }
 
     /// Runs the partition sync when this host leads (the first live host by name) and it is
-    /// due. Returns whether the lease table changed, after re-listing it.
+    /// due, or at once when a lease became finished (its children may need leases). Returns whether the lease table changed, after re-listing it.
     async fn sync(&mut self, now: Instant) -> bool {
+        let wanted = self.state.sync_wanted();
         if !self.state.leads() {
             self.syncer.reset();
+            self.state.synced();
             return false;
         }
-        if !self.syncer.due(now, &self.p.settings) {
+        if !wanted && !self.syncer.due(now, &self.p.settings) {
             return false;
         }
         let report = self
@@ -431,6 +433,9 @@ impl Host {
                 self.state.listed_counter(),
             )
             .await;
+        if report.is_ok() {
+            self.state.synced();
+        }
         match report {
             Ok(report) if report.changed() => {
                 debug!(?report, "partition sync changed the lease table");

@@ -213,6 +213,12 @@ impl HostState {
         self.listing.invalidate();
     }
 
+    /// A list of changes read after this host's own writes (the leader's partition sync) took
+    /// the trusted table to `counter`.
+    pub(crate) fn advanced(&mut self, counter: u64) {
+        self.listing.advanced(counter);
+    }
+
     /// Takes in a full listing made after this host's own writes (the leader's partition
     /// sync), and distrusts the counter: list again next cycle too.
     pub(crate) fn relisted(&mut self, leases: Vec<Lease>) {

@@ -183,7 +183,8 @@ pub(crate) enum Read {
     Nothing,
     /// Only what changed since the last list (the store may answer with a full list).
     Changes,
-    /// Every lease: the safety net is due.
+    /// The safety net is due: the changes since the table's counter on a store that can say
+    /// (however few), every lease on one that cannot.
     Full,
 }
 
@@ -225,6 +226,13 @@ impl Listing {
         self.live = live.to_vec();
         if read == Read::Full {
             self.last_full = Some(now);
+        }
+    }
+
+    /// A list of changes took the trusted table to `counter` (an untrusted one stays so).
+    pub(crate) fn advanced(&mut self, counter: u64) {
+        if self.counter.is_some() {
+            self.counter = Some(counter);
         }
     }
 

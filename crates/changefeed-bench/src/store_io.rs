@@ -104,6 +104,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let rows = per_host(total.lease_rows_read) / acquire_intervals;
         let hb_rows = per_host(total.heartbeat_rows_read) / acquire_intervals;
         let reads = per_host(total.reads) / acquire_intervals;
+        // Every row read, heartbeat and lease rows together.
+        let all_rows = rows + hb_rows;
         // Per host per minute, the unit every cadence can be compared in.
         let ours_min = Anchor {
             writes: per_host(total.writes) / minutes,
@@ -138,6 +140,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         println!("{:<42} {:>8.2}", "store reads per acquire interval", reads);
         println!("{:<42} {:>8.2}", "lease rows read per acquire interval", rows);
         println!("{:<42} {:>8.2}", "heartbeat rows read per acquire interval", hb_rows);
+        println!("{:<42} {:>8.2}", "rows read per acquire interval, in all", all_rows);
         println!();
         println!(
             "{:<30} {:>14} {:>18} {:>18} {:>18}",
@@ -162,7 +165,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             );
         }
         println!(
-            "RESULT writes_per_host_per_interval={writes:.3} checkpoints_per_host_per_interval={checkpoints:.3} lease_rows_read_per_host_per_interval={rows:.2} kcl_writes_per_host_per_interval={:.1} kcl_lease_rows_read_per_host_per_interval={:.0} heartbeat_rows_read_per_host_per_interval={hb_rows:.2} writes_per_host_min_ours={:.1} writes_per_host_min_kcl_default={:.0} writes_per_host_min_cosmos_default={:.0} lease_rows_read_per_host_min_ours={:.0} lease_rows_read_per_host_min_kcl_default={:.0} lease_rows_read_per_host_min_cosmos_default={:.0} heartbeat_rows_read_per_host_min_ours={:.0}",
+            "RESULT writes_per_host_per_interval={writes:.3} checkpoints_per_host_per_interval={checkpoints:.3} lease_rows_read_per_host_per_interval={rows:.2} kcl_writes_per_host_per_interval={:.1} kcl_lease_rows_read_per_host_per_interval={:.0} heartbeat_rows_read_per_host_per_interval={hb_rows:.2} writes_per_host_min_ours={:.1} writes_per_host_min_kcl_default={:.0} writes_per_host_min_cosmos_default={:.0} lease_rows_read_per_host_min_ours={:.0} lease_rows_read_per_host_min_kcl_default={:.0} lease_rows_read_per_host_min_cosmos_default={:.0} heartbeat_rows_read_per_host_min_ours={:.0} rows_read_per_host_per_interval={all_rows:.2} rows_read_per_interval_fleet={:.0}",
             leases / hosts_n,
             leases,
             ours_min.writes,
@@ -172,6 +175,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             kcl_default.lease_rows,
             cosmos_default.lease_rows,
             ours_min.heartbeat_rows,
+            all_rows * hosts_n,
         );
         Ok(())
     })

@@ -166,6 +166,26 @@ fn rerun_line(cfg: &SimConfig, large: bool) -> String {
     line
 }
 
+/// The `RESULT` fields on how long children waited after their parents ended, from the
+/// later of the parents' end and the child's first record to its first delivery (the goal:
+/// within two acquire intervals): how many children were read, the median, the 99th
+/// percentile and the longest wait, and the share within `2 × acquire`.
+fn child_waits(waits: &[Duration], acquire: Duration) -> String {
+    let within = waits.iter().filter(|w| **w <= acquire * 2).count();
+    let share = if waits.is_empty() {
+        1.0
+    } else {
+        within as f64 / waits.len() as f64
+    };
+    format!(
+        "children={} child_wait_p50_s={:.1} child_wait_p99_s={:.1} child_wait_max_s={:.1} child_wait_within_2_acquire={share:.3}",
+        waits.len(),
+        sim::children::quantile(waits, 0.5).as_secs_f64(),
+        sim::children::quantile(waits, 0.99).as_secs_f64(),
+        sim::children::quantile(waits, 1.0).as_secs_f64(),
+    )
+}
+
 /// Runs the command. Exit status: 0 when every run kept every rule, 1 when some run broke one
 /// (violations), 2 when the runs could not be made (bad arguments, a file that cannot be
 /// written): a script can tell a found bug from a mistyped flag.
@@ -217,9 +237,10 @@ fn simulate(args: Args) -> anyhow::Result<ExitCode> {
             println!("timeline written to {}", path.display());
         }
         println!(
-            "RESULT seeds=1 violations={} wall_s={:.2}",
+            "RESULT seeds=1 violations={} wall_s={:.2} {}",
             out.violations.len(),
-            started.elapsed().as_secs_f64()
+            started.elapsed().as_secs_f64(),
+            child_waits(&out.child_waits, first.settings.acquire_interval)
         );
         return Ok(if out.violations.is_empty() {
             ExitCode::SUCCESS
@@ -232,6 +253,7 @@ fn simulate(args: Args) -> anyhow::Result<ExitCode> {
     }
     let next = AtomicU64::new(0);
     let failures: Mutex<Vec<(u64, String)>> = Mutex::new(Vec::new());
+    let waits: Mutex<Vec<Duration>> = Mutex::new(Vec::new());
     let errors: Mutex<Vec<String>> = Mutex::new(Vec::new());
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
     std::thread::scope(|scope| {
@@ -252,7 +274,14 @@ fn simulate(args: Args) -> anyhow::Result<ExitCode> {
                         break;
                     }
                 };
-                match sim::run(&cfg) {
+                let run = sim::run(&cfg);
+                if let Ok(out) = &run {
+                    waits
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .extend_from_slice(&out.child_waits);
+                }
+                match run {
                     Ok(out) if !out.violations.is_empty() => {
                         let lines: Vec<String> =
                             out.violations.iter().map(|v| format!("  {v}")).collect();
@@ -282,10 +311,12 @@ fn simulate(args: Args) -> anyhow::Result<ExitCode> {
     for (_, text) in &failures {
         println!("{text}");
     }
+    let waits = waits.into_inner().unwrap_or_else(|p| p.into_inner());
     println!(
-        "RESULT seeds={count} violations={} wall_s={:.1}",
+        "RESULT seeds={count} violations={} wall_s={:.1} {}",
         failures.len(),
-        started.elapsed().as_secs_f64()
+        started.elapsed().as_secs_f64(),
+        child_waits(&waits, first.settings.acquire_interval)
     );
     Ok(if failures.is_empty() {
         ExitCode::SUCCESS

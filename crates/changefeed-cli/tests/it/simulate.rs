@@ -13,8 +13,8 @@ fn simulate(args: &[&str]) -> Output {
         .expect("run changefeed simulate")
 }
 
-/// The summary `RESULT seeds=N violations=V wall_s=S`, which must be the last non-empty line
-/// of stdout: (seeds, violations, wall seconds).
+/// The summary `RESULT seeds=N violations=V wall_s=S …` (the child-wait fields follow), which
+/// must be the last non-empty line of stdout: (seeds, violations, wall seconds).
 fn result(stdout: &str) -> (u64, u64, f64) {
     let last = stdout
         .lines()
@@ -24,7 +24,10 @@ fn result(stdout: &str) -> (u64, u64, f64) {
     let parse = || -> Option<(u64, u64, f64)> {
         let rest = last.strip_prefix("RESULT seeds=")?;
         let (seeds, rest) = rest.split_once(" violations=")?;
-        let (violations, wall) = rest.split_once(" wall_s=")?;
+        let (violations, rest) = rest.split_once(" wall_s=")?;
+        let wall = rest.split_whitespace().next()?;
+        rest.contains(" child_wait_within_2_acquire=")
+            .then_some(())?;
         Some((
             seeds.parse().ok()?,
             violations.parse().ok()?,

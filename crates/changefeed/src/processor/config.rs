@@ -34,8 +34,11 @@ pub struct Settings {
     pub safety_margin: Duration,
     /// How often a host reads membership and balances. Default 2 s.
     pub acquire_interval: Duration,
-    /// A host lists every lease at least this often, even when the change counter did not
-    /// move: a safety net against a store that lost a counter bump. Default 5 min.
+    /// A host checks its lease table at least this often, even when the change counter did
+    /// not move: a safety net against a store that lost a counter bump. On a store that
+    /// answers [`crate::lease::LeaseStore::list_changes`] the check reads the rows whose
+    /// change stamp is past the table's counter (none in steady state); on one that cannot,
+    /// it lists every lease. Default 5 min.
     pub full_list_interval: Duration,
     /// Most records per batch. Default 1000.
     pub max_batch_size: usize,

@@ -312,12 +312,12 @@ impl Host {
         let listed = read != Read::Nothing;
         if listed {
             // Rows that only moved their checkpoint are not in a list of changes, so a take may
-            // find a newer version than the cached one: see `retry_takes`.
-            let read_result = if read == Read::Full {
-                self.full_list(membership.change_counter).await
-            } else {
-                self.list_changes(membership.change_counter).await
-            };
+            // find a newer version than the cached one: see `retry_takes`. The safety net
+            // (`Read::Full`) is a list of changes too on a store that can answer one: it reads
+            // the rows that changed hands since the counter the table is at, however few (a
+            // check of the counter and the change stamps), and lists in full only when the
+            // store cannot say or the table is not trusted.
+            let read_result = self.list_changes(membership.change_counter).await;
             let counter = match read_result {
                 Ok(counter) => counter,
                 Err(err) => {
@@ -418,13 +418,15 @@ impl Host {
     }
 
     /// Runs the partition sync when this host leads (the first live host by name) and it is
-    /// due. Returns whether the lease table changed, after re-listing it.
+    /// due, or at once when a lease became finished (its children may need leases). Returns whether the lease table changed, after re-listing it.
     async fn sync(&mut self, now: Instant) -> bool {
+        let wanted = self.state.sync_wanted();
         if !self.state.leads() {
             self.syncer.reset();
+            self.state.synced();
             return false;
         }
-        if !self.syncer.due(now, &self.p.settings) {
+        if !wanted && !self.syncer.due(now, &self.p.settings) {
             return false;
         }
         let report = self
@@ -439,14 +441,30 @@ impl Host {
                 self.state.listed_counter(),
             )
             .await;
+        if report.is_ok() {
+            self.state.synced();
+        }
         match report {
             Ok(report) if report.changed() => {
                 debug!(?report, "partition sync changed the lease table");
-                match self.p.store.list(&self.p.group).await {
-                    Ok(listing) => {
-                        self.state.relisted(listing.leases);
-                        true
+                // Read what the sync (and anyone else) changed since the table's counter: the
+                // table is then at the counter the store answered with. A store that cannot
+                // say is listed in full, and the counter distrusted until the next list.
+                let listed = match self.read_changes().await {
+                    Ok(Some(at)) => {
+                        self.state.advanced(at);
+                        Ok(())
                     }
+                    Ok(None) => self
+                        .p
+                        .store
+                        .list(&self.p.group)
+                        .await
+                        .map(|listing| self.state.relisted(listing.leases)),
+                    Err(err) => Err(err),
+                };
+                match listed {
+                    Ok(()) => true,
                     Err(err) => {
                         warn!(error = %err, "listing leases after the sync failed");
                         self.state.invalidate();
@@ -563,11 +581,21 @@ impl Host {
     /// Reads only what changed hands since the last list, when the store can say; lists in
     /// full otherwise. Returns the change counter the cached leases are now at.
     async fn list_changes(&mut self, counter: u64) -> Result<u64, LeaseError> {
+        match self.read_changes().await? {
+            Some(at) => Ok(at),
+            None => self.full_list(counter).await,
+        }
+    }
+
+    /// Reads what changed hands since the counter the table is at, if the table is trusted
+    /// and the store can say. Returns the counter the table is now at, or `None` when nothing
+    /// was read (the caller lists in full).
+    async fn read_changes(&mut self) -> Result<Option<u64>, LeaseError> {
         let Some(since) = self.state.listed_counter() else {
-            return self.full_list(counter).await;
+            return Ok(None);
         };
         let Some(changes) = self.p.store.list_changes(&self.p.group, since).await? else {
-            return self.full_list(counter).await;
+            return Ok(None);
         };
         for bad in &changes.malformed {
             warn!(error = %bad, "unreadable lease row skipped; fix it with `changefeed reset --force`");
@@ -587,7 +615,7 @@ impl Host {
             .collect();
         self.state.listed_changes(&deleted, changes.leases);
         self.flush();
-        Ok(changes.counter)
+        Ok(Some(changes.counter))
     }
 
     /// Leases the store says are ours but no worker runs (a restart under the same name, or a

@@ -4,8 +4,8 @@
 //!
 //! The fleet itself (hosts started, crashed, stopped and restarted by name, clock skew and
 //! drift, the lease table) is the test kit's; this module layers on what only the simulator
-//! does: stalls, cut-offs and latency spikes that heal on their own, splits and merges whose
-//! leases it creates at once, records with random keys, the anchors' renewal costs, per-host
+//! does: stalls, cut-offs and latency spikes that heal on their own, splits and merges (whose
+//! children's leases the processor creates), records with random keys, the anchors' renewal costs, per-host
 //! store counts, and the invariant check. The random scenario ([`super::run`]) and the
 //! rebalancing benchmark both drive it.
 
@@ -17,7 +17,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use super::seams::{Cut, HostCtl, SimClock, SimHandler, SimSource, SimStore};
-use super::world::{World, WriteOp};
+use super::world::{World, WriteOp, DRIVER};
 use super::StrategyKind;
 use crate::clock::VirtualClock;
 use crate::lease::{CountingStore, LeaseStore, MemoryLeaseStore, StoreCounts, StoreStats};
@@ -222,7 +222,7 @@ impl Fleet<SimKit> {
         // The driver writes past every fault; create-if-absent makes this idempotent.
         if let Ok(Some(stored)) = self.kit.store.create(&lease).await {
             self.kit.world.write(
-                "driver",
+                DRIVER,
                 WriteOp::Create,
                 &stored.key.partition,
                 Some(&stored),
@@ -319,9 +319,11 @@ impl Fleet<SimKit> {
         }
     }
 
-    /// Splits an open partition and creates its children's leases at once, parents named.
-    /// Returns the children.
-    pub async fn split_with_leases(
+    /// Splits an open partition and routes new records by the new key ranges. Returns the
+    /// children. Their leases are the processor's to
+    /// create (the leader's partition sync, run as soon as it sees the parent finished), so
+    /// a run measures how long children wait for them.
+    pub async fn split_rerouted(
         &mut self,
         partition: &PartitionId,
     ) -> Option<(PartitionId, PartitionId)> {
@@ -330,13 +332,12 @@ impl Fleet<SimKit> {
         self.kit
             .world
             .event("split", partition.as_str(), format!("into {a} {b}"));
-        self.create_lease(a.clone(), vec![partition.clone()]).await;
-        self.create_lease(b.clone(), vec![partition.clone()]).await;
         Some((a, b))
     }
 
-    /// Merges two adjacent open partitions and creates the child's lease at once.
-    pub async fn merge_with_leases(
+    /// Merges two adjacent open partitions. Returns the child, whose lease is the
+    /// processor's to create (see [`SimFleet::split_rerouted`]).
+    pub async fn merge_rerouted(
         &mut self,
         a: &PartitionId,
         b: &PartitionId,
@@ -346,9 +347,44 @@ impl Fleet<SimKit> {
         self.kit
             .world
             .event("merge", a.as_str(), format!("with {b} into {c}"));
-        self.create_lease(c.clone(), vec![a.clone(), b.clone()])
-            .await;
         Some(c)
+    }
+
+    /// Splits an open partition and creates its children's leases at once, parents named (as
+    /// a second creator racing the leader would), if the partition has a lease; otherwise the
+    /// leader creates them all, following lineage. Returns the children.
+    pub async fn split_with_leases(
+        &mut self,
+        partition: &PartitionId,
+    ) -> Option<(PartitionId, PartitionId)> {
+        let leased = self.has_lease(partition).await;
+        let (a, b) = self.split_rerouted(partition).await?;
+        if leased {
+            self.create_lease(a.clone(), vec![partition.clone()]).await;
+            self.create_lease(b.clone(), vec![partition.clone()]).await;
+        }
+        Some((a, b))
+    }
+
+    /// Merges two adjacent open partitions and creates the child's lease at once if both have
+    /// a lease (see [`SimFleet::split_with_leases`]).
+    pub async fn merge_with_leases(
+        &mut self,
+        a: &PartitionId,
+        b: &PartitionId,
+    ) -> Option<PartitionId> {
+        let leased = self.has_lease(a).await && self.has_lease(b).await;
+        let c = self.merge_rerouted(a, b).await?;
+        if leased {
+            self.create_lease(c.clone(), vec![a.clone(), b.clone()])
+                .await;
+        }
+        Some(c)
+    }
+
+    async fn has_lease(&self, partition: &PartitionId) -> bool {
+        let key = LeaseKey::new(self.group.clone(), partition.clone());
+        matches!(self.kit.store.get(&key).await, Ok(Some(_)))
     }
 
     /// Appends `n` records with random keys out of `keys`; each record's payload is its id.
@@ -369,6 +405,7 @@ impl Fleet<SimKit> {
                 }
                 None => self.feed.append(&key, id.to_string()).0,
             };
+            self.kit.world.appended(&p);
             self.written.push(p);
         }
     }

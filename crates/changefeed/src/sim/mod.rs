@@ -24,6 +24,7 @@
 //! ```
 
 pub mod check;
+pub mod children;
 mod fleet;
 mod seams;
 pub mod svg;
@@ -383,6 +384,9 @@ pub struct SimOutcome {
     pub partitions: Vec<Partition>,
     /// Virtual time the run took, drain included.
     pub virtual_time: Duration,
+    /// How long each child partition read in the run waited after its parents ended (see
+    /// [`children::child_waits`]).
+    pub child_waits: Vec<Duration>,
 }
 
 /// Why a run could not be carried out (not a violation: the simulator itself failed).
@@ -587,9 +591,16 @@ async fn scenario(mut cfg: SimConfig) -> SimOutcome {
         };
         let total = all.len();
         let open: Vec<Partition> = all.into_iter().filter(|p| !p.closed).collect();
+        // Half the splits and merges leave the children's leases to the processor (the
+        // leader's sync, which the run times: `child_waits`); the other half create them at
+        // once, as a second creator would, so children can exist before their parents end.
         if split && total + 2 <= max_partitions {
             if let Some(p) = open.choose(fleet.rng()).map(|p| p.id.clone()) {
-                fleet.split_with_leases(&p).await;
+                if fleet.rng().gen_bool(0.5) {
+                    fleet.split_with_leases(&p).await;
+                } else {
+                    fleet.split_rerouted(&p).await;
+                }
             }
         }
         if merge && total < max_partitions && open.len() > 1 {
@@ -604,7 +615,11 @@ async fn scenario(mut cfg: SimConfig) -> SimOutcome {
                 .map(|w| (w[0].2.clone(), w[1].2.clone()))
                 .collect();
             if let Some((a, b)) = pairs.choose(fleet.rng()).cloned() {
-                fleet.merge_with_leases(&a, &b).await;
+                if fleet.rng().gen_bool(0.5) {
+                    fleet.merge_with_leases(&a, &b).await;
+                } else {
+                    fleet.merge_rerouted(&a, &b).await;
+                }
             }
         }
         fleet.advance(step).await;
@@ -630,6 +645,8 @@ async fn scenario(mut cfg: SimConfig) -> SimOutcome {
     let partitions = fleet.feed.partitions().await.unwrap_or_default();
     let virtual_time = fleet.now();
     let mut log = fleet.kit.world.log();
+    let child_waits =
+        children::child_waits(&partitions, &log.writes, &log.deliveries, &log.first_append);
     SimOutcome {
         seed: cfg.seed,
         trace_hash: log.trace.hash(),
@@ -642,5 +659,6 @@ async fn scenario(mut cfg: SimConfig) -> SimOutcome {
         writes: std::mem::take(&mut log.writes),
         partitions,
         virtual_time,
+        child_waits,
     }
 }

@@ -2,6 +2,7 @@
 //! fault rates, and the log of every store write, delivery and fleet event (with the event
 //! trace, hashed as it grows), which the checker and the timeline read.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -188,6 +189,8 @@ pub(crate) struct Log {
     pub delivered: Vec<bool>,
     pub delivered_count: u64,
     pub keep_history: bool,
+    /// When the first record of each partition was appended (for [`super::children`]).
+    pub first_append: BTreeMap<PartitionId, Duration>,
 }
 
 /// State shared by every seam of every host.
@@ -221,6 +224,7 @@ impl World {
                 delivered: Vec::new(),
                 delivered_count: 0,
                 keep_history,
+                first_append: BTreeMap::new(),
             }),
             rates: Mutex::new(Rates::default()),
             conditions: Mutex::new(StoreConditions::default()),
@@ -306,6 +310,15 @@ impl World {
         });
     }
 
+    /// A record was appended to `partition` now.
+    pub(crate) fn appended(&self, partition: &PartitionId) {
+        let at = self.now();
+        let mut log = self.log();
+        if !log.first_append.contains_key(partition) {
+            log.first_append.insert(partition.clone(), at);
+        }
+    }
+
     pub(crate) fn write(
         &self,
         host: &str,
@@ -347,6 +360,9 @@ impl World {
         }
     }
 }
+
+/// The writer name of the simulator's own lease writes.
+pub(crate) const DRIVER: &str = "driver";
 
 /// The shortest slow handler call.
 const SLOW_CALL_MIN: Duration = Duration::from_millis(5);

@@ -100,6 +100,10 @@ pub(crate) struct HostState {
     /// Set when a plan was cut short or an outcome asks for another look: plan again next
     /// cycle even if nothing changed.
     replan: bool,
+    /// Set when a lease became finished and no partition sync has succeeded since: the leader
+    /// syncs in its next cycle, so the children get leases within an acquire interval of
+    /// their parents' end instead of up to `sync_interval` later.
+    sync_wanted: bool,
     outbox: Vec<Signal>,
 }
 
@@ -117,6 +121,7 @@ impl HostState {
             requests: Requests::default(),
             registered_at: now,
             replan: false,
+            sync_wanted: false,
             outbox: Vec::new(),
         }
     }
@@ -208,6 +213,12 @@ impl HostState {
         self.listing.invalidate();
     }
 
+    /// A list of changes read after this host's own writes (the leader's partition sync) took
+    /// the trusted table to `counter`.
+    pub(crate) fn advanced(&mut self, counter: u64) {
+        self.listing.advanced(counter);
+    }
+
     /// Takes in a full listing made after this host's own writes (the leader's partition
     /// sync), and distrusts the counter: list again next cycle too.
     pub(crate) fn relisted(&mut self, leases: Vec<Lease>) {
@@ -218,6 +229,20 @@ impl HostState {
     /// Every listed row, sorted by partition.
     pub(crate) fn rows(&self) -> &[Lease] {
         self.table.rows()
+    }
+
+    /// Whether the partition sync should run now, before its interval: a lease became
+    /// finished since the last successful sync (its children may need leases). Two hosts
+    /// that both sync are harmless: lease creation is create-if-absent.
+    pub(crate) fn sync_wanted(&mut self) -> bool {
+        self.sync_wanted |= self.table.take_finished();
+        self.sync_wanted
+    }
+
+    /// A partition sync succeeded, or this host does not lead (a host that comes to lead
+    /// syncs at once anyway).
+    pub(crate) fn synced(&mut self) {
+        self.sync_wanted = false;
     }
 
     /// The heartbeat rows of dead hosts the leader may remove (see [`dead_rows`]).

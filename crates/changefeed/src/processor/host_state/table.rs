@@ -11,7 +11,7 @@ use std::time::Duration;
 use crate::balance::{BalanceStrategy, LeaseView, Plan, Snapshot};
 use crate::clock::Instant;
 use crate::lineage::{ready_to_read, ParentsRule};
-use crate::model::{Heartbeat, HostName, Lease, PartitionId};
+use crate::model::{Heartbeat, HostName, Lease, LeaseState, PartitionId};
 
 /// The leases this host has listed, sorted by partition, and what they say of this host.
 #[derive(Debug, Clone)]
@@ -25,6 +25,10 @@ pub(crate) struct LeaseTable {
     /// Set when `leases` was replaced whole: every worker's row must be compared before the
     /// next hints (rows taken in one by one are compared as they come).
     hint_all: bool,
+    /// Set when a listed lease became finished (its partition closed and was read to the
+    /// end): its children may now need leases, so the leader syncs at once rather than at
+    /// its next `sync_interval`. Cleared by [`LeaseTable::take_finished`].
+    finished: bool,
 }
 
 impl LeaseTable {
@@ -35,6 +39,7 @@ impl LeaseTable {
             mine: BTreeSet::new(),
             asked: BTreeSet::new(),
             hint_all: false,
+            finished: false,
         }
     }
 
@@ -59,6 +64,13 @@ impl LeaseTable {
         if !sorted {
             leases.sort_by(|a, b| a.key.partition.cmp(&b.key.partition));
         }
+        // Only finished rows are looked up in the old table: they are few.
+        self.finished |= leases.iter().any(|l| {
+            l.state == LeaseState::Finished
+                && self
+                    .get(&l.key.partition)
+                    .is_none_or(|old| old.state != LeaseState::Finished)
+        });
         self.leases = leases;
         self.hint_all = true;
     }
@@ -68,14 +80,17 @@ impl LeaseTable {
     pub(crate) fn remember(&mut self, lease: Lease) -> Option<&Lease> {
         let me = &self.me;
         let marks = |l: &Lease| (l.is_owned_by(me), l.next_owner.as_ref() == Some(me));
+        let finishes = lease.state == LeaseState::Finished;
         let (i, before) = match self.index(&lease.key.partition) {
             Ok(i) if self.leases[i].version < lease.version => {
                 let before = marks(&self.leases[i]);
+                self.finished |= finishes && self.leases[i].state != LeaseState::Finished;
                 self.leases[i] = lease;
                 (i, before)
             }
             Ok(_) => return None,
             Err(i) => {
+                self.finished |= finishes;
                 self.leases.insert(i, lease);
                 (i, (false, false))
             }
@@ -134,6 +149,11 @@ impl LeaseTable {
         std::mem::take(&mut self.hint_all)
     }
 
+    /// Whether a listed lease became finished since the last call; resets the flag.
+    pub(crate) fn take_finished(&mut self) -> bool {
+        std::mem::take(&mut self.finished)
+    }
+
     /// Whether any listed lease names `host` as its owner.
     pub(crate) fn owns_any(&self, host: &HostName) -> bool {
         self.leases.iter().any(|l| l.owner.as_ref() == Some(host))
@@ -163,7 +183,8 @@ pub(crate) enum Read {
     Nothing,
     /// Only what changed since the last list (the store may answer with a full list).
     Changes,
-    /// Every lease: the safety net is due.
+    /// The safety net is due: the changes since the table's counter on a store that can say
+    /// (however few), every lease on one that cannot.
     Full,
 }
 
@@ -205,6 +226,13 @@ impl Listing {
         self.live = live.to_vec();
         if read == Read::Full {
             self.last_full = Some(now);
+        }
+    }
+
+    /// A list of changes took the trusted table to `counter` (an untrusted one stays so).
+    pub(crate) fn advanced(&mut self, counter: u64) {
+        if self.counter.is_some() {
+            self.counter = Some(counter);
         }
     }
 

@@ -134,6 +134,25 @@ fn a_moved_counter_reads_the_changes() {
 }
 
 #[test]
+fn changes_read_after_own_writes_advance_only_a_trusted_table() {
+    let start = t0();
+    let live = hosts(&["a"]);
+    let mut l = Listing::default();
+    l.advanced(9);
+    assert_eq!(l.counter, None, "an untrusted table stays untrusted");
+    l.listed(Read::Full, 7, &live, start);
+    l.advanced(9);
+    assert_eq!(
+        l.next_read(9, &live, start + SECOND, 300 * SECOND),
+        Read::Nothing,
+        "the sync's own writes are not read again"
+    );
+    l.invalidate();
+    l.advanced(10);
+    assert_eq!(l.counter, None);
+}
+
+#[test]
 fn a_host_dying_with_no_counter_move_reads_the_changes() {
     // Liveness changed the picture: its leases became free without any write.
     let start = t0();

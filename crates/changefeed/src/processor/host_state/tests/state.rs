@@ -242,3 +242,23 @@ fn own_writes_distrust_the_counter_until_listed_again() {
     assert_eq!(s.listed_counter(), None);
     assert_eq!(s.next_read(1, start), Read::Changes);
 }
+
+#[test]
+fn a_lease_that_finishes_asks_for_a_sync_until_one_succeeds() {
+    let start = t0();
+    let mut s = state("a", &["a"], vec![row("0", Some("a"), None, 1)], start);
+    assert!(!s.sync_wanted(), "no lease finished yet");
+    // A checkpoint or a change of hands is no reason to sync.
+    s.listed_changes(&[], vec![row("0", Some("b"), None, 2)]);
+    assert!(!s.sync_wanted());
+    s.listed_changes(&[], vec![finished("0", 3)]);
+    assert!(s.sync_wanted(), "its children may need leases");
+    assert!(s.sync_wanted(), "wanted until a sync succeeds");
+    s.synced();
+    assert!(!s.sync_wanted());
+    // A full list showing the same finished lease again asks for nothing; a new one does.
+    s.listed_all(vec![finished("0", 3), row("1", None, None, 1)], |_| false);
+    assert!(!s.sync_wanted());
+    s.listed_all(vec![finished("0", 3), finished("1", 2)], |_| false);
+    assert!(s.sync_wanted());
+}

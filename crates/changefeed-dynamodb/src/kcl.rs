@@ -15,6 +15,7 @@ use changefeed::lease::LeaseStore;
 use changefeed::model::{
     Continuation, GroupName, Lease, LeaseKey, LeaseState, PartitionId, Position,
 };
+use changefeed::source::MultiFeed;
 use changefeed::LeaseError;
 
 use crate::error::store_error;
@@ -41,7 +42,9 @@ fn text(item: &HashMap<String, AttributeValue>, attr: &str) -> Option<String> {
 
 /// Reads every item of the KCL 2.x lease table `kcl_table` through `store`'s client and
 /// creates, in `group` of `store`, one lease per KCL lease: same partition id (the KCL
-/// `leaseKey`), same parents, starting after the KCL checkpoint. A checkpoint of
+/// `leaseKey`; in multi-stream mode, `account:stream:creationEpoch:shardId` becomes
+/// [`MultiFeed`]'s `stream:shardId`, the identifier kept in the property
+/// `kcl.streamIdentifier`), same parents (converted alike), starting after the KCL checkpoint. A checkpoint of
 /// `TRIM_HORIZON`/`LATEST` becomes the start position `Beginning`/`Now`; `SHARD_END` becomes
 /// a finished lease. A sub-sequence number other than 0 (a KPL-aggregated record in the middle
 /// of its parent) is refused, naming the lease: this crate does not de-aggregate, and resuming
@@ -89,22 +92,52 @@ pub async fn import_kcl(
     Ok(report)
 }
 
+/// A KCL multi-stream lease key, `account:stream:creationEpoch:shardId`, split into the stream
+/// identifier (`account:stream:creationEpoch`), the stream name and the shard id; `None` for a
+/// single-stream key (a shard id).
+fn multi_stream_key(lease_key: &str) -> Option<(&str, &str, &str)> {
+    let (identifier, shard) = lease_key.rsplit_once(':')?;
+    let mut parts = identifier.split(':');
+    let (account, stream, epoch) = (parts.next()?, parts.next()?, parts.next()?);
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    (parts.next().is_none() && digits(account) && digits(epoch) && !stream.is_empty())
+        .then_some((identifier, stream, shard))
+}
+
+/// Our partition id for the KCL shard `shard`: the shard id itself, or in multi-stream mode
+/// `MultiFeed`'s `"{stream}:{shard}"` (so a [`changefeed::source::MultiFeed`] of the same
+/// streams reads the imported leases). A parent named by its full multi-stream key is
+/// converted the same way.
+fn partition_for(stream: Option<&str>, shard: &str) -> Result<PartitionId, String> {
+    let id = match (multi_stream_key(shard), stream) {
+        (Some((_, stream, shard)), _) => {
+            PartitionId::new(shard).and_then(|p| MultiFeed::partition_id(stream, &p))
+        }
+        (None, Some(stream)) => {
+            PartitionId::new(shard).and_then(|p| MultiFeed::partition_id(stream, &p))
+        }
+        (None, None) => PartitionId::new(shard),
+    };
+    id.map_err(|e| e.to_string())
+}
+
 fn kcl_lease(
     group: &GroupName,
     lease_key: &str,
     item: &HashMap<String, AttributeValue>,
 ) -> Result<Lease, String> {
-    let partition = PartitionId::new(lease_key).map_err(|e| e.to_string())?;
+    let multi = multi_stream_key(lease_key);
+    let stream = multi.map(|(_, stream, _)| stream);
+    let partition = partition_for(stream, lease_key)?;
     let parents = match item.get("parentShardIds") {
         Some(AttributeValue::Ss(ids)) => ids.clone(),
         Some(AttributeValue::L(ids)) => ids.iter().filter_map(|v| v.as_s().ok().cloned()).collect(),
         _ => Vec::new(),
     };
     let mut parents = parents
-        .into_iter()
-        .map(PartitionId::new)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| e.to_string())?;
+        .iter()
+        .map(|p| partition_for(stream, p))
+        .collect::<Result<Vec<_>, _>>()?;
     parents.sort();
     let sub = text(item, "checkpointSubSequenceNumber").unwrap_or_else(|| "0".into());
     let checkpoint = text(item, "checkpoint").ok_or("item has no checkpoint")?;
@@ -131,5 +164,10 @@ fn kcl_lease(
     lease
         .properties
         .insert("kcl.ownerSwitchesSinceCheckpoint".into(), switches);
+    if let Some((identifier, _, _)) = multi {
+        lease
+            .properties
+            .insert("kcl.streamIdentifier".into(), identifier.into());
+    }
     Ok(lease)
 }

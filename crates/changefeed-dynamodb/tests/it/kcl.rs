@@ -60,6 +60,20 @@ async fn kcl_leases_are_imported_at_their_checkpoints() {
             7,
             vec![],
         ),
+        // KCL's multi-stream mode: `account:stream:creationEpoch:shardId`, parents by shard id
+        // (or, as some KCL versions write them, by their full key).
+        (
+            "123456789012:orders:1700000000:shardId-000000000005",
+            "49590338271490256608559692538361571095921575989136589000",
+            0,
+            vec!["shardId-000000000001"],
+        ),
+        (
+            "123456789012:orders:1700000000:shardId-000000000006",
+            "TRIM_HORIZON",
+            0,
+            vec!["123456789012:orders:1700000000:shardId-000000000001"],
+        ),
     ];
     for (key, checkpoint, sub, parents) in &rows {
         let mut req = client
@@ -81,7 +95,7 @@ async fn kcl_leases_are_imported_at_their_checkpoints() {
     }
     let group = GroupName::new("migrated").expect("valid");
     let report = import_kcl(&store, &kcl, &group).await.expect("import");
-    assert_eq!(report.created.len(), 4, "{report:?}");
+    assert_eq!(report.created.len(), 6, "{report:?}");
     assert_eq!(
         report.skipped.len(),
         1,
@@ -113,8 +127,28 @@ async fn kcl_leases_are_imported_at_their_checkpoints() {
     assert_eq!(l2.start, Position::Beginning);
     assert_eq!(l2.parents.len(), 1, "parents are kept for lineage");
     assert_eq!(by("shardId-000000000003").start, Position::Now);
+    // Multi-stream keys become MultiFeed's "{stream}:{shard}", parents alike.
+    for id in ["orders:shardId-000000000005", "orders:shardId-000000000006"] {
+        let l = by(id);
+        assert_eq!(
+            l.parents.iter().map(|p| p.as_str()).collect::<Vec<_>>(),
+            ["orders:shardId-000000000001"],
+            "{id}"
+        );
+        assert_eq!(
+            l.properties.get("kcl.streamIdentifier").map(String::as_str),
+            Some("123456789012:orders:1700000000"),
+            "{id}"
+        );
+    }
+    assert_eq!(
+        by("orders:shardId-000000000005").continuation,
+        Some(Continuation::new(
+            "49590338271490256608559692538361571095921575989136589000"
+        ))
+    );
     // Importing again changes nothing.
     let again = import_kcl(&store, &kcl, &group).await.expect("import");
     assert!(again.created.is_empty());
-    assert_eq!(again.existing.len(), 4);
+    assert_eq!(again.existing.len(), 6);
 }

@@ -17,8 +17,9 @@
 //! 3. at the shard's end: `shardEnded`; the child must checkpoint (else the last batch is
 //!    delivered again to a fresh child, as the KCL retries), then the lease is finished and the
 //!    children's leases continue from the parent's end;
-//! 4. when a stop begins while the child is handling a batch: `shutdownRequested` after it, so
-//!    the child may checkpoint while the lease is still held;
+//! 4. when a stop begins: `shutdownRequested`, after the batch in flight or at once for an idle
+//!    child (the library's [`Handler::stopping`]), so the child may checkpoint while the lease
+//!    is still held;
 //! 5. when the lease goes for any other reason (stop, lost, handed off, failed): `leaseLost`,
 //!    then stdin is closed and the child has [`KILL_GRACE`] to exit.
 //!
@@ -336,6 +337,27 @@ impl Handler for KclHandler {
         // On an error the session is dropped (its process group killed): the next call
         // starts a fresh child at the checkpoint.
         self.deliver(ctx, &mut session, batch).await?;
+        self.slots.put(ctx.partition(), session);
+        Ok(())
+    }
+
+    async fn stopping(&self, ctx: &Context) -> Result<(), HandlerError> {
+        let Some(mut session) = self.slots.take(ctx.partition()) else {
+            return Ok(());
+        };
+        if session.shutdown_requested || session.shard_ended {
+            self.slots.put(ctx.partition(), session);
+            return Ok(());
+        }
+        session.shutdown_requested = true;
+        self.converse(
+            ctx,
+            &mut session,
+            &ToChild::ShutdownRequested,
+            "shutdownRequested",
+            None,
+        )
+        .await?;
         self.slots.put(ctx.partition(), session);
         Ok(())
     }

@@ -161,6 +161,19 @@ pub trait Handler: Send + Sync + 'static {
         self.handle(ctx, &batch).await
     }
 
+    /// Called once when a graceful stop reaches this worker between batches, while the lease
+    /// is still held: the last chance to checkpoint ([`Context::checkpoint`]) what was done
+    /// (KCL's `shutdownRequested`). Raced, like a batch, against the fence, the loss of the
+    /// lease and the stop's grace (half of `shutdown_timeout`). Not called when the lease is
+    /// lost, handed off, finished or failed, nor when the host is fenced. Then the lease is
+    /// released and [`Handler::close`] follows with [`CloseReason::Shutdown`].
+    ///
+    /// # Errors
+    /// Any error is logged and reported to `on_error`; the stop goes on.
+    async fn stopping(&self, _ctx: &Context) -> Result<(), HandlerError> {
+        Ok(())
+    }
+
     /// Called once when the worker stops, with the reason.
     async fn close(&self, _ctx: &Context, _reason: CloseReason) {}
 }

@@ -361,3 +361,74 @@ async fn start_position_for_chooses_where_each_partition_the_group_starts_on_beg
         "the choice is kept in the lease"
     );
 }
+
+/// Checkpoints nothing while handling (manual mode) and, when asked at a graceful stop, the
+/// last record it was given.
+#[derive(Default)]
+struct LazyCheckpointer {
+    last: Mutex<Option<changefeed::model::Continuation>>,
+    stopping_calls: Mutex<Vec<String>>,
+}
+
+#[async_trait::async_trait]
+impl changefeed::processor::Handler for LazyCheckpointer {
+    async fn handle(
+        &self,
+        _ctx: &changefeed::processor::Context,
+        batch: &changefeed::model::Batch,
+    ) -> Result<(), changefeed::processor::HandlerError> {
+        *self.last.lock().unwrap() = batch.continuation.clone();
+        Ok(())
+    }
+
+    async fn stopping(
+        &self,
+        ctx: &changefeed::processor::Context,
+    ) -> Result<(), changefeed::processor::HandlerError> {
+        self.stopping_calls
+            .lock()
+            .unwrap()
+            .push(ctx.partition().to_string());
+        let last = self.last.lock().unwrap().clone();
+        if let Some(c) = last {
+            ctx.checkpoint(c).await?;
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_graceful_stop_lets_an_idle_handler_checkpoint_before_the_release() {
+    // KCL's shutdownRequested: a handler that checkpoints lazily is asked, once, while the
+    // lease is still held, and its checkpoint is what the released lease keeps.
+    let (store, feed) = setup(2).await;
+    for i in 0..3 {
+        feed.append_to(&pid("0"), "k", format!("r{i}")).unwrap();
+    }
+    let handler = Arc::new(LazyCheckpointer::default());
+    let running = builder(Arc::new(store.clone()), &feed)
+        .shared_handler(handler.clone())
+        .checkpoint_mode(changefeed::processor::CheckpointMode::Manual)
+        .build()
+        .unwrap()
+        .start();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let key = LeaseKey::new(group(), pid("0"));
+    assert_eq!(
+        store.get(&key).await.unwrap().unwrap().continuation,
+        None,
+        "manual mode: nothing checkpointed while handling"
+    );
+    running.stop().await.unwrap();
+    let mut asked = handler.stopping_calls.lock().unwrap().clone();
+    asked.sort();
+    assert_eq!(asked, ["0", "1"], "each idle worker asked once");
+    let lease = store.get(&key).await.unwrap().unwrap();
+    assert_eq!(
+        lease.continuation,
+        handler.last.lock().unwrap().clone(),
+        "the checkpoint written at the stop is kept by the release"
+    );
+    assert!(lease.continuation.is_some());
+    assert_eq!(lease.owner, None, "released");
+}

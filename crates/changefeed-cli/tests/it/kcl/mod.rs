@@ -265,11 +265,24 @@ fn an_amazon_kclpy_processor_runs_unchanged_through_a_split_and_a_killed_host() 
         "the finished parent is not read again"
     );
 
-    // A graceful stop; then every open lease's stored checkpoint is the last one asked for.
+    // A graceful stop while every child is idle: each gets shutdownRequested (and checkpoints
+    // there, at its last record); then every open lease's stored checkpoint is the last one
+    // asked for.
+    checkpoints_answered(&ledger_path);
+    let before_stop = ledger(&ledger_path).len();
     terminate(&b.0);
     let status = wait_exit(&mut b.0, Duration::from_secs(30));
     assert!(status.success(), "host b stopped gracefully: {status}");
     let entries = ledger(&ledger_path);
+    let at_stop = &entries[before_stop..];
+    for shard in [other.as_str(), left.as_str(), right.as_str()] {
+        assert!(
+            at_stop
+                .iter()
+                .any(|e| e["ev"] == "shutdown_requested" && e["shard"] == shard),
+            "{shard}'s idle child got shutdownRequested at the stop: {at_stop:?}"
+        );
+    }
     let mut asked: BTreeMap<String, Value> = BTreeMap::new();
     for e in entries.iter().filter(|e| e["ev"] == "ckpt") {
         asked.insert(e["shard"].as_str().expect("shard").into(), e["seq"].clone());

@@ -139,6 +139,32 @@ impl Worker {
         }
     }
 
+    /// Calls [`Handler::stopping`](crate::processor::Handler::stopping) once a graceful stop
+    /// reached this worker between batches, raced like a batch call (the stop's grace, the
+    /// fence, the loss of the lease). Whatever it ends with, the stop goes on.
+    pub(super) async fn stopping(&mut self) {
+        if self.fence.is_up() {
+            return;
+        }
+        let token = CancellationToken::new();
+        self.ctx.cancel = token.clone();
+        let handler = self.args.handler.clone();
+        let ctx = self.ctx.clone();
+        match self.race(handler.stopping(&ctx)).await {
+            CallEnd::Returned(Ok(())) => {}
+            CallEnd::Returned(Err(err)) => {
+                warn!(lease = %self.ctx.key, error = %err, "the handler's stopping call failed; stopping anyway");
+                self.notify(ErrorOrigin::Handler, || {
+                    format!("Handler::stopping failed: {err}")
+                });
+            }
+            CallEnd::TimedOut(_) | CallEnd::Stop(_) | CallEnd::HandOff => {
+                token.cancel();
+                debug!(lease = %self.ctx.key, "the handler's stopping call was cut short");
+            }
+        }
+    }
+
     /// After the backoff, before the handler is called again with a failed batch: a retry is
     /// a new delivery, so the host may have been fenced meanwhile, and a hand-off asked for is
     /// honoured at the last checkpoint instead.

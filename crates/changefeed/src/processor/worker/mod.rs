@@ -417,6 +417,7 @@ impl Worker {
             match self.step(reader.as_mut()).await {
                 Step::Continue => {}
                 Step::Stop(CloseReason::Shutdown) => {
+                    self.stopping().await;
                     return self.shutdown().await;
                 }
                 Step::Stop(reason) => return reason,

@@ -124,6 +124,32 @@ fn start_host(properties: &Path, ledger: &Path, name: &str, extra: &[&str]) -> K
     )
 }
 
+/// Writes `dir/app.properties` for the test record processor run by `python` on stream and
+/// application `app` at the local servers, with the `extra` lines, and returns its path.
+fn write_properties(
+    dir: &Path,
+    python: &str,
+    app: &str,
+    kinesis: &str,
+    dynamodb: &str,
+    extra: &str,
+) -> std::path::PathBuf {
+    let processor = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/kcl/record_processor.py");
+    let properties = dir.join("app.properties");
+    std::fs::write(
+        &properties,
+        format!(
+            "executableName = {python} {processor}\nstreamName = {app}\napplicationName = {app}\n\
+             processingLanguage = python/3\ninitialPositionInStream = TRIM_HORIZON\n\
+             regionName = us-east-1\nkinesisEndpoint = {kinesis}\ndynamoDBEndpoint = {dynamodb}\n\
+             {extra}",
+            processor = processor.display()
+        ),
+    )
+    .expect("write properties");
+    properties
+}
+
 #[test]
 fn an_amazon_kclpy_processor_runs_unchanged_through_a_split_and_a_killed_host() {
     let python = kclpy_python();
@@ -132,20 +158,15 @@ fn an_amazon_kclpy_processor_runs_unchanged_through_a_split_and_a_killed_host() 
     let unique = format!("kclpy-{}-{}", std::process::id(), rand_suffix());
     let dir = tempfile::tempdir().expect("temporary directory");
     let ledger_path = dir.path().join("ledger.jsonl");
-    let processor = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/kcl/record_processor.py");
-    let properties = dir.path().join("app.properties");
     // The properties file as the KCL's sample has it, pointed at the local servers.
-    std::fs::write(
-        &properties,
-        format!(
-            "executableName = {python} {processor}\nstreamName = {unique}\napplicationName = {unique}\n\
-             processingLanguage = python/3\ninitialPositionInStream = TRIM_HORIZON\n\
-             AWSCredentialsProvider = DefaultCredentialsProvider\nregionName = us-east-1\n\
-             kinesisEndpoint = {kinesis}\ndynamoDBEndpoint = {dynamodb}\nmaxRecords = 4\n",
-            processor = processor.display()
-        ),
-    )
-    .expect("write properties");
+    let properties = write_properties(
+        dir.path(),
+        &python,
+        &unique,
+        &kinesis,
+        &dynamodb,
+        "AWSCredentialsProvider = DefaultCredentialsProvider\nmaxRecords = 4\n",
+    );
     let feed = stream(&kinesis, &unique);
     let seen = |n: usize| {
         let want: BTreeSet<String> = (0..n).map(|i| format!("r-{i}")).collect();

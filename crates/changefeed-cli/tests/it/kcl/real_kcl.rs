@@ -19,7 +19,7 @@ use serde_json::Value;
 
 use super::{
     checkpoints_answered, delivered, endpoint, kclpy_python, ledger, put, rand_suffix, seq,
-    start_host, stream,
+    start_host, stream, write_properties,
 };
 use crate::support::{process_alive, read, rt, run_ok, terminate, wait_exit, wait_for};
 
@@ -68,23 +68,18 @@ fn changefeed_resumes_a_real_kcl_fleet_from_its_lease_table() {
     let app = format!("realkcl-{}-{}", std::process::id(), rand_suffix());
     let dir = tempfile::tempdir().expect("temporary directory");
     let ledger_path = dir.path().join("ledger.jsonl");
-    let processor = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/kcl/record_processor.py");
-    let properties = dir.path().join("app.properties");
     // The application's one properties file, with the KCL's own settings for a local run.
-    std::fs::write(
-        &properties,
-        format!(
-            "executableName = {python} {processor}\nstreamName = {app}\napplicationName = {app}\n\
-             workerId = java-worker\nAWSCredentialsProvider = EnvironmentVariableCredentialsProvider\n\
-             processingLanguage = python/3\ninitialPositionInStream = TRIM_HORIZON\n\
-             regionName = us-east-1\nkinesisEndpoint = {kinesis}\ndynamoDBEndpoint = {dynamodb}\n\
-             metricsLevel = NONE\ncloudWatchClient.endpointOverride = http://127.0.0.1:9\n\
-             retrievalMode = POLLING\nidleTimeBetweenReadsInMillis = 250\n\
-             parentShardPollIntervalMillis = 500\nshardSyncIntervalMillis = 1000\n",
-            processor = processor.display()
-        ),
-    )
-    .expect("write properties");
+    let properties = write_properties(
+        dir.path(),
+        &python,
+        &app,
+        &kinesis,
+        &dynamodb,
+        "workerId = java-worker\nAWSCredentialsProvider = EnvironmentVariableCredentialsProvider\n\
+         metricsLevel = NONE\ncloudWatchClient.endpointOverride = http://127.0.0.1:9\n\
+         retrievalMode = POLLING\nidleTimeBetweenReadsInMillis = 250\n\
+         parentShardPollIntervalMillis = 500\nshardSyncIntervalMillis = 1000\n",
+    );
     let feed = stream(&kinesis, &app);
     // Records on both shards, a split, records on the children: the KCL finishes the parent.
     put(&feed, 0..20);

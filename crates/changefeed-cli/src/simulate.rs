@@ -42,7 +42,8 @@ pub struct Args {
     #[arg(long, default_value = "ours")]
     strategy: String,
     /// Run a deliberately broken processor: no-fencing, checkpoint-without-cas,
-    /// child-before-parent or no-handler-fence (the checker should catch it). Only in a build
+    /// child-before-parent, no-handler-fence or no-admission (the checker should catch it).
+    /// Only in a build
     /// with feature `sim-broken`.
     #[cfg(feature = "sim-broken")]
     #[arg(long, default_value = "none")]

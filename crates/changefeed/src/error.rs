@@ -57,6 +57,17 @@ pub enum LeaseError {
         /// The row as it is now, if any.
         current: Option<Box<Heartbeat>>,
     },
+    /// A membership view compare-and-swap lost. Carries the view as it is now (`None`: there
+    /// is none).
+    #[error("group {group}: membership view conflict (expected version {expected})")]
+    ViewConflict {
+        /// The group.
+        group: String,
+        /// The version the writer expected (0: no view).
+        expected: u64,
+        /// The view as it is now, if any.
+        current: Option<Box<crate::model::MembershipView>>,
+    },
     /// The lease does not exist.
     #[error("lease {key}: not found")]
     NotFound {

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 
 use super::{Changes, LeaseStore, Listing, StoreOp};
 use crate::error::LeaseError;
-use crate::model::{GroupName, Lease, LeaseKey, Membership};
+use crate::model::{GroupHead, GroupName, Lease, LeaseKey, Membership};
 
 /// Counts of store calls, shared between a [`CountingStore`] and whoever reads them.
 #[derive(Debug, Default)]
@@ -20,10 +20,12 @@ pub struct StoreStats {
     pub lease_rows_read: AtomicU64,
     /// `list` calls.
     pub lists: AtomicU64,
-    /// `heartbeat` calls.
+    /// `heartbeat` and `lead_heartbeat` calls.
     pub heartbeats: AtomicU64,
     /// Heartbeat rows returned by `membership`.
     pub heartbeat_rows_read: AtomicU64,
+    /// Head rows (change counter and membership view) returned by `head`.
+    pub head_rows_read: AtomicU64,
 }
 
 impl StoreStats {
@@ -36,6 +38,7 @@ impl StoreStats {
             lists: self.lists.load(Ordering::Relaxed),
             heartbeats: self.heartbeats.load(Ordering::Relaxed),
             heartbeat_rows_read: self.heartbeat_rows_read.load(Ordering::Relaxed),
+            head_rows_read: self.head_rows_read.load(Ordering::Relaxed),
         }
     }
 }
@@ -55,6 +58,8 @@ pub struct StoreCounts {
     pub heartbeats: u64,
     /// Heartbeat rows read (by `membership`).
     pub heartbeat_rows_read: u64,
+    /// Head rows read (by `head`).
+    pub head_rows_read: u64,
 }
 
 impl StoreCounts {
@@ -69,6 +74,7 @@ impl StoreCounts {
             heartbeat_rows_read: self
                 .heartbeat_rows_read
                 .saturating_sub(earlier.heartbeat_rows_read),
+            head_rows_read: self.head_rows_read.saturating_sub(earlier.head_rows_read),
         }
     }
 
@@ -81,6 +87,7 @@ impl StoreCounts {
             lists: self.lists + other.lists,
             heartbeats: self.heartbeats + other.heartbeats,
             heartbeat_rows_read: self.heartbeat_rows_read + other.heartbeat_rows_read,
+            head_rows_read: self.head_rows_read + other.head_rows_read,
         }
     }
 }
@@ -88,7 +95,10 @@ impl StoreCounts {
 /// Wraps a store, counting every call in [`StoreStats`] and in the metrics
 /// `changefeed_store_reads_total`, `changefeed_store_writes_total`,
 /// `changefeed_store_lease_rows_read_total` (label `op`) and
-/// `changefeed_store_heartbeat_rows_read_total`.
+/// `changefeed_store_heartbeat_rows_read_total` and `changefeed_store_head_rows_read_total`.
+///
+/// A `head` call to a store that keeps no view (it answers `None` without a round trip) is
+/// not counted.
 #[derive(Debug, Clone)]
 pub struct CountingStore {
     inner: Arc<dyn LeaseStore>,
@@ -128,7 +138,7 @@ impl super::ForwardingStore for CountingStore {
     async fn before(&self, op: StoreOp) -> Result<(), LeaseError> {
         if op.is_write() {
             self.write(op.as_str());
-            if op == StoreOp::Heartbeat {
+            if matches!(op, StoreOp::Heartbeat | StoreOp::LeadHeartbeat) {
                 self.stats.heartbeats.fetch_add(1, Ordering::Relaxed);
             }
         } else {
@@ -178,6 +188,16 @@ impl super::ForwardingStore for CountingStore {
     async fn get(&self, key: &LeaseKey) -> Result<Option<Lease>, LeaseError> {
         let r = self.inner.get(key).await;
         self.read("get", 1);
+        r
+    }
+
+    async fn head(&self, group: &GroupName) -> Result<Option<GroupHead>, LeaseError> {
+        let r = self.inner.head(group).await;
+        if let Ok(Some(_)) = &r {
+            self.read("head", 0);
+            self.stats.head_rows_read.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!("changefeed_store_head_rows_read_total").increment(1);
+        }
         r
     }
 }

@@ -16,7 +16,8 @@ use async_trait::async_trait;
 use super::{Changes, LeaseStore, Listing};
 use crate::error::LeaseError;
 use crate::model::{
-    GroupName, Heartbeat, HostName, Lease, LeaseKey, Membership, Timestamp, Version,
+    GroupHead, GroupName, Heartbeat, HostName, Lease, LeaseKey, Membership, MembershipView,
+    Timestamp, Version,
 };
 
 /// Writes [`StoreOp`], [`ForwardingStore`] and the [`LeaseStore`] impl of every
@@ -100,6 +101,13 @@ forwarding! {
         written_at: Timestamp,
         expected: Option<Version>
     ) -> Heartbeat;
+    LeadHeartbeat => lead_heartbeat(
+        group: &GroupName,
+        host: &HostName,
+        incarnation: &str,
+        written_at: Timestamp,
+        expected: Option<Version>
+    ) -> Heartbeat;
     RemoveHeartbeat => remove_heartbeat(
         group: &GroupName,
         host: &HostName,
@@ -108,11 +116,13 @@ forwarding! {
     ) -> ();
     Membership => membership(group: &GroupName) -> Membership;
     ListChanges => list_changes(group: &GroupName, since: u64) -> Option<Changes>;
+    Head => head(group: &GroupName) -> Option<GroupHead>;
+    WriteView => write_view(group: &GroupName, view: &MembershipView, expected: u64) -> MembershipView;
 }
 
 impl StoreOp {
     /// Whether the call writes (`create`, `replace`, `delete`, `heartbeat`,
-    /// `remove_heartbeat`) rather than reads.
+    /// `lead_heartbeat`, `remove_heartbeat`, `write_view`) rather than reads.
     pub fn is_write(self) -> bool {
         matches!(
             self,
@@ -120,7 +130,9 @@ impl StoreOp {
                 | StoreOp::Replace
                 | StoreOp::Delete
                 | StoreOp::Heartbeat
+                | StoreOp::LeadHeartbeat
                 | StoreOp::RemoveHeartbeat
+                | StoreOp::WriteView
         )
     }
 }

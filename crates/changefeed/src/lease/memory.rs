@@ -8,7 +8,8 @@ use async_trait::async_trait;
 use super::{Changes, LeaseStore, Listing};
 use crate::error::LeaseError;
 use crate::model::{
-    GroupName, Heartbeat, HostName, Lease, LeaseKey, Membership, PartitionId, Timestamp, Version,
+    GroupHead, GroupName, Heartbeat, HostName, Lease, LeaseKey, Membership, MembershipView,
+    PartitionId, Timestamp, Version,
 };
 
 #[derive(Debug, Default)]
@@ -21,6 +22,7 @@ struct Group {
     changes: VecDeque<(u64, PartitionId, bool)>,
     /// Changes at or below this counter value are forgotten.
     forgotten: u64,
+    view: Option<MembershipView>,
 }
 
 /// How many changes a group remembers for [`LeaseStore::list_changes`]; a host further behind
@@ -90,6 +92,46 @@ impl MemoryLeaseStore {
                 reason: reason.to_string(),
             },
         );
+    }
+
+    /// A heartbeat write; with `lead`, also the copy into the view the host leads.
+    fn write_heartbeat(
+        &self,
+        group: &GroupName,
+        host: &HostName,
+        incarnation: &str,
+        written_at: Timestamp,
+        expected: Option<Version>,
+        lead: bool,
+    ) -> Result<Heartbeat, LeaseError> {
+        let mut groups = self.lock();
+        let g = groups.entry(group.clone()).or_default();
+        let current = g.hosts.get(host);
+        let version = match (current, expected) {
+            (None, None) => Version::FIRST,
+            (Some(row), Some(v)) if row.version == v => v.next(),
+            (current, _) => {
+                return Err(LeaseError::HeartbeatConflict {
+                    group: group.to_string(),
+                    host: host.to_string(),
+                    current: current.cloned().map(Box::new),
+                })
+            }
+        };
+        let row = Heartbeat {
+            group: group.clone(),
+            host: host.clone(),
+            incarnation: incarnation.into(),
+            version,
+            written_at,
+        };
+        g.hosts.insert(host.clone(), row.clone());
+        if let Some(view) = g.view.as_mut().filter(|_| lead) {
+            if &view.leader == host && &*view.leader_incarnation == incarnation {
+                view.leader_heartbeat = version;
+            }
+        }
+        Ok(row)
     }
 }
 
@@ -218,29 +260,18 @@ impl LeaseStore for MemoryLeaseStore {
         written_at: Timestamp,
         expected: Option<Version>,
     ) -> Result<Heartbeat, LeaseError> {
-        let mut groups = self.lock();
-        let g = groups.entry(group.clone()).or_default();
-        let current = g.hosts.get(host);
-        let version = match (current, expected) {
-            (None, None) => Version::FIRST,
-            (Some(row), Some(v)) if row.version == v => v.next(),
-            (current, _) => {
-                return Err(LeaseError::HeartbeatConflict {
-                    group: group.to_string(),
-                    host: host.to_string(),
-                    current: current.cloned().map(Box::new),
-                })
-            }
-        };
-        let row = Heartbeat {
-            group: group.clone(),
-            host: host.clone(),
-            incarnation: incarnation.into(),
-            version,
-            written_at,
-        };
-        g.hosts.insert(host.clone(), row.clone());
-        Ok(row)
+        self.write_heartbeat(group, host, incarnation, written_at, expected, false)
+    }
+
+    async fn lead_heartbeat(
+        &self,
+        group: &GroupName,
+        host: &HostName,
+        incarnation: &str,
+        written_at: Timestamp,
+        expected: Option<Version>,
+    ) -> Result<Heartbeat, LeaseError> {
+        self.write_heartbeat(group, host, incarnation, written_at, expected, true)
     }
 
     async fn remove_heartbeat(
@@ -325,5 +356,40 @@ impl LeaseStore for MemoryLeaseStore {
                 change_counter: g.change_counter,
             })
             .unwrap_or_default())
+    }
+
+    async fn head(&self, group: &GroupName) -> Result<Option<GroupHead>, LeaseError> {
+        let groups = self.lock();
+        Ok(Some(
+            groups
+                .get(group)
+                .map(|g| GroupHead {
+                    change_counter: g.change_counter,
+                    view: g.view.clone(),
+                })
+                .unwrap_or_default(),
+        ))
+    }
+
+    async fn write_view(
+        &self,
+        group: &GroupName,
+        view: &MembershipView,
+        expected: u64,
+    ) -> Result<MembershipView, LeaseError> {
+        let mut groups = self.lock();
+        let g = groups.entry(group.clone()).or_default();
+        let current = g.view.as_ref().map_or(0, |v| v.version);
+        if current != expected {
+            return Err(LeaseError::ViewConflict {
+                group: group.to_string(),
+                expected,
+                current: g.view.clone().map(Box::new),
+            });
+        }
+        let mut stored = view.clone();
+        stored.version = expected + 1;
+        g.view = Some(stored.clone());
+        Ok(stored)
     }
 }

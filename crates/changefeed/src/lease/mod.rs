@@ -24,7 +24,9 @@ pub use row::LeaseRow;
 use async_trait::async_trait;
 
 use crate::error::LeaseError;
-use crate::model::{GroupName, Heartbeat, HostName, Lease, LeaseKey, Membership, Version};
+use crate::model::{
+    GroupHead, GroupName, Heartbeat, HostName, Lease, LeaseKey, Membership, MembershipView, Version,
+};
 
 /// The result of [`LeaseStore::list`]: the readable leases, and every row that could not be
 /// read, each as an error naming its key. One bad row never hides the others.
@@ -125,6 +127,26 @@ pub trait LeaseStore: Send + Sync + std::fmt::Debug {
         expected: Option<Version>,
     ) -> Result<Heartbeat, LeaseError>;
 
+    /// [`LeaseStore::heartbeat`], written by the leader of the membership view: a store that
+    /// keeps a view ([`LeaseStore::head`]) also copies the new version into the view's
+    /// [`MembershipView::leader_heartbeat`], in the same atomic step, when the view names this
+    /// host and incarnation as its leader. The others judge from the view alone that the
+    /// leader lives and keeps it. The default writes the heartbeat only.
+    ///
+    /// # Errors
+    /// Those of [`LeaseStore::heartbeat`].
+    async fn lead_heartbeat(
+        &self,
+        group: &GroupName,
+        host: &HostName,
+        incarnation: &str,
+        written_at: crate::model::Timestamp,
+        expected: Option<Version>,
+    ) -> Result<Heartbeat, LeaseError> {
+        self.heartbeat(group, host, incarnation, written_at, expected)
+            .await
+    }
+
     /// Removes `host`'s heartbeat row if it is at `expected` and was written by `incarnation`
     /// (a host leaving gracefully, or a leader or operator clearing a dead one). Removing a row
     /// that is already gone succeeds.
@@ -149,6 +171,49 @@ pub trait LeaseStore: Send + Sync + std::fmt::Debug {
     /// # Errors
     /// [`LeaseError::Store`].
     async fn membership(&self, group: &GroupName) -> Result<Membership, LeaseError>;
+
+    /// The group's change counter and membership view, in one read of one small row: what a
+    /// host that is not the leader reads every cycle instead of every heartbeat
+    /// (`docs/protocol.md`, "The membership view"). `None` when the store keeps no view; its
+    /// hosts read [`LeaseStore::membership`] instead. A group never written to reads as a
+    /// counter of 0 and no view.
+    ///
+    /// The counter and the view must be read atomically (one row, or one snapshot): a host
+    /// relies on a view read with a counter being at least as new as every view written
+    /// before the counter reached that value.
+    ///
+    /// The default returns `None`.
+    ///
+    /// # Errors
+    /// [`LeaseError::Store`].
+    async fn head(&self, group: &GroupName) -> Result<Option<GroupHead>, LeaseError> {
+        let _ = group;
+        Ok(None)
+    }
+
+    /// Writes `view` as the group's membership view if the stored one is at `expected` (0: no
+    /// view yet); returns it as stored, at version `expected + 1` (`view.version` is ignored).
+    /// The change counter does not move.
+    ///
+    /// The default refuses: a store that answers [`LeaseStore::head`] must implement it.
+    ///
+    /// # Errors
+    /// [`LeaseError::ViewConflict`] with the current view if the version moved;
+    /// [`LeaseError::Store`].
+    async fn write_view(
+        &self,
+        group: &GroupName,
+        view: &MembershipView,
+        expected: u64,
+    ) -> Result<MembershipView, LeaseError> {
+        let _ = (view, expected);
+        Err(LeaseError::store(
+            "write_view",
+            Some(group.to_string()),
+            false,
+            "this lease store keeps no membership view",
+        ))
+    }
 
     /// What changed hands in `group` after its change counter was `since`: a read that grows
     /// with the changes, not with the number of leases. `None` when the store cannot tell (it

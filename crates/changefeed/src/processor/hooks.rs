@@ -19,6 +19,10 @@ pub enum Broken {
     /// finishes the call after another host has taken the lease (the bug the fence over the
     /// batch in flight fixes).
     NoHandlerFence,
+    /// Hosts take and adopt leases before a membership view lists them live: a host that
+    /// comes back under a name the view judged dead resumes its leases while the others still
+    /// take them as a dead host's (the bug the admission rule fixes).
+    NoAdmission,
 }
 
 /// The broken variant a processor runs with; zero-sized and inert without feature
@@ -63,5 +67,9 @@ impl Hooks {
     check!(
         /// Children do not wait for their parents.
         child_before_parent => ChildBeforeParent
+    );
+    check!(
+        /// Hosts take before a membership view admits them.
+        no_admission => NoAdmission
     );
 }

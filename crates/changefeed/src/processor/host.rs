@@ -22,8 +22,27 @@ use super::{sync, worker};
 use crate::error::LeaseError;
 use crate::lag;
 use crate::lineage::ParentsRule;
-use crate::model::{Continuation, Heartbeat, Lease, LeaseState, Membership, PartitionId, Position};
+use crate::model::{
+    Continuation, GroupHead, Heartbeat, HostName, Lease, LeaseState, Membership, PartitionId,
+    Position,
+};
 use crate::source::OldestUnread;
+
+/// What a cycle reads first: the head row (the change counter and the membership view) from a
+/// store that keeps a view, every heartbeat from one that does not.
+enum Roll {
+    Head(GroupHead),
+    Heartbeats(Membership),
+}
+
+impl Roll {
+    fn change_counter(&self) -> u64 {
+        match self {
+            Roll::Head(h) => h.change_counter,
+            Roll::Heartbeats(m) => m.change_counter,
+        }
+    }
+}
 
 /// A running worker's handles: how to stop it and how to tell it of a newer row.
 struct WorkerSlot {
@@ -46,6 +65,9 @@ pub(super) struct Host {
     fence_deadline: heartbeat::FenceDeadline,
     /// When this host last confirmed its workers know of every hand-off request.
     view: heartbeat::ViewStamp,
+    /// Shared with the heartbeat task: the current incarnation, and whether it renews as the
+    /// membership view's leader.
+    link: heartbeat::ViewLink,
     /// The leader's partition sync and cleanup (runs only while this host leads).
     syncer: sync::Syncer,
     /// Lag per owned partition, for the `changefeed_lag_records` gauge.
@@ -94,6 +116,7 @@ impl Host {
             // Hand-off requests wait one renew interval after registering, so that hosts
             // started together see each other before computing shares.
             grace: p.settings.renew_interval,
+            admission: !p.hooks.no_admission(),
             parents: if p.hooks.child_before_parent() {
                 ParentsRule::Ignore
             } else {
@@ -117,6 +140,7 @@ impl Host {
             fenced_tx: watch::channel(false).0,
             fence_deadline,
             view: heartbeat::ViewStamp::new(p_now),
+            link: heartbeat::ViewLink::new(Arc::from("")),
             unowned_lag_at: None,
             malformed: BTreeSet::new(),
         }
@@ -127,6 +151,8 @@ impl Host {
         cancel: CancellationToken,
         row: Heartbeat,
     ) -> Result<(), ProcessorError> {
+        self.state.registered_as(row.incarnation.clone());
+        self.link = heartbeat::ViewLink::new(row.incarnation.clone());
         let hb_cancel = CancellationToken::new();
         let mut hb_task = JoinSet::new();
         let s = &self.p.settings;
@@ -143,6 +169,7 @@ impl Host {
                 s.safety_margin.min(s.renew_interval),
                 self.fence_deadline.clone(),
                 self.p.callbacks.clone(),
+                self.link.clone(),
             )
             .in_current_span(),
         );
@@ -208,7 +235,10 @@ impl Host {
         if let (Some(row), true) = (row, outcome.is_ok()) {
             let left = stop_at.saturating_duration_since(self.p.clock.now());
             let rng = SmallRng::seed_from_u64(self.p.rng.gen());
-            let remove = self.remove_own_heartbeat(row, rng);
+            let remove = async {
+                self.abdicate().await;
+                self.remove_own_heartbeat(row, rng).await;
+            };
             tokio::select! {
                 _ = remove => {}
                 _ = self.p.clock.sleep(left.max(Duration::from_millis(100))) => {
@@ -219,6 +249,26 @@ impl Host {
         metrics::gauge!("changefeed_leases_owned", "group" => self.group_label.clone()).set(0.0);
         info!("stopped");
         outcome
+    }
+
+    /// A leader that stops gracefully gives the view up, so that the others elect a new
+    /// leader at once (see `Members::abdication`). A failure only means they wait for the view
+    /// to go stale.
+    async fn abdicate(&self) {
+        let Some((view, expected)) = self.state.abdication() else {
+            return;
+        };
+        match self
+            .p
+            .store
+            .write_view(&self.p.group, &view, expected)
+            .await
+        {
+            Ok(_) => info!("gave up leading the membership view"),
+            Err(err) => {
+                debug!(error = %err, "could not give up the membership view; it goes stale instead")
+            }
+        }
     }
 
     /// Removes this host's heartbeat row ([`Policy::REMOVE_HEARTBEAT`]). A renewal cut short
@@ -299,16 +349,17 @@ impl Host {
             return;
         }
         let lapses = self.fence_deadline.lapses();
+        self.state.registered_as(self.link.incarnation());
         let sent = self.p.clock.now();
-        let Some(membership) = self.membership().await else {
+        let Some(roll) = self.roll().await else {
             return;
         };
         // Read the clock after the read returns: a heartbeat version is first seen when the
         // read completes, however long the store took (rule 2 must not count a slow read's
         // wait as time the version stood still).
         let now = self.p.clock.now();
-        self.state.observe(&membership, now);
-        let read = self.state.next_read(membership.change_counter, now);
+        self.take_in(&roll, now);
+        let read = self.state.next_read(roll.change_counter(), now);
         let listed = read != Read::Nothing;
         if listed {
             // Rows that only moved their checkpoint are not in a list of changes, so a take may
@@ -317,7 +368,7 @@ impl Host {
             // the rows that changed hands since the counter the table is at, however few (a
             // check of the counter and the change stamps), and lists in full only when the
             // store cannot say or the table is not trusted.
-            let read_result = self.list_changes(membership.change_counter).await;
+            let read_result = self.list_changes(roll.change_counter()).await;
             let counter = match read_result {
                 Ok(counter) => counter,
                 Err(err) => {
@@ -336,23 +387,39 @@ impl Host {
             // Judge liveness from a membership read made after the list. A host judged dead
             // from the earlier read may have re-registered and taken leases since; its takes
             // can show in the list only with its new heartbeat (it registers first), so this
-            // read sees it live and its leases are not taken as free.
-            let Some(after) = self.membership().await else {
+            // read sees it live and its leases are not taken as free. With a view, the head
+            // read after the list holds a view at least as new as the one that let every
+            // owner in the list take (it takes only once a view lists it).
+            let Some(after) = self.roll().await else {
                 // The list was not balanced on: list again next cycle rather than skip
                 // balancing until the counter moves.
                 self.state.invalidate();
                 return;
             };
-            self.state.observe(&after, self.p.clock.now());
+            self.take_in(&after, self.p.clock.now());
             self.state.listed(read, counter, now);
         } else {
             // The counter did not move since the last list, whose hints were sent: no request
             // was written before this read that the workers do not know of.
             self.view.confirm(sent);
         }
+        let membership = match roll {
+            Roll::Heartbeats(m) => Some((m, sent)),
+            Roll::Head(_) => match self.lead_view(lapses).await {
+                Ok(read) => read,
+                Err(()) => {
+                    // Judged from no read made after the list: plan on nothing, and list
+                    // again next cycle.
+                    self.state.invalidate();
+                    return;
+                }
+            },
+        };
         let synced = self.sync(now).await;
         self.estimate_unowned(now).await;
-        self.forget_dead_hosts(&membership, sent, lapses).await;
+        if let Some((membership, sent)) = &membership {
+            self.forget_dead_hosts(membership, *sent, lapses).await;
+        }
         if !self.state.wants_plan(listed || synced) {
             // Nothing changed hands and no request waits: the cached list is accurate.
             self.publish_gauges();
@@ -369,6 +436,98 @@ impl Host {
         self.adopt_own_leases().await;
         self.balance(now).await;
         self.publish_gauges();
+    }
+
+    /// Reads the head row, or every heartbeat if the store keeps no view; a failure is logged
+    /// and ends the cycle.
+    async fn roll(&self) -> Option<Roll> {
+        match self.p.store.head(&self.p.group).await {
+            Ok(Some(head)) => Some(Roll::Head(head)),
+            Ok(None) => self.membership().await.map(Roll::Heartbeats),
+            Err(err) => {
+                warn!(error = %err, "reading the group's head row failed");
+                self.p.callbacks.error(ErrorOrigin::Store, None, || {
+                    format!("reading the group's head row failed: {err}")
+                });
+                None
+            }
+        }
+    }
+
+    /// Takes in a first read of the cycle that returned at `now`.
+    fn take_in(&mut self, roll: &Roll, now: Instant) {
+        match roll {
+            Roll::Head(head) => self.state.observe_head(head, now),
+            Roll::Heartbeats(membership) => self.state.observe(membership, now),
+        }
+    }
+
+    /// With a view: when this host leads, or no view is fresh (a leader is needed), reads
+    /// every heartbeat, judges them, and writes the view if this host leads (or is the first
+    /// live host by its own judgment) and the view changes. Returns the membership read and
+    /// when it was sent, for the removal of dead hosts' rows; an error if the read was needed
+    /// and failed (then the cycle must not plan: without a view to go by, liveness is judged
+    /// from this read).
+    ///
+    /// The order is the safety argument's (`docs/protocol.md`, "The membership view"): the
+    /// view's version and the table were read before the heartbeats, so a host the view
+    /// replaced let in has its row in this read, and the write is a CAS on that version.
+    async fn lead_view(&mut self, lapses: u64) -> Result<Option<(Membership, Instant)>, ()> {
+        let now = self.p.clock.now();
+        if !self.state.needs_heartbeats(now) {
+            self.link.lead_until(None);
+            return Ok(None);
+        }
+        let sent = now;
+        let membership = self.membership().await.ok_or(())?;
+        let now = self.p.clock.now();
+        self.state.observe(&membership, now);
+        // Renew as the leader for half an expiry more if this host leads a view that stays
+        // up to date: its judgment is unchanged, or written below.
+        let lead_until = Some(now + self.p.settings.lease_expiry / 2);
+        let Some((view, expected)) = self.state.view_to_write(&membership, now) else {
+            self.link
+                .lead_until(self.state.leads().then_some(lead_until).flatten());
+            return Ok(Some((membership, sent)));
+        };
+        if self.cut_short(lapses) {
+            // Stalled past the fence since the cycle began: the judgment is stale.
+            return Ok(Some((membership, sent)));
+        }
+        let changed = !self.state.same_view(&view);
+        match self
+            .p
+            .store
+            .write_view(&self.p.group, &view, expected)
+            .await
+        {
+            Ok(stored) => {
+                if changed {
+                    info!(
+                        version = stored.version,
+                        live = stored.live.len(),
+                        dead = stored.dead.len(),
+                        "wrote the membership view"
+                    );
+                } else {
+                    debug!(version = stored.version, "renewed the membership view");
+                }
+                self.state.view_written(stored, self.p.clock.now());
+                self.link.lead_until(lead_until);
+            }
+            Err(LeaseError::ViewConflict { current, .. }) => {
+                debug!("another host wrote the membership view first");
+                self.state
+                    .view_conflict(current.as_deref(), self.p.clock.now());
+            }
+            Err(err) => {
+                warn!(error = %err, "writing the membership view failed");
+                self.p.callbacks.error(ErrorOrigin::Store, None, || {
+                    format!("writing the membership view failed: {err}")
+                });
+            }
+        }
+        Ok(Some((membership, sent)))
     }
 
     /// Reads the group's membership; a failure is logged and ends the cycle.
@@ -707,16 +866,36 @@ impl Host {
     /// after the conflict: a host that came back registers before it writes a lease, so an
     /// owner that re-adopted its lease shows a new heartbeat here and keeps it.
     async fn retry_takes(&mut self, rows: Vec<Lease>) {
-        let Some(membership) = self.membership().await else {
+        let Some(roll) = self.roll().await else {
             for row in rows {
                 self.state.keep_and_replan(row);
             }
             self.flush();
             return;
         };
-        let live = self
-            .state
-            .live_after_conflict(&membership, self.p.clock.now());
+        let now = self.p.clock.now();
+        let by_view = match &roll {
+            Roll::Heartbeats(_) => None,
+            Roll::Head(head) => self.state.live_after_conflict_head(head, now),
+        };
+        let live: Vec<HostName> = match (by_view, roll) {
+            (Some(live), _) => live,
+            (None, Roll::Heartbeats(membership)) => {
+                self.state.live_after_conflict(&membership, now)
+            }
+            (None, Roll::Head(_)) => {
+                // Electing a leader: judge from a heartbeat read made after the conflict.
+                let Some(membership) = self.membership().await else {
+                    for row in rows {
+                        self.state.keep_and_replan(row);
+                    }
+                    self.flush();
+                    return;
+                };
+                self.state
+                    .live_after_conflict(&membership, self.p.clock.now())
+            }
+        };
         for row in rows {
             if !self.state.retry_take(&row, &live) {
                 self.flush();

@@ -273,8 +273,9 @@ pub fn parse_broken(s: &str) -> Result<Broken, String> {
         "checkpoint-without-cas" => Ok(Broken::CheckpointWithoutCas),
         "child-before-parent" => Ok(Broken::ChildBeforeParent),
         "no-handler-fence" => Ok(Broken::NoHandlerFence),
+        "no-admission" => Ok(Broken::NoAdmission),
         other => Err(format!(
-            "unknown broken variant {other:?}; expected no-fencing, checkpoint-without-cas, child-before-parent or no-handler-fence"
+            "unknown broken variant {other:?}; expected no-fencing, checkpoint-without-cas, child-before-parent, no-handler-fence or no-admission"
         )),
     }
 }
@@ -288,6 +289,7 @@ pub fn broken_name(b: Broken) -> &'static str {
         Broken::CheckpointWithoutCas => "checkpoint-without-cas",
         Broken::ChildBeforeParent => "child-before-parent",
         Broken::NoHandlerFence => "no-handler-fence",
+        Broken::NoAdmission => "no-admission",
     }
 }
 

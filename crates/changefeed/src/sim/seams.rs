@@ -16,8 +16,8 @@ use crate::clock::{Clock, Sleep, VirtualClock};
 use crate::error::{LeaseError, SourceError};
 use crate::lease::{LeaseStore, Listing, MemoryLeaseStore};
 use crate::model::{
-    Batch, Continuation, GroupName, Heartbeat, HostName, Lease, LeaseKey, Membership, Partition,
-    PartitionId, Position, Timestamp, Version,
+    Batch, Continuation, GroupHead, GroupName, Heartbeat, HostName, Lease, LeaseKey, Membership,
+    MembershipView, Partition, PartitionId, Position, Timestamp, Version,
 };
 use crate::processor::{CloseReason, Context, Handler, HandlerError};
 use crate::source::{FeedSource, MemoryFeed, PartitionReader};
@@ -345,6 +345,73 @@ impl crate::lease::ForwardingStore for SimStore {
             format_args!("list_changes {} since {since}", self.ctl.name),
         );
         self.inner.list_changes(group, since).await
+    }
+
+    async fn lead_heartbeat(
+        &self,
+        group: &GroupName,
+        host: &HostName,
+        incarnation: &str,
+        written_at: Timestamp,
+        expected: Option<Version>,
+    ) -> Result<Heartbeat, LeaseError> {
+        self.pre("lead_heartbeat").await?;
+        let hb = self
+            .inner
+            .lead_heartbeat(group, host, incarnation, written_at, expected)
+            .await?;
+        self.post("lead_heartbeat", hb)
+    }
+
+    async fn head(&self, group: &GroupName) -> Result<Option<GroupHead>, LeaseError> {
+        self.pre("head").await?;
+        let head = self.inner.head(group).await?;
+        let at = self.world.now();
+        let mut log = self.world.log();
+        if log.trace.on() {
+            let view = head
+                .as_ref()
+                .and_then(|h| h.view.as_ref())
+                .map(|v| format!("v{}/{}", v.version, v.leader_heartbeat))
+                .unwrap_or_else(|| "none".into());
+            log.trace
+                .push(at, format_args!("head {} view={view}", self.ctl.name));
+        }
+        Ok(head)
+    }
+
+    async fn write_view(
+        &self,
+        group: &GroupName,
+        view: &MembershipView,
+        expected: u64,
+    ) -> Result<MembershipView, LeaseError> {
+        self.pre("write_view").await?;
+        let stored = self.inner.write_view(group, view, expected).await?;
+        let at = self.world.now();
+        let mut log = self.world.log();
+        if log.trace.on() {
+            let live: Vec<String> = stored
+                .live
+                .iter()
+                .map(|h| format!("{}/{}", h.host, h.incarnation))
+                .collect();
+            let dead: Vec<&str> = stored.dead.iter().map(|h| h.as_str()).collect();
+            log.trace.push(
+                at,
+                format_args!(
+                    "write_view {} v{} leader={}/{} live=[{}] dead=[{}]",
+                    self.ctl.name,
+                    stored.version,
+                    stored.leader,
+                    stored.leader_incarnation,
+                    live.join(" "),
+                    dead.join(" ")
+                ),
+            );
+        }
+        drop(log);
+        self.post("write_view", stored)
     }
 
     async fn membership(&self, group: &GroupName) -> Result<Membership, LeaseError> {

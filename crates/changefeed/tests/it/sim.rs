@@ -154,6 +154,19 @@ fn broken_no_handler_fence_is_caught() {
 }
 
 #[test]
+fn broken_no_admission_is_caught() {
+    // A host that comes back under a name the membership view judged dead, and resumes its
+    // leases before a view lists it live again, delivers while hosts holding that view take
+    // the same leases as a dead host's (rule 1).
+    let caught = first_caught(Broken::NoAdmission);
+    let (_, what) = caught.expect("no-admission not caught in 200 seeds");
+    assert!(
+        what.contains("two-deliverers") || what.contains("overlap"),
+        "{what}"
+    );
+}
+
+#[test]
 fn slow_handler_is_part_of_all_faults() {
     // `--faults all` runs slow handler calls, and the name parses back.
     assert!(Faults::all().has(Fault::SlowHandler));

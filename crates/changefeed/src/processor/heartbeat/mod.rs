@@ -87,6 +87,39 @@ impl Liveness {
         self.seen.dedup_by(|a, b| a.0 == b.0);
     }
 
+    /// Takes in a copy of `host`'s heartbeat, seen at `now` in a row written after its
+    /// heartbeat row (the leader's, in the membership view): the copy counts as an observation
+    /// of the row only when it is newer than what was seen, since a copy may lag the row.
+    pub fn observe_copy(
+        &mut self,
+        host: &HostName,
+        incarnation: &Arc<str>,
+        version: Version,
+        now: Instant,
+    ) {
+        match self.seen.binary_search_by(|(h, _)| h.cmp(host)) {
+            Ok(i) => {
+                let seen = &mut self.seen[i].1;
+                if seen.incarnation != *incarnation || version > seen.version {
+                    seen.version = version;
+                    seen.incarnation = Arc::clone(incarnation);
+                    seen.changed_at = now;
+                }
+            }
+            Err(i) => self.seen.insert(
+                i,
+                (
+                    host.clone(),
+                    Seen {
+                        version,
+                        incarnation: Arc::clone(incarnation),
+                        changed_at: now,
+                    },
+                ),
+            ),
+        }
+    }
+
     /// The hosts whose heartbeat changed less than `expiry` ago, sorted by name.
     pub fn live(&self, now: Instant, expiry: Duration) -> Vec<HostName> {
         self.seen
@@ -373,6 +406,55 @@ impl ViewStamp {
     }
 }
 
+/// What the host loop and the heartbeat task share about the membership view: this host's
+/// current incarnation (the heartbeat task registers again under a new one if its row was
+/// removed, and a view must list the new one before the host takes again), and until when the
+/// heartbeat task renews as the view's leader ([`LeaseStore::lead_heartbeat`], which copies
+/// the renewal into the view). The host loop extends that after each cycle in which it kept
+/// the view up to date, so a leader that can renew its heartbeat but not keep the view (its
+/// other store calls fail) stops looking alive to the fleet within half an expiry, and the
+/// fleet elects another.
+#[derive(Debug, Clone)]
+pub(crate) struct ViewLink(Arc<std::sync::Mutex<LinkState>>);
+
+#[derive(Debug)]
+struct LinkState {
+    incarnation: Arc<str>,
+    lead_until: Option<Instant>,
+}
+
+impl ViewLink {
+    pub(crate) fn new(incarnation: Arc<str>) -> Self {
+        Self(Arc::new(std::sync::Mutex::new(LinkState {
+            incarnation,
+            lead_until: None,
+        })))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, LinkState> {
+        // The lock only guards plain values; a poisoned lock still holds valid ones.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// This host's current incarnation.
+    pub(crate) fn incarnation(&self) -> Arc<str> {
+        Arc::clone(&self.lock().incarnation)
+    }
+
+    fn set_incarnation(&self, incarnation: Arc<str>) {
+        self.lock().incarnation = incarnation;
+    }
+
+    /// Renew as the view's leader until `until` (`None`: not at all).
+    pub(crate) fn lead_until(&self, until: Option<Instant>) {
+        self.lock().lead_until = until;
+    }
+
+    fn leads(&self, now: Instant) -> bool {
+        self.lock().lead_until.is_some_and(|until| now < until)
+    }
+}
+
 /// Heartbeat loop: renews the row every `renew_interval`, and raises the fence when the last
 /// successful renewal was sent `fence_after` ago. Lowers it again when a renewal succeeds.
 /// Returns an error if the row was taken over or removed.
@@ -388,6 +470,7 @@ pub(crate) async fn run(
     write_timeout: Duration,
     deadline_shared: FenceDeadline,
     callbacks: Arc<Callbacks>,
+    link: ViewLink,
 ) -> Result<Heartbeat, ProcessorError> {
     let fence = FenceWriter {
         record: deadline_shared,
@@ -413,13 +496,23 @@ pub(crate) async fn run(
             _ = clock.sleep(wait) => {}
         }
         let sent = clock.now();
-        let write = store.heartbeat(
-            &row.group,
-            &row.host,
-            &row.incarnation,
-            clock.wall(),
-            Some(row.version),
-        );
+        let write = if link.leads(sent) {
+            store.lead_heartbeat(
+                &row.group,
+                &row.host,
+                &row.incarnation,
+                clock.wall(),
+                Some(row.version),
+            )
+        } else {
+            store.heartbeat(
+                &row.group,
+                &row.host,
+                &row.incarnation,
+                clock.wall(),
+                Some(row.version),
+            )
+        };
         // A hung store must not hold the loop: the fence deadline still fires.
         let fence_in = (last_ok_sent + fence_after).saturating_duration_since(clock.now());
         let result = tokio::select! {
@@ -470,6 +563,7 @@ pub(crate) async fn run(
                 {
                     Ok(hb) => {
                         warn!(host = %row.host, "heartbeat row had been removed; registered again");
+                        link.set_incarnation(Arc::clone(&hb.incarnation));
                         row = hb;
                         last_ok_sent = sent;
                         fence.record.renewed(sent, sent + fence_after);

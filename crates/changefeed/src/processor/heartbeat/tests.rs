@@ -94,6 +94,7 @@ fn start(
 ) -> (FenceDeadline, watch::Receiver<bool>) {
     let record = FenceDeadline::new(clock.now() + FENCE_AFTER);
     let (doorbell, raised) = watch::channel(false);
+    let row_incarnation = Arc::clone(&row.incarnation);
     tokio::spawn(run(
         store,
         clock,
@@ -105,6 +106,7 @@ fn start(
         WRITE_TIMEOUT,
         record.clone(),
         Arc::default(),
+        ViewLink::new(Arc::clone(&row_incarnation)),
     ));
     (record, raised)
 }

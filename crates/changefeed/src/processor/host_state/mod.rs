@@ -13,18 +13,24 @@
 //! waits on; its registration time; and whether the last plan was cut short.
 
 mod table;
+mod view;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub(crate) use table::*;
+use view::Members;
 
 use super::heartbeat::Liveness;
 use crate::balance::{BalanceStrategy, HandoffRequest};
 use crate::clock::Instant;
 use crate::lineage::ParentsRule;
-use crate::model::{Heartbeat, HostName, Lease, LeaseState, Membership, PartitionId, Version};
+use crate::model::{
+    GroupHead, Heartbeat, HostName, Lease, LeaseState, Membership, MembershipView, PartitionId,
+    Version,
+};
 
 /// Why a lease is taken: free or expired (a take), or an unhonoured hand-off (a steal).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,6 +75,9 @@ pub(crate) struct StateConfig {
     pub handoff_timeout: Duration,
     /// The start-up grace (see [`PlanInput::grace`]).
     pub grace: Duration,
+    /// Whether a host waits for a membership view to list it live before it takes (false
+    /// only in the simulator's broken variant `no-admission`).
+    pub admission: bool,
     pub parents: ParentsRule,
 }
 
@@ -87,13 +96,26 @@ pub(crate) struct Actions {
 #[derive(Debug)]
 pub(crate) struct HostState {
     me: HostName,
+    /// This process's incarnation (its heartbeat row's), once registered.
+    incarnation: Arc<str>,
     config: StateConfig,
     table: LeaseTable,
     /// The version of its lease each running worker knows.
     running: BTreeMap<PartitionId, Version>,
     liveness: Liveness,
     /// The live hosts judged at the last membership read, this host included.
+    judged: Vec<HostName>,
+    /// Whether the store keeps a membership view (its head read answered): then the view's
+    /// judgment, not this host's, decides who is live and dead.
+    views: bool,
+    /// The membership view last read.
+    members: Members,
+    /// The live hosts the plan and the listing go by: `judged` without a view; with one, the
+    /// view's live hosts.
     live: Vec<HostName>,
+    /// The hosts the last plan counted live: `live`, and with a view, also the owners it
+    /// lists neither live nor dead (unknown: their leases are left alone).
+    plan_live: Vec<HostName>,
     listing: Listing,
     requests: Requests,
     registered_at: Instant,
@@ -113,6 +135,11 @@ impl HostState {
         Self {
             table: LeaseTable::new(me.clone()),
             live: vec![me.clone()],
+            judged: vec![me.clone()],
+            plan_live: vec![me.clone()],
+            views: false,
+            members: Members::default(),
+            incarnation: Arc::from(""),
             me,
             config,
             running: BTreeMap::new(),
@@ -133,15 +160,178 @@ impl HostState {
 
     // --- membership and listing ----------------------------------------------------------
 
+    /// This host registered with `incarnation`.
+    pub(crate) fn registered_as(&mut self, incarnation: Arc<str>) {
+        self.incarnation = incarnation;
+    }
+
     /// Takes in a membership read that returned at `now`, and judges the live hosts from it.
     pub(crate) fn observe(&mut self, membership: &Membership, now: Instant) {
         self.liveness.observe(membership, now);
-        self.live = live_hosts(self.liveness.live(now, self.config.lease_expiry), &self.me);
+        self.judged = live_hosts(self.liveness.live(now, self.config.lease_expiry), &self.me);
+        if !self.by_view(now) {
+            self.live = self.judged.clone();
+        }
     }
 
-    /// Whether this host leads the fleet (see [`leads`]).
+    /// Whether the view's judgment decides who is live and dead: there is one, and a leader
+    /// keeps it. Without a view, or while the fleet elects a new leader, this host reads every
+    /// heartbeat and goes by its own judgment, which is sound on its own (an owner registers
+    /// before it takes, and this host's read after the list sees its row).
+    fn by_view(&self, now: Instant) -> bool {
+        self.views && !self.members.leaderless(now, self.config.lease_expiry)
+    }
+
+    /// Takes in a head read (the change counter and the membership view) that returned at
+    /// `now`. The leader's heartbeat copied into the view counts as an observation of it, so
+    /// a host that has to judge the leader itself (the view went stale) can do so at once.
+    pub(crate) fn observe_head(&mut self, head: &GroupHead, now: Instant) {
+        self.views = true;
+        self.members.observe(head.view.as_ref(), now);
+        if let Some(view) = head.view.as_ref() {
+            self.liveness.observe_copy(
+                &view.leader,
+                &view.leader_incarnation,
+                view.leader_heartbeat,
+                now,
+            );
+        }
+        self.live = if self.by_view(now) {
+            self.members.live().to_vec()
+        } else {
+            self.judged.clone()
+        };
+    }
+
+    /// Whether this cycle must read every heartbeat: always without a view; with one, when
+    /// this host leads, or when there is no view or it went stale (a new leader is needed, and
+    /// the first live host by this host's own judgment becomes it).
+    pub(crate) fn needs_heartbeats(&self, now: Instant) -> bool {
+        !self.views
+            || self.members.leaderless(now, self.config.lease_expiry)
+            || self.members.led_by(&self.me, &self.incarnation)
+            || !self.admitted()
+    }
+
+    /// The view to write after a membership read at `now`, with the version to write it at,
+    /// if this host leads (or should: no fresh view, and it is the first live host by its own
+    /// judgment) and the view would change or its beat is due. The table's owners were listed
+    /// before that membership read, and the version was read before it: see
+    /// `docs/protocol.md`.
+    pub(crate) fn view_to_write(
+        &self,
+        membership: &Membership,
+        now: Instant,
+    ) -> Option<(MembershipView, u64)> {
+        if !self.views {
+            return None;
+        }
+        let elected = self.members.leaderless(now, self.config.lease_expiry)
+            || self.members.leader_gone(&membership.hosts);
+        // A stale view's leader is not a candidate in the same incarnation: if it still
+        // lives, it renews its heartbeat but does not keep the view (see
+        // `heartbeat::ViewLink`). Started again, it is a new process and may lead again.
+        let failed_leader = self.members.view().and_then(|v| {
+            membership
+                .hosts
+                .iter()
+                .any(|hb| hb.host == v.leader && hb.incarnation == v.leader_incarnation)
+                .then_some(&v.leader)
+        });
+        let candidates: Vec<HostName> = self
+            .judged
+            .iter()
+            .filter(|h| Some(*h) != failed_leader)
+            .cloned()
+            .collect();
+        let leading = self.members.led_by(&self.me, &self.incarnation)
+            || (elected && leads(&self.me, &candidates));
+        if !leading {
+            return None;
+        }
+        let my_row = membership
+            .hosts
+            .iter()
+            .find(|hb| hb.host == self.me && hb.incarnation == self.incarnation)?;
+        let owners: BTreeSet<HostName> = self
+            .table
+            .rows()
+            .iter()
+            .filter_map(|l| l.owner.clone())
+            .collect();
+        let judged = view::judge(&self.me, my_row, &membership.hosts, &self.judged, &owners);
+        self.members
+            .should_write(&judged)
+            .then(|| (judged, self.members.version()))
+    }
+
+    /// Whether `view` judges as the view last read does.
+    pub(crate) fn same_view(&self, view: &MembershipView) -> bool {
+        self.members.view().is_some_and(|v| v.same_judgment(view))
+    }
+
+    /// The last view to write when this host stops gracefully, if it leads (see
+    /// [`Members::abdication`]).
+    pub(crate) fn abdication(&self) -> Option<(MembershipView, u64)> {
+        if self.views && self.leads() {
+            self.members.abdication()
+        } else {
+            None
+        }
+    }
+
+    /// This host stored `view` at `now`.
+    pub(crate) fn view_written(&mut self, view: MembershipView, now: Instant) {
+        self.members.wrote(view, now);
+        self.live = self.members.live().to_vec();
+    }
+
+    /// A view write conflicted with `current`, read at `now`: another host leads.
+    pub(crate) fn view_conflict(&mut self, current: Option<&MembershipView>, now: Instant) {
+        self.members.observe(current, now);
+        if self.by_view(now) {
+            self.live = self.members.live().to_vec();
+        }
+    }
+
+    /// Whether this host may take and ask for leases: always without a view; with one, once
+    /// the view lists it live in this incarnation (until then a host holding an older view
+    /// would count its leases as a dead host's).
+    pub(crate) fn admitted(&self) -> bool {
+        !self.config.admission
+            || !self.views
+            || !self.members.exists()
+            || self.members.admits(&self.me, &self.incarnation)
+    }
+
+    /// Whether this host leads the fleet: without a view, the first live host by name (see
+    /// [`leads`]); with one, the host the view names.
     pub(crate) fn leads(&self) -> bool {
-        leads(&self.me, &self.live)
+        if self.views {
+            self.members.led_by(&self.me, &self.incarnation)
+        } else {
+            leads(&self.me, &self.live)
+        }
+    }
+
+    /// The hosts a plan counts live: without a view, the judged live hosts; with one, the
+    /// view's live hosts plus every owner it lists neither live nor dead. Such an owner took
+    /// its leases under a view this host has not read, or runs a version without views:
+    /// counting it live leaves its leases to hand-off requests, which are safe against a live
+    /// owner, instead of taking them as free.
+    fn planning_live(&self, now: Instant) -> Vec<HostName> {
+        if !self.by_view(now) {
+            return self.live.clone();
+        }
+        let mut live: BTreeSet<HostName> = self.live.iter().cloned().collect();
+        for lease in self.table.rows() {
+            if let Some(owner) = &lease.owner {
+                if !live.contains(owner) && !self.members.is_dead(owner) {
+                    live.insert(owner.clone());
+                }
+            }
+        }
+        live.into_iter().collect()
     }
 
     /// What to read after a membership read at `now` showing `counter`.
@@ -245,9 +435,18 @@ impl HostState {
         self.sync_wanted = false;
     }
 
-    /// The heartbeat rows of dead hosts the leader may remove (see [`dead_rows`]).
+    /// The heartbeat rows of dead hosts the leader may remove (see [`dead_rows`]); none
+    /// unless this host leads. With a view, only rows the view lists dead, so no host holding
+    /// the view counts a removed row's host as unknown while it still owns leases.
     pub(crate) fn dead_rows<'a>(&self, hosts: &'a [Heartbeat]) -> Vec<&'a Heartbeat> {
-        dead_rows(&self.me, hosts, &self.live, &self.table)
+        if !self.leads() {
+            return Vec::new();
+        }
+        let mut rows = dead_rows(hosts, &self.judged, &self.table);
+        if self.views {
+            rows.retain(|hb| self.members.is_dead(&hb.host));
+        }
+        rows
     }
 
     // --- planning --------------------------------------------------------------------------
@@ -272,7 +471,13 @@ impl HostState {
 
     /// Leases the table says are ours but no worker runs (a restart under the same name, or a
     /// fence that was lowered): to claim again by CAS at their version.
+    ///
+    /// None before a view admits this host: an adoption is a take, and a host holding the
+    /// view that judged this name dead would take the adopted lease as free.
     pub(crate) fn to_adopt(&self) -> Vec<Lease> {
+        if !self.admitted() {
+            return Vec::new();
+        }
         self.table.to_adopt(|p| self.running.contains_key(p))
     }
 
@@ -293,10 +498,16 @@ impl HostState {
         strategy: &dyn BalanceStrategy,
     ) -> Actions {
         self.requests.sync(self.table.asked(), seen);
+        if !self.admitted() {
+            // Not yet listed live by a view: take and ask for nothing; plan again next cycle.
+            self.replan = true;
+            return Actions::default();
+        }
+        self.plan_live = self.planning_live(now);
         let (plan, held) = plan(
             &PlanInput {
                 me: &self.me,
-                live: &self.live,
+                live: &self.plan_live,
                 table: &self.table,
                 requests: &self.requests,
                 now,
@@ -373,6 +584,17 @@ impl HostState {
         self.liveness.live(now, self.config.lease_expiry)
     }
 
+    /// The same as [`HostState::live_after_conflict`], from a head read with a view.
+    /// `None` while the fleet elects a leader: then judge from a heartbeat read instead.
+    pub(crate) fn live_after_conflict_head(
+        &mut self,
+        head: &GroupHead,
+        now: Instant,
+    ) -> Option<Vec<HostName>> {
+        self.observe_head(head, now);
+        self.by_view(now).then(|| self.planning_live(now))
+    }
+
     /// Whether a take retried after a conflict may go ahead, given the hosts `live` after it
     /// (see [`may_retry_take`]). If not, the row is kept and the plan runs again next cycle.
     pub(crate) fn retry_take(&mut self, row: &Lease, live: &[HostName]) -> bool {
@@ -391,7 +613,12 @@ impl HostState {
         current: Option<&Lease>,
     ) -> Option<(Lease, Lease)> {
         let lease = current.or_else(|| self.table.get(&request.partition))?;
-        if !may_request(lease, &request.from, &self.live) {
+        let live = if self.views {
+            &self.plan_live
+        } else {
+            &self.live
+        };
+        if !may_request(lease, &request.from, live) {
             return None;
         }
         let mut next = lease.clone();

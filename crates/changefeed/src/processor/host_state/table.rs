@@ -262,14 +262,10 @@ pub(crate) fn leads(me: &HostName, live: &[HostName]) -> bool {
 /// The heartbeat rows the leader removes: hosts judged dead that own no listed lease any
 /// more (a newcomer would otherwise count them as owed a share).
 pub(crate) fn dead_rows<'a>(
-    me: &HostName,
     hosts: &'a [Heartbeat],
     live: &[HostName],
     table: &LeaseTable,
 ) -> Vec<&'a Heartbeat> {
-    if !leads(me, live) {
-        return Vec::new();
-    }
     hosts
         .iter()
         .filter(|hb| !live.contains(&hb.host) && !table.owns_any(&hb.host))

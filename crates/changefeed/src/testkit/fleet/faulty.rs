@@ -51,7 +51,9 @@ impl Faulty {
     async fn gate(&self, op: StoreOp) -> Result<(), LeaseError> {
         match self.mode() {
             FaultMode::Healthy => Ok(()),
-            FaultMode::LeasesFail if op == StoreOp::Heartbeat => Ok(()),
+            FaultMode::LeasesFail if matches!(op, StoreOp::Heartbeat | StoreOp::LeadHeartbeat) => {
+                Ok(())
+            }
             FaultMode::Fail | FaultMode::LeasesFail => Err(LeaseError::store(
                 op.as_str(),
                 None,

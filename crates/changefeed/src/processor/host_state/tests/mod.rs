@@ -97,6 +97,7 @@ fn config() -> StateConfig {
         full_list_interval: 300 * SECOND,
         handoff_timeout: 10 * SECOND,
         grace: 2 * SECOND,
+        admission: true,
         parents: ParentsRule::Wait,
     }
 }

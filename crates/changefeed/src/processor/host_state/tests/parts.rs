@@ -214,18 +214,11 @@ fn the_first_live_host_by_name_leads() {
 fn the_leader_removes_dead_rows_that_own_nothing() {
     let rows = [heartbeat("a"), heartbeat("b"), heartbeat("c")];
     let t = table("a", vec![row("0", Some("c"), None, 1)]);
-    let dead: Vec<&str> = dead_rows(&h("a"), &rows, &hosts(&["a"]), &t)
+    let dead: Vec<&str> = dead_rows(&rows, &hosts(&["a"]), &t)
         .iter()
         .map(|hb| hb.host.as_str())
         .collect();
     assert_eq!(dead, ["b"], "c still owns a lease: kept until it is taken");
-}
-
-#[test]
-fn a_follower_removes_no_rows() {
-    let rows = [heartbeat("a"), heartbeat("b"), heartbeat("c")];
-    let t = table("b", vec![]);
-    assert!(dead_rows(&h("b"), &rows, &hosts(&["a", "b"]), &t).is_empty());
 }
 
 // --- plans ------------------------------------------------------------------------------

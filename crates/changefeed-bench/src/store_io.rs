@@ -103,14 +103,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let checkpoints = per_host(total.writes - total.heartbeats) / renew_intervals;
         let rows = per_host(total.lease_rows_read) / acquire_intervals;
         let hb_rows = per_host(total.heartbeat_rows_read) / acquire_intervals;
+        // Head rows: the change counter and the membership view, read together.
+        let head_rows = per_host(total.head_rows_read) / acquire_intervals;
         let reads = per_host(total.reads) / acquire_intervals;
-        // Every row read, heartbeat and lease rows together.
-        let all_rows = rows + hb_rows;
+        // Every row read: heartbeat, head and lease rows together.
+        let all_rows = rows + hb_rows + head_rows;
         // Per host per minute, the unit every cadence can be compared in.
         let ours_min = Anchor {
             writes: per_host(total.writes) / minutes,
             lease_rows: per_host(total.lease_rows_read) / minutes,
-            heartbeat_rows: per_host(total.heartbeat_rows_read) / minutes,
+            heartbeat_rows: per_host(total.heartbeat_rows_read + total.head_rows_read) / minutes,
         };
         let same = Anchor::computed(leases, hosts_n, settings.renew_interval, settings.acquire_interval);
         let kcl_default = Anchor::computed(
@@ -140,6 +142,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         println!("{:<42} {:>8.2}", "store reads per acquire interval", reads);
         println!("{:<42} {:>8.2}", "lease rows read per acquire interval", rows);
         println!("{:<42} {:>8.2}", "heartbeat rows read per acquire interval", hb_rows);
+        println!("{:<42} {:>8.2}", "head rows read per acquire interval", head_rows);
         println!("{:<42} {:>8.2}", "rows read per acquire interval, in all", all_rows);
         println!();
         println!(
@@ -153,7 +156,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         for (what, f) in [
             ("writes", (|a: &Anchor| a.writes) as fn(&Anchor) -> f64),
             ("lease rows read", |a: &Anchor| a.lease_rows),
-            ("heartbeat rows read", |a: &Anchor| a.heartbeat_rows),
+            ("heartbeat and head rows read", |a: &Anchor| a.heartbeat_rows),
         ] {
             println!(
                 "{:<30} {:>14.0} {:>18.0} {:>18.0} {:>18.0}",
@@ -165,7 +168,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             );
         }
         println!(
-            "RESULT writes_per_host_per_interval={writes:.3} checkpoints_per_host_per_interval={checkpoints:.3} lease_rows_read_per_host_per_interval={rows:.2} kcl_writes_per_host_per_interval={:.1} kcl_lease_rows_read_per_host_per_interval={:.0} heartbeat_rows_read_per_host_per_interval={hb_rows:.2} writes_per_host_min_ours={:.1} writes_per_host_min_kcl_default={:.0} writes_per_host_min_cosmos_default={:.0} lease_rows_read_per_host_min_ours={:.0} lease_rows_read_per_host_min_kcl_default={:.0} lease_rows_read_per_host_min_cosmos_default={:.0} heartbeat_rows_read_per_host_min_ours={:.0} rows_read_per_host_per_interval={all_rows:.2} rows_read_per_interval_fleet={:.0}",
+            "RESULT writes_per_host_per_interval={writes:.3} checkpoints_per_host_per_interval={checkpoints:.3} lease_rows_read_per_host_per_interval={rows:.2} kcl_writes_per_host_per_interval={:.1} kcl_lease_rows_read_per_host_per_interval={:.0} heartbeat_rows_read_per_host_per_interval={hb_rows:.2} writes_per_host_min_ours={:.1} writes_per_host_min_kcl_default={:.0} writes_per_host_min_cosmos_default={:.0} lease_rows_read_per_host_min_ours={:.0} lease_rows_read_per_host_min_kcl_default={:.0} lease_rows_read_per_host_min_cosmos_default={:.0} heartbeat_rows_read_per_host_min_ours={:.0} rows_read_per_host_per_interval={all_rows:.2} rows_read_per_interval_fleet={:.0} head_rows_read_per_host_per_interval={head_rows:.2}",
             leases / hosts_n,
             leases,
             ours_min.writes,

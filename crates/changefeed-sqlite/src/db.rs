@@ -83,6 +83,16 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE changefeed_groups ADD COLUMN stamped_counter INTEGER NOT NULL DEFAULT 0;
     UPDATE changefeed_groups SET changes_from = change_counter, stamped_counter = change_counter;
     "#,
+    // 3: the membership view, in the group's counter row so that one read gives both (see the
+    // store module). `view` holds the live and dead hosts as JSON; the leader and its copied
+    // heartbeat version are columns, so a leader's renewal updates them in place.
+    r#"
+    ALTER TABLE changefeed_groups ADD COLUMN view_version INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE changefeed_groups ADD COLUMN view TEXT;
+    ALTER TABLE changefeed_groups ADD COLUMN view_leader TEXT;
+    ALTER TABLE changefeed_groups ADD COLUMN view_leader_incarnation TEXT;
+    ALTER TABLE changefeed_groups ADD COLUMN view_leader_heartbeat INTEGER NOT NULL DEFAULT 0;
+    "#,
 ];
 
 /// The schema version this build creates and understands.

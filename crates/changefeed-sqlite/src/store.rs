@@ -36,6 +36,13 @@
 //!
 //! The counter row and the rows listed are read in one read transaction, one snapshot: every
 //! change up to the counter returned is included, none after it.
+//!
+//! # The membership view
+//!
+//! The view lives in the group's counter row (schema version 3), so [`LeaseStore::head`] is one
+//! read of one row: `view_version` (the CAS), `view` (the view as JSON), and `view_leader`,
+//! `view_leader_incarnation` and `view_leader_heartbeat`, which [`LeaseStore::lead_heartbeat`]
+//! updates in the heartbeat's own transaction when the leader and incarnation match.
 
 use std::borrow::Cow;
 use std::path::Path;
@@ -44,7 +51,8 @@ use async_trait::async_trait;
 use changefeed::lease::row::{SQL_COLUMNS, SQL_COLUMN_NAMES, SQL_TEXT_COLUMNS};
 use changefeed::lease::{BackendError, Changes, LeaseRow, LeaseStore, Listing};
 use changefeed::model::{
-    GroupName, Heartbeat, HostName, Lease, LeaseKey, Membership, PartitionId, Timestamp, Version,
+    GroupHead, GroupName, Heartbeat, HostName, Lease, LeaseKey, Membership, MembershipView,
+    PartitionId, Timestamp, Version,
 };
 use changefeed::LeaseError;
 use rusqlite::types::{ToSql, ValueRef};
@@ -149,6 +157,70 @@ impl SqliteLeaseStore {
                     })
                 }),
             }
+        })
+        .await
+    }
+
+    /// A heartbeat write; with `lead`, also the copy of its version into the view this host
+    /// leads, in the same transaction.
+    async fn write_heartbeat(
+        &self,
+        group: &GroupName,
+        host: &HostName,
+        incarnation: &str,
+        written_at: Timestamp,
+        expected: Option<Version>,
+        lead: bool,
+    ) -> Result<Heartbeat, LeaseError> {
+        let (group, host, incarnation) = (group.clone(), host.clone(), incarnation.to_string());
+        self.run("heartbeat", format!("{group}/{host}"), move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let current = read_heartbeat(&tx, &group, &host)?;
+            let version = match (&current, expected) {
+                (None, None) => Version::FIRST,
+                (Some(row), Some(v)) if row.version == v => v.next(),
+                _ => {
+                    return Err(LeaseError::HeartbeatConflict {
+                        group: group.to_string(),
+                        host: host.to_string(),
+                        current: current.map(Box::new),
+                    }
+                    .into())
+                }
+            };
+            tx.prepare_cached(
+                "INSERT INTO changefeed_heartbeats
+                 (group_name, host, incarnation, version, written_at) VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT (group_name, host) DO UPDATE SET incarnation = excluded.incarnation,
+                 version = excluded.version, written_at = excluded.written_at",
+            )?
+            .execute(params![
+                group.as_str(),
+                host.as_str(),
+                incarnation,
+                to_sql_version(version)?,
+                written_at.millis(),
+            ])?;
+            if lead {
+                tx.prepare_cached(
+                    "UPDATE changefeed_groups SET view_leader_heartbeat = ?1
+                     WHERE group_name = ?2 AND view_leader = ?3 AND view_leader_incarnation = ?4",
+                )?
+                .execute(params![
+                    to_sql_version(version)?,
+                    group.as_str(),
+                    host.as_str(),
+                    incarnation
+                ])?;
+            }
+            tx.commit()?;
+            Ok(Heartbeat {
+                group,
+                host,
+                incarnation: incarnation.into(),
+                version,
+                written_at,
+            })
         })
         .await
     }
@@ -297,6 +369,54 @@ impl CounterRow {
         };
         self.stamped_counter == self.change_counter && from <= since && since <= counter
     }
+}
+
+/// The group's head row: its change counter and membership view. A view that cannot be read
+/// back (a hand edit) is an error naming the group, not a missing view: a missing view would
+/// let the hosts elect a leader that overwrites it, which is what an operator fixing the row
+/// wants anyway, but silently.
+fn read_head(conn: &Connection, group: &GroupName) -> Result<GroupHead, Fail> {
+    let row = conn
+        .prepare_cached(
+            "SELECT change_counter, view_version, view, view_leader_heartbeat
+             FROM changefeed_groups WHERE group_name = ?1",
+        )?
+        .query_row([group.as_str()], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, Option<String>>(2)?,
+                r.get::<_, i64>(3)?,
+            ))
+        })
+        .optional()?;
+    let Some((counter, version, json, leader_heartbeat)) = row else {
+        return Ok(GroupHead::default());
+    };
+    let change_counter = u64::try_from(counter).unwrap_or(0);
+    let view = match (version, json) {
+        (0, _) | (_, None) => None,
+        (version, Some(json)) => {
+            let unreadable = |why: String| {
+                Fail::Lease(LeaseError::store(
+                    "head",
+                    Some(group.to_string()),
+                    false,
+                    format!("the membership view of group {group} cannot be read: {why}"),
+                ))
+            };
+            let mut view: MembershipView =
+                serde_json::from_str(&json).map_err(|e| unreadable(e.to_string()))?;
+            view.version = u64::try_from(version).map_err(|e| unreadable(e.to_string()))?;
+            view.leader_heartbeat =
+                Version(u64::try_from(leader_heartbeat).map_err(|e| unreadable(e.to_string()))?);
+            Some(view)
+        }
+    };
+    Ok(GroupHead {
+        change_counter,
+        view,
+    })
 }
 
 /// Text of column `i`, or why it is not text.
@@ -581,45 +701,20 @@ impl LeaseStore for SqliteLeaseStore {
         written_at: Timestamp,
         expected: Option<Version>,
     ) -> Result<Heartbeat, LeaseError> {
-        let (group, host, incarnation) = (group.clone(), host.clone(), incarnation.to_string());
-        self.run("heartbeat", format!("{group}/{host}"), move |conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let current = read_heartbeat(&tx, &group, &host)?;
-            let version = match (&current, expected) {
-                (None, None) => Version::FIRST,
-                (Some(row), Some(v)) if row.version == v => v.next(),
-                _ => {
-                    return Err(LeaseError::HeartbeatConflict {
-                        group: group.to_string(),
-                        host: host.to_string(),
-                        current: current.map(Box::new),
-                    }
-                    .into())
-                }
-            };
-            tx.prepare_cached(
-                "INSERT INTO changefeed_heartbeats
-                 (group_name, host, incarnation, version, written_at) VALUES (?1, ?2, ?3, ?4, ?5)
-                 ON CONFLICT (group_name, host) DO UPDATE SET incarnation = excluded.incarnation,
-                 version = excluded.version, written_at = excluded.written_at",
-            )?
-            .execute(params![
-                group.as_str(),
-                host.as_str(),
-                incarnation,
-                to_sql_version(version)?,
-                written_at.millis(),
-            ])?;
-            tx.commit()?;
-            Ok(Heartbeat {
-                group,
-                host,
-                incarnation: incarnation.into(),
-                version,
-                written_at,
-            })
-        })
-        .await
+        self.write_heartbeat(group, host, incarnation, written_at, expected, false)
+            .await
+    }
+
+    async fn lead_heartbeat(
+        &self,
+        group: &GroupName,
+        host: &HostName,
+        incarnation: &str,
+        written_at: Timestamp,
+        expected: Option<Version>,
+    ) -> Result<Heartbeat, LeaseError> {
+        self.write_heartbeat(group, host, incarnation, written_at, expected, true)
+            .await
     }
 
     async fn remove_heartbeat(
@@ -677,6 +772,72 @@ impl LeaseStore for SqliteLeaseStore {
                 hosts,
                 change_counter: counter.counter(),
             })
+        })
+        .await
+    }
+
+    async fn head(&self, group: &GroupName) -> Result<Option<GroupHead>, LeaseError> {
+        let group = group.clone();
+        self.run("head", group.to_string(), move |conn| {
+            let head = read_head(conn, &group)?;
+            Ok(Some(head))
+        })
+        .await
+    }
+
+    async fn write_view(
+        &self,
+        group: &GroupName,
+        view: &MembershipView,
+        expected: u64,
+    ) -> Result<MembershipView, LeaseError> {
+        let group = group.clone();
+        let mut stored = view.clone();
+        stored.version = expected + 1;
+        self.run("write_view", group.to_string(), move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let current = read_head(&tx, &group)?;
+            if current.view.as_ref().map_or(0, |v| v.version) != expected {
+                return Err(LeaseError::ViewConflict {
+                    group: group.to_string(),
+                    expected,
+                    current: current.view.map(Box::new),
+                }
+                .into());
+            }
+            let json = serde_json::to_string(&stored)
+                .map_err(|e| LeaseError::store("write_view", Some(group.to_string()), false, e))?;
+            let version = i64::try_from(stored.version).map_err(|_| {
+                LeaseError::store(
+                    "write_view",
+                    Some(group.to_string()),
+                    false,
+                    format!(
+                        "view version {} does not fit SQLite's INTEGER",
+                        stored.version
+                    ),
+                )
+            })?;
+            tx.prepare_cached(
+                "INSERT INTO changefeed_groups (group_name, change_counter, changes_from,
+                   stamped_counter, view_version, view, view_leader, view_leader_incarnation,
+                   view_leader_heartbeat)
+                 VALUES (?1, 0, 0, 0, ?2, ?3, ?4, ?5, ?6)
+                 ON CONFLICT (group_name) DO UPDATE SET view_version = excluded.view_version,
+                   view = excluded.view, view_leader = excluded.view_leader,
+                   view_leader_incarnation = excluded.view_leader_incarnation,
+                   view_leader_heartbeat = excluded.view_leader_heartbeat",
+            )?
+            .execute(params![
+                group.as_str(),
+                version,
+                json,
+                stored.leader.as_str(),
+                &*stored.leader_incarnation,
+                to_sql_version(stored.leader_heartbeat)?,
+            ])?;
+            tx.commit()?;
+            Ok(stored)
         })
         .await
     }

@@ -220,7 +220,7 @@ async fn a_schema_1_database_answers_from_its_counter_at_migration_on() {
     let fx = Fixture::new();
     batch(&fx.path, SCHEMA_1).await;
     let store = fx.store().await;
-    assert_eq!(SCHEMA_VERSION, 2);
+    assert_eq!(SCHEMA_VERSION, 3);
     assert_eq!(
         count(&fx.path, "SELECT version FROM changefeed_schema_version").await,
         SCHEMA_VERSION
@@ -228,6 +228,12 @@ async fn a_schema_1_database_answers_from_its_counter_at_migration_on() {
     let g = group("old");
     assert_eq!(store.list(&g).await.unwrap().leases.len(), 3);
     assert_eq!(counter(&store, &g).await, 7);
+    let head = store
+        .head(&g)
+        .await
+        .unwrap()
+        .expect("schema 3 keeps a view");
+    assert_eq!((head.change_counter, head.view), (7, None));
     for since in [0, 6] {
         unanswered(&store, &g, since).await;
     }

@@ -369,8 +369,8 @@ impl Host {
             // check of the counter and the change stamps), and lists in full only when the
             // store cannot say or the table is not trusted.
             let read_result = self.list_changes(roll.change_counter()).await;
-            let counter = match read_result {
-                Ok(counter) => counter,
+            let (counter, exact) = match read_result {
+                Ok(read) => read,
                 Err(err) => {
                     warn!(error = %err, "listing leases failed");
                     self.p.callbacks.error(ErrorOrigin::Store, None, || {
@@ -390,13 +390,18 @@ impl Host {
             // read sees it live and its leases are not taken as free. With a view, the head
             // read after the list holds a view at least as new as the one that let every
             // owner in the list take (it takes only once a view lists it).
-            let Some(after) = self.roll().await else {
-                // The list was not balanced on: list again next cycle rather than skip
-                // balancing until the counter moves.
-                self.state.invalidate();
-                return;
-            };
-            self.take_in(&after, self.p.clock.now());
+            // A list of changes read at the first read's counter shows nothing that changed
+            // hands since that read (the safety net, in steady state): that read already
+            // judged every owner it shows.
+            if !exact || counter != roll.change_counter() {
+                let Some(after) = self.roll().await else {
+                    // The list was not balanced on: list again next cycle rather than skip
+                    // balancing until the counter moves.
+                    self.state.invalidate();
+                    return;
+                };
+                self.take_in(&after, self.p.clock.now());
+            }
             self.state.listed(read, counter, now);
         } else {
             // The counter did not move since the last list, whose hints were sent: no request
@@ -415,12 +420,16 @@ impl Host {
                 }
             },
         };
+        // The heartbeat read judged the live hosts anew (the leader, or an election): a host
+        // judged dead there frees its leases now, not at the next cycle. The table was listed
+        // before that read, as the judgment must be.
+        let rejudged = membership.is_some() && self.state.rejudged();
         let synced = self.sync(now).await;
         self.estimate_unowned(now).await;
         if let Some((membership, sent)) = &membership {
             self.forget_dead_hosts(membership, *sent, lapses).await;
         }
-        if !self.state.wants_plan(listed || synced) {
+        if !self.state.wants_plan(listed || synced || rejudged) {
             // Nothing changed hands and no request waits: the cached list is accurate.
             self.publish_gauges();
             return;
@@ -482,9 +491,11 @@ impl Host {
         let membership = self.membership().await.ok_or(())?;
         let now = self.p.clock.now();
         self.state.observe(&membership, now);
-        // Renew as the leader for half an expiry more if this host leads a view that stays
-        // up to date: its judgment is unchanged, or written below.
-        let lead_until = Some(now + self.p.settings.lease_expiry / 2);
+        // Renew as the leader until the fence would fall if this host leads a view that stays
+        // up to date (its judgment is unchanged, or written below): a leader whose cycles stop
+        // keeping it stops looking alive in the view within `E − M`, and the fleet elects
+        // another; a slow cycle does not make it look dead.
+        let lead_until = Some(now + self.p.settings.fence_after());
         let Some((view, expected)) = self.state.view_to_write(&membership, now) else {
             self.link
                 .lead_until(self.state.leads().then_some(lead_until).flatten());
@@ -739,10 +750,13 @@ impl Host {
 
     /// Reads only what changed hands since the last list, when the store can say; lists in
     /// full otherwise. Returns the change counter the cached leases are now at.
-    async fn list_changes(&mut self, counter: u64) -> Result<u64, LeaseError> {
+    ///
+    /// Also returns whether the store said the counter the list was read at (a list of
+    /// changes does; a full list is taken to be at `counter`, read before it).
+    async fn list_changes(&mut self, counter: u64) -> Result<(u64, bool), LeaseError> {
         match self.read_changes().await? {
-            Some(at) => Ok(at),
-            None => self.full_list(counter).await,
+            Some(at) => Ok((at, true)),
+            None => self.full_list(counter).await.map(|at| (at, false)),
         }
     }
 

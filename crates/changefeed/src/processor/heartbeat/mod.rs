@@ -412,8 +412,8 @@ impl ViewStamp {
 /// heartbeat task renews as the view's leader ([`LeaseStore::lead_heartbeat`], which copies
 /// the renewal into the view). The host loop extends that after each cycle in which it kept
 /// the view up to date, so a leader that can renew its heartbeat but not keep the view (its
-/// other store calls fail) stops looking alive to the fleet within half an expiry, and the
-/// fleet elects another.
+/// other store calls fail) stops looking alive to the fleet within `lease_expiry −
+/// safety_margin`, and the fleet elects another.
 #[derive(Debug, Clone)]
 pub(crate) struct ViewLink(Arc<std::sync::Mutex<LinkState>>);
 

@@ -398,6 +398,13 @@ impl HostState {
         self.listing.listed(read, counter, &self.live, now);
     }
 
+    /// Whether the live hosts changed since the table was last balanced on, by a judgment made
+    /// after it was listed (the leader's heartbeat read, or an election's); if so, they count
+    /// as balanced on from now.
+    pub(crate) fn rejudged(&mut self) -> bool {
+        self.listing.rejudged(&self.live)
+    }
+
     /// The table can no longer be trusted at its counter: list again next cycle.
     pub(crate) fn invalidate(&mut self) {
         self.listing.invalidate();

@@ -229,6 +229,16 @@ impl Listing {
         }
     }
 
+    /// Whether `live` differs from the live hosts the table was last balanced on; if so, it is
+    /// balanced on `live` from now.
+    pub(crate) fn rejudged(&mut self, live: &[HostName]) -> bool {
+        if self.live == live {
+            return false;
+        }
+        self.live = live.to_vec();
+        true
+    }
+
     /// A list of changes took the trusted table to `counter` (an untrusted one stays so).
     pub(crate) fn advanced(&mut self, counter: u64) {
         if self.counter.is_some() {

@@ -128,3 +128,4 @@ fn partitions(takes: &[(Lease, TakeKind)]) -> Vec<(PartitionId, TakeKind)> {
 
 mod parts;
 mod state;
+mod view;

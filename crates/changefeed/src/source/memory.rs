@@ -352,3 +352,35 @@ impl PartitionReader for MemoryReader {
         })
     }
 }
+
+/// A memory feed whose children continue from their parent's continuation, as Cosmos DB's
+/// ([`crate::lineage::ChildStart::ParentContinuation`]), for the sync's and the lag
+/// estimator's tests.
+#[cfg(test)]
+#[derive(Debug)]
+pub(crate) struct Continuing(pub MemoryFeed);
+
+#[cfg(test)]
+#[async_trait]
+impl FeedSource for Continuing {
+    async fn partitions(&self) -> Result<Vec<Partition>, SourceError> {
+        self.0.partitions().await
+    }
+    async fn open(
+        &self,
+        partition: &PartitionId,
+        from: &Position,
+    ) -> Result<Box<dyn PartitionReader>, SourceError> {
+        self.0.open(partition, from).await
+    }
+    async fn remaining(
+        &self,
+        partition: &PartitionId,
+        after: Option<&Continuation>,
+    ) -> Result<Option<u64>, SourceError> {
+        self.0.remaining(partition, after).await
+    }
+    fn child_start(&self) -> crate::lineage::ChildStart {
+        crate::lineage::ChildStart::ParentContinuation
+    }
+}

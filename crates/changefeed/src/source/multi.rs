@@ -146,9 +146,20 @@ impl MultiFeed {
 #[async_trait]
 impl FeedSource for MultiFeed {
     async fn partitions(&self) -> Result<Vec<Partition>, SourceError> {
+        self.partitions_for(&[]).await
+    }
+
+    /// Each stream's [`FeedSource::partitions_for`] with the leased ids of that stream.
+    async fn partitions_for(&self, leased: &[PartitionId]) -> Result<Vec<Partition>, SourceError> {
         let mut out = Vec::new();
         for (name, source) in self.snapshot() {
-            for p in source.partitions().await? {
+            let own: Vec<PartitionId> = leased
+                .iter()
+                .filter_map(Self::split_id)
+                .filter(|(stream, _)| *stream == name)
+                .map(|(_, inner)| inner)
+                .collect();
+            for p in source.partitions_for(&own).await? {
                 let corrupt = |e: ModelError| SourceError::Corrupt {
                     partition: format!("{name}{STREAM_SEPARATOR}{}", p.id),
                     reason: e.to_string(),

@@ -299,6 +299,29 @@ impl CosmosFeed {
     }
 }
 
+#[cfg(feature = "testkit")]
+impl CosmosFeed {
+    /// The headers of the first change feed read of a reader of `partition` at `from`, as
+    /// `open` would build it (listing the ranges to place an EPK range; a read only for
+    /// `Now`); `None` when the partition has ended (an EPK range spanning several ranges).
+    /// For the import tests: no server here has a real change feed, so what is checked there
+    /// is that an imported .NET lease opens and what it would ask Cosmos DB.
+    ///
+    /// # Errors
+    /// As [`FeedSource::open`].
+    pub async fn first_read_headers(
+        &self,
+        partition: &PartitionId,
+        from: &Position,
+    ) -> Result<Option<Vec<(&'static str, String)>>, SourceError> {
+        let reader = self.reader(partition, from).await?;
+        Ok(reader
+            .target
+            .as_ref()
+            .map(|t| read_headers(t, Some(&reader.from), 1)))
+    }
+}
+
 /// The EPK range `partition` names, `None` for a partition key range id.
 fn epk_of(partition: &PartitionId) -> Result<Option<EpkRange>, SourceError> {
     EpkRange::parse(partition.as_str())

@@ -5,7 +5,16 @@
 //! - **Partitions** are the container's partition key ranges (`GET …/pkranges`), their key
 //!   ranges the EPK ranges mapped onto the 128-bit key space. A split replaces a range by its
 //!   children in that listing; the children's `parents` name it, and it is listed here as
-//!   closed, so the core's lineage finishes it before the children are read.
+//!   closed, so the core's lineage finishes it before the children are read. A merge lists
+//!   one range naming both merged ones: a child of two parents ([`map::partitions`] reads
+//!   which named ancestors are direct parents from the listing alone).
+//! - **EPK ranges** are partitions too: a .NET v3 lease token `"{min}-{max}"` (the .NET
+//!   processor's lease after a merge, or after a split under such a lease) names a part of a
+//!   range. [`FeedSource::partitions_for`] lists the leased ones in place of the ranges they
+//!   cover; a reader places one in the range holding it (a fresh listing) and reads that
+//!   range with `x-ms-start-epk` / `x-ms-end-epk`; a 410/1002 there places it again (the
+//!   .NET processor's redirect); spanning several ranges it ends, and its parts cut at the
+//!   range boundaries are its children, from its continuation.
 //! - **Reading** is the incremental change feed of one range (`GET …/docs` with `A-IM:
 //!   Incremental feed` and `x-ms-documentdb-partitionkeyrangeid`): `Beginning` sends no
 //!   precondition, `Now` `If-None-Match: *` (once, when the reader opens, so `Now` is the

@@ -3,8 +3,11 @@
 //! (`feed/tests.rs`).
 //!
 //! - Partition key ranges (`GET …/pkranges`: `id`, `minInclusive`, `maxExclusive`, `parents`)
-//!   become partitions; ranges a split removed from the listing come back as closed
-//!   partitions, rebuilt from their children's `parents`.
+//!   become partitions; ranges a split or merge removed from the listing come back as closed
+//!   partitions, rebuilt from their descendants' `parents`.
+//! - EPK sub-ranges (.NET v3 lease tokens `"{min}-{max}"`, [`EpkRange`]) are placed in the
+//!   range holding them ([`place`]) and listed, for the leases a group holds, in place of
+//!   what they cover ([`partitions_for`]).
 //! - Effective partition key (EPK) ranges become [`KeyRange`]s of the 128-bit key space.
 //! - Change feed pages become records with per-record continuations ([`Cursor`]).
 //! - Session tokens give the LSN the .NET estimator counts from.

@@ -199,11 +199,21 @@ pub(crate) fn partitions(
                 _ => None,
             }
         });
+        // Its ancestors are named by each of its descendants: candidates from one of them.
         let mine = &desc[id];
-        let older: Vec<&str> = desc
+        let named: &[String] = mine
+            .first()
+            .and_then(|d| listed.iter().find(|r| r.id == *d))
+            .map_or(&[], |r| &r.parents);
+        let older: Vec<&str> = named
             .iter()
-            .filter(|(g, d)| **g != id && d.len() > mine.len() && mine.is_subset(d))
-            .map(|(g, _)| *g)
+            .map(String::as_str)
+            .filter(|g| {
+                *g != id
+                    && desc
+                        .get(g)
+                        .is_some_and(|d| d.len() > mine.len() && mine.is_subset(d))
+            })
             .collect();
         out.push(Partition {
             id: partition_id(id)?,

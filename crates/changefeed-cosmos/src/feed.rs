@@ -413,7 +413,7 @@ impl FeedSource for CosmosFeed {
     }
 
     /// The partition key ranges, with the EPK ranges among `leased` (.NET v3 lease tokens
-    /// `"{min}-{max}"`) in place of what they cover ([`map::partitions_for`]). A leased id
+    /// `"{min}-{max}"`) in place of what they cover (`map::partitions_for`). A leased id
     /// that is neither is left to `open` to refuse.
     async fn partitions_for(&self, leased: &[PartitionId]) -> Result<Vec<Partition>, SourceError> {
         let ranges = self.ranges().await.map_err(|e| {

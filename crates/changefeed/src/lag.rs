@@ -427,11 +427,11 @@ mod tests {
         // child without a lease will start at its parent's checkpoint (lineage rule 4), so
         // its lag counts from there, not from its beginning; a merge child still from its
         // beginning.
-        let feed = crate::source::Continuing(MemoryFeed::new(3));
+        let feed = crate::source::Behaving::continuing(MemoryFeed::new(3));
         let group = GroupName::new("g").expect("valid");
         let id = |s: &str| PartitionId::new(s).expect("valid");
-        let (a, b) = feed.0.split(&id("0")).expect("split");
-        let merged = feed.0.merge(&id("1"), &id("2")).expect("merge");
+        let (a, b) = feed.feed.split(&id("0")).expect("split");
+        let merged = feed.feed.merge(&id("1"), &id("2")).expect("merge");
         let at = Continuation::new("0:7");
         let mut parent = Lease::new(LeaseKey::new(group.clone(), id("0")), Position::Beginning);
         parent.state = LeaseState::Finished;
@@ -455,7 +455,7 @@ mod tests {
             ]
         );
         // A source whose children hold only what came after the split: from the beginning.
-        let plain = unleased(&feed.0, &leases, &BTreeSet::new())
+        let plain = unleased(&feed.feed, &leases, &BTreeSet::new())
             .await
             .expect("listed");
         assert!(

@@ -385,7 +385,7 @@ mod tests {
     async fn children_start_at_the_parents_continuation_when_the_source_says_so() {
         // The sync passes the source's child start to the lineage rules.
         let store = MemoryLeaseStore::new();
-        let feed = crate::source::Continuing(MemoryFeed::new(1));
+        let feed = crate::source::Behaving::continuing(MemoryFeed::new(1));
         let settings = Settings::default();
         let mut s = Syncer::default();
         sync(&mut s, &store, &feed, &settings, &[], None).await;
@@ -396,7 +396,7 @@ mod tests {
             .replace(&parent, parent.version)
             .await
             .expect("checkpoint");
-        let (_, l, r) = split_and_finish(&feed.0, &store).await;
+        let (_, l, r) = split_and_finish(&feed.feed, &store).await;
         let report = sync_listed(&mut s, &store, &feed, &settings).await;
         assert_eq!(report.created, vec![l, r]);
         let children: Vec<Position> = listed(&store)

@@ -10,7 +10,7 @@ mod memory;
 mod multi;
 
 #[cfg(test)]
-pub(crate) use memory::Continuing;
+pub(crate) use memory::Behaving;
 pub use memory::MemoryFeed;
 pub use multi::{MultiFeed, STREAM_SEPARATOR};
 

@@ -289,55 +289,18 @@ mod tests {
         ));
     }
 
-    /// A memory feed that also lists every leased id it is given, as a source whose leases
-    /// can name partitions its own listing lacks (Cosmos DB EPK ranges) does.
-    #[derive(Debug)]
-    struct Naming(MemoryFeed);
-
-    #[async_trait]
-    impl FeedSource for Naming {
-        async fn partitions(&self) -> Result<Vec<Partition>, SourceError> {
-            self.0.partitions().await
-        }
-        async fn partitions_for(
-            &self,
-            leased: &[PartitionId],
-        ) -> Result<Vec<Partition>, SourceError> {
-            let mut all = self.0.partitions().await?;
-            all.extend(leased.iter().map(|p| Partition {
-                id: p.clone(),
-                parents: Vec::new(),
-                closed: false,
-                key_range: None,
-            }));
-            Ok(all)
-        }
-        async fn open(
-            &self,
-            partition: &PartitionId,
-            from: &Position,
-        ) -> Result<Box<dyn crate::source::PartitionReader>, SourceError> {
-            self.0.open(partition, from).await
-        }
-        async fn remaining(
-            &self,
-            partition: &PartitionId,
-            after: Option<&Continuation>,
-        ) -> Result<Option<u64>, SourceError> {
-            self.0.remaining(partition, after).await
-        }
-    }
-
     #[tokio::test]
     async fn leased_ids_reach_their_own_stream_without_its_prefix() {
         // FeedSource::partitions_for: each stream is asked with its own leased ids only.
         let multi = MultiFeed::new();
-        multi
-            .add_stream("a", Arc::new(Naming(MemoryFeed::new(1))))
-            .expect("valid");
-        multi
-            .add_stream("b", Arc::new(Naming(MemoryFeed::new(1))))
-            .expect("valid");
+        for name in ["a", "b"] {
+            let naming = crate::source::Behaving {
+                feed: MemoryFeed::new(1),
+                continuing: false,
+                naming: true,
+            };
+            multi.add_stream(name, Arc::new(naming)).expect("valid");
+        }
         let leased = [id("a:-80"), id("b:80-FF"), id("c:x"), id("plain")];
         let mut ids: Vec<String> = multi
             .partitions_for(&leased)

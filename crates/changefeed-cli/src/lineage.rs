@@ -13,6 +13,11 @@
 //!
 //! `--leases` file: `[{"partition": "4", "state": "owned"}, …]`; `state` is `available`,
 //! `owned` or `finished`; optional `"checkpoint"` (a continuation).
+//!
+//! `--child-start parent-continuation` plans as the sync does for a source whose children
+//! continue from their parent (Cosmos DB): a child of one finished parent starts at
+//! `after:<the parent's checkpoint>` (its own start, `beginning` in this file format, when it
+//! has none); a merge child at the beginning.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -20,7 +25,7 @@ use std::process::ExitCode;
 use std::time::{Duration, UNIX_EPOCH};
 
 use anyhow::{anyhow, bail, Context};
-use changefeed::lineage::{self, Input, MissingParents};
+use changefeed::lineage::{self, ChildStart, Input, MissingParents};
 use changefeed::model::{
     Continuation, GroupName, HostName, KeyRange, Lease, LeaseKey, LeaseState, Partition,
     PartitionId, Position, Timestamp,
@@ -39,6 +44,17 @@ enum Missing {
     Error,
 }
 
+/// How `--child-start` starts a child of finished parents (lineage rule 4).
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum Children {
+    /// At the child's beginning: it holds only what was written after the split (Kinesis,
+    /// the in-memory and SQLite feeds).
+    Beginning,
+    /// A child of one parent at the parent's last checkpoint: it also holds its keys' changes
+    /// from before the split (Cosmos DB, `FeedSource::child_start`).
+    ParentContinuation,
+}
+
 /// Arguments of `changefeed lineage`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -54,6 +70,10 @@ pub struct Args {
     /// How to read a parent the partition list lacks.
     #[arg(long, value_enum, default_value = "finished")]
     missing_parents: Missing,
+    /// Where a child of finished parents starts: `parent-continuation` is how a Cosmos DB
+    /// source's sync plans (`cosmos://` sources), `beginning` every other source's.
+    #[arg(long, value_enum, default_value = "beginning")]
+    child_start: Children,
 }
 
 /// Prints the leases the rules would create. Bad input exits with code 2.
@@ -83,10 +103,15 @@ fn plan(args: &Args) -> anyhow::Result<Value> {
         Missing::Finished => MissingParents::Finished,
         Missing::Error => MissingParents::Error,
     };
+    let child_start = match args.child_start {
+        Children::Beginning => ChildStart::Beginning,
+        Children::ParentContinuation => ChildStart::ParentContinuation,
+    };
     let plan = lineage::plan(
         &Input::new(&partitions, &leases, &start)
             .with_closed_at(closed_at)
-            .with_missing_parents(missing),
+            .with_missing_parents(missing)
+            .with_child_start(child_start),
     );
     if !plan.errors.is_empty() {
         let text: Vec<String> = plan.errors.iter().map(ToString::to_string).collect();

@@ -711,8 +711,9 @@ async fn rewrite_malformed(to: Rewrite<'_>, reason: &str, force: bool) -> anyhow
             "--source: needed to rewrite the malformed row of lease {key}: the new lease takes the partition's parents and key range from the source"
         )));
     };
+    // Named, so that a partition only a lease names (a Cosmos DB EPK range) is listed too.
     let partitions = source
-        .partitions()
+        .partitions_for(std::slice::from_ref(&key.partition))
         .await
         .context("listing the source's partitions")?;
     let Some(partition) = partitions.into_iter().find(|p| p.id == key.partition) else {

@@ -5,7 +5,16 @@
 //! - **Partitions** are the container's partition key ranges (`GET …/pkranges`), their key
 //!   ranges the EPK ranges mapped onto the 128-bit key space. A split replaces a range by its
 //!   children in that listing; the children's `parents` name it, and it is listed here as
-//!   closed, so the core's lineage finishes it before the children are read.
+//!   closed, so the core's lineage finishes it before the children are read. A merge lists
+//!   one range naming both merged ones: a child of two parents ([`map::partitions`] reads
+//!   which named ancestors are direct parents from the listing alone).
+//! - **EPK ranges** are partitions too: a .NET v3 lease token `"{min}-{max}"` (the .NET
+//!   processor's lease after a merge, or after a split under such a lease) names a part of a
+//!   range. [`FeedSource::partitions_for`] lists the leased ones in place of the ranges they
+//!   cover; a reader places one in the range holding it (a fresh listing) and reads that
+//!   range with `x-ms-start-epk` / `x-ms-end-epk`; a 410/1002 there places it again (the
+//!   .NET processor's redirect); spanning several ranges it ends, and its parts cut at the
+//!   range boundaries are its children, from its continuation.
 //! - **Reading** is the incremental change feed of one range (`GET …/docs` with `A-IM:
 //!   Incremental feed` and `x-ms-documentdb-partitionkeyrangeid`): `Beginning` sends no
 //!   precondition, `Now` `If-None-Match: *` (once, when the reader opens, so `Now` is the
@@ -41,7 +50,7 @@ use serde_json::Value;
 use crate::error::CosmosError;
 use crate::rest::{lock, Answer, Resource, Rest};
 use crate::store::CosmosOptions;
-use map::{Cursor, PkRange};
+use map::{Cursor, EpkRange, PkRange, Placement, Target};
 
 /// Substatus of a 410 for a partition key range that split or merged away.
 const RANGE_GONE: u32 = 1002;
@@ -203,33 +212,43 @@ impl CosmosFeed {
         }
     }
 
-    /// One change feed read of range `partition` from `from` (`None`: `If-None-Match: *`,
-    /// from now), at most `max` documents.
+    /// One change feed read at `target` from `from` (`None`: `If-None-Match: *`, from now),
+    /// at most `max` documents.
     async fn read(
         &self,
-        partition: &PartitionId,
+        target: &Target,
         from: Option<&ReadFrom>,
         max: usize,
     ) -> Result<Answered, CosmosError> {
-        let mut headers = vec![
-            ("a-im", "Incremental feed".to_string()),
-            (
-                "x-ms-documentdb-partitionkeyrangeid",
-                partition.as_str().to_string(),
-            ),
-            ("x-ms-max-item-count", max.clamp(1, 10_000).to_string()),
-        ];
-        match from {
-            None => headers.push(("if-none-match", "*".into())),
-            Some(ReadFrom::Beginning) => {}
-            Some(ReadFrom::Since(date)) => headers.push(("if-modified-since", date.clone())),
-            Some(ReadFrom::After(cursor)) => headers.push(("if-none-match", cursor.etag.clone())),
-        }
+        let headers = read_headers(target, from, max);
         let answer = self
             .rest
             .send(Method::GET, Resource::Documents, &headers, None)
             .await?;
-        classify(answer, partition)
+        classify(answer, &target.range_id)
+    }
+
+    /// Where `partition` is read now: a partition key range by its id; an EPK range (a .NET
+    /// v3 lease token `"{min}-{max}"`) in the range holding it, found in a fresh listing, or
+    /// `None` when it spans several (a split under it: it has ended).
+    async fn target(&self, partition: &PartitionId) -> Result<Option<Target>, SourceError> {
+        let Some(epk) = epk_of(partition)? else {
+            return Ok(Some(Target {
+                range_id: partition.to_string(),
+                epk: None,
+            }));
+        };
+        let ranges = self
+            .ranges()
+            .await
+            .map_err(|e| source_error("open", partition, e))?;
+        match map::place(&ranges, &epk).map_err(|reason| SourceError::Corrupt {
+            partition: partition.to_string(),
+            reason,
+        })? {
+            Placement::On(target) => Ok(Some(target)),
+            Placement::Split(_) => Ok(None),
+        }
     }
 
     /// A reader of `partition` at `from`, without checking the partition is listed.
@@ -238,13 +257,15 @@ impl CosmosFeed {
         partition: &PartitionId,
         from: &Position,
     ) -> Result<CosmosReader, SourceError> {
+        let target = self.target(partition).await?;
         let mut reader = CosmosReader {
             feed: self.clone(),
             partition: partition.clone(),
+            ended: target.is_none(),
+            target,
             from: ReadFrom::Beginning,
             first: true,
             buffer: VecDeque::new(),
-            ended: false,
         };
         match from {
             Position::Beginning => {}
@@ -261,8 +282,11 @@ impl CosmosFeed {
             }
             Position::Now => {
                 // Fix "now" at opening: the range's current ETag.
+                let Some(target) = &reader.target else {
+                    return Ok(reader);
+                };
                 match self
-                    .read(partition, None, 1)
+                    .read(target, None, 1)
                     .await
                     .map_err(|e| source_error("open", partition, e))?
                 {
@@ -284,13 +308,78 @@ impl CosmosFeed {
     }
 }
 
-/// What a change feed answer of range `partition` means: 200 a page, 304 caught up, 410 with
-/// substatus 1002 the range gone; anything else an error.
-fn classify(answer: Answer, partition: &PartitionId) -> Result<Answered, CosmosError> {
+#[cfg(feature = "testkit")]
+impl CosmosFeed {
+    /// The headers of the first change feed read of a reader of `partition` at `from`, as
+    /// `open` would build it (listing the ranges to place an EPK range; a read only for
+    /// `Now`); `None` when the partition has ended (an EPK range spanning several ranges).
+    /// For the import tests: no server here has a real change feed, so what is checked there
+    /// is that an imported .NET lease opens and what it would ask Cosmos DB.
+    ///
+    /// # Errors
+    /// As [`FeedSource::open`].
+    pub async fn first_read_headers(
+        &self,
+        partition: &PartitionId,
+        from: &Position,
+    ) -> Result<Option<Vec<(&'static str, String)>>, SourceError> {
+        let reader = self.reader(partition, from).await?;
+        Ok(reader
+            .target
+            .as_ref()
+            .map(|t| read_headers(t, Some(&reader.from), 1)))
+    }
+}
+
+/// The EPK range `partition` names, `None` for a partition key range id.
+fn epk_of(partition: &PartitionId) -> Result<Option<EpkRange>, SourceError> {
+    EpkRange::parse(partition.as_str())
+        .transpose()
+        .map_err(|reason| SourceError::Corrupt {
+            partition: partition.to_string(),
+            reason,
+        })
+}
+
+/// The headers of one incremental change feed read at `target` from `from` (`None`:
+/// `If-None-Match: *`, from now), at most `max` documents. An EPK sub-range of a partition
+/// key range is read on that range with `x-ms-read-key-type: EffectivePartitionKeyRange`
+/// and its bounds in `x-ms-start-epk` / `x-ms-end-epk`, as the .NET SDK reads an EPK-range
+/// lease; the continuation is the range's ETag either way.
+fn read_headers(
+    target: &Target,
+    from: Option<&ReadFrom>,
+    max: usize,
+) -> Vec<(&'static str, String)> {
+    let mut headers = vec![
+        ("a-im", "Incremental feed".to_string()),
+        (
+            "x-ms-documentdb-partitionkeyrangeid",
+            target.range_id.clone(),
+        ),
+        ("x-ms-max-item-count", max.clamp(1, 10_000).to_string()),
+    ];
+    if let Some((min, max)) = &target.epk {
+        headers.push(("x-ms-read-key-type", "EffectivePartitionKeyRange".into()));
+        headers.push(("x-ms-start-epk", min.clone()));
+        headers.push(("x-ms-end-epk", max.clone()));
+    }
+    match from {
+        None => headers.push(("if-none-match", "*".into())),
+        Some(ReadFrom::Beginning) => {}
+        Some(ReadFrom::Since(date)) => headers.push(("if-modified-since", date.clone())),
+        Some(ReadFrom::After(cursor)) => headers.push(("if-none-match", cursor.etag.clone())),
+    }
+    headers
+}
+
+/// What a change feed answer of partition key range `range_id` means: 200 a page, 304 caught
+/// up, 410 with substatus 1002 the range gone; anything else an error.
+fn classify(answer: Answer, range_id: &str) -> Result<Answered, CosmosError> {
     let etag = answer.header("etag").map(str::to_string);
     let session_lsn = answer
         .header("x-ms-session-token")
-        .and_then(|t| map::session_lsn(t, partition.as_str()));
+        .and_then(|t| map::session_lsn(t, range_id));
     match answer.status {
         200 => Ok(Answered::Page {
             docs: documents(&answer)?,
@@ -320,6 +409,13 @@ fn documents(answer: &Answer) -> Result<Vec<Value>, CosmosError> {
 #[async_trait]
 impl FeedSource for CosmosFeed {
     async fn partitions(&self) -> Result<Vec<Partition>, SourceError> {
+        self.partitions_for(&[]).await
+    }
+
+    /// The partition key ranges, with the EPK ranges among `leased` (.NET v3 lease tokens
+    /// `"{min}-{max}"`) in place of what they cover (`map::partitions_for`). A leased id
+    /// that is neither is left to `open` to refuse.
+    async fn partitions_for(&self, leased: &[PartitionId]) -> Result<Vec<Partition>, SourceError> {
         let ranges = self.ranges().await.map_err(|e| {
             let retryable = e.is_retryable();
             SourceError::source("partitions", None, retryable, e)
@@ -333,7 +429,11 @@ impl FeedSource for CosmosFeed {
             }
             seen.clone()
         };
-        map::partitions(&ranges, &seen).map_err(|reason| SourceError::Corrupt {
+        let epks: Vec<EpkRange> = leased
+            .iter()
+            .filter_map(|p| EpkRange::parse(p.as_str()).and_then(Result::ok))
+            .collect();
+        map::partitions_for(&ranges, &seen, &epks).map_err(|reason| SourceError::Corrupt {
             partition: "(partition key ranges)".into(),
             reason,
         })
@@ -345,8 +445,11 @@ impl FeedSource for CosmosFeed {
         from: &Position,
     ) -> Result<Box<dyn PartitionReader>, SourceError> {
         // A range id the container never had answers like one that split away (410/1002):
-        // only a listed range, or an ancestor of one, is a partition.
-        if !self.partitions().await?.iter().any(|p| &p.id == partition) {
+        // only a listed range, or an ancestor of one, is a partition. An EPK range is one
+        // wherever it lies in the key space ([`CosmosFeed::target`] places it).
+        if epk_of(partition)?.is_none()
+            && !self.partitions().await?.iter().any(|p| &p.id == partition)
+        {
             return Err(SourceError::UnknownPartition {
                 partition: partition.to_string(),
             });
@@ -364,12 +467,15 @@ impl FeedSource for CosmosFeed {
         after: Option<&Continuation>,
     ) -> Result<Option<u64>, SourceError> {
         let reader = self.reader(partition, &after_or_beginning(after)).await?;
+        let Some(target) = &reader.target else {
+            return Ok(Some(0));
+        };
         let skip = match &reader.from {
             ReadFrom::After(c) => c.skip as usize,
             _ => 0,
         };
         let answer = self
-            .read(partition, Some(&reader.from), 1 + skip)
+            .read(target, Some(&reader.from), 1 + skip)
             .await
             .map_err(|e| source_error("remaining", partition, e))?;
         Ok(match answer {
@@ -405,11 +511,14 @@ impl FeedSource for CosmosFeed {
     }
 }
 
-/// Reads one partition key range's change feed forward.
+/// Reads one partition key range's change feed forward, or one EPK range's.
 #[derive(Debug)]
 pub struct CosmosReader {
     feed: CosmosFeed,
     partition: PartitionId,
+    /// Where reads go; `None` once an EPK range spans several partition key ranges, or after
+    /// its range went (410/1002) until it is placed again.
+    target: Option<Target>,
     /// Where the next read starts.
     from: ReadFrom,
     /// Whether no page has been read yet (a refused continuation is then the caller's).
@@ -438,20 +547,21 @@ impl PartitionReader for CosmosReader {
         if !self.buffer.is_empty() {
             return Ok(self.take(max));
         }
-        if self.ended {
-            return Ok(end_of_partition());
+        if self.target.is_none() && !self.ended {
+            // An EPK range whose range went: placed again on a fresh listing.
+            self.target = self.feed.target(&self.partition).await?;
+            self.ended = self.target.is_none();
         }
+        let (Some(target), false) = (&self.target, self.ended) else {
+            return Ok(end_of_partition());
+        };
         let skip = match &self.from {
             ReadFrom::After(c) => c.skip,
             _ => 0,
         };
         let answer = match self
             .feed
-            .read(
-                &self.partition,
-                Some(&self.from),
-                max.saturating_add(skip as usize),
-            )
+            .read(target, Some(&self.from), max.saturating_add(skip as usize))
             .await
         {
             Ok(answer) => answer,
@@ -480,6 +590,13 @@ impl CosmosReader {
     /// Moves the reader on by one answer read from where it stood, skipping `skip` (no I/O).
     fn apply(&mut self, answer: Answered, max: usize, skip: u32) -> Result<Batch, SourceError> {
         match answer {
+            Answered::Gone if EpkRange::parse(self.partition.as_str()).is_some() => {
+                // An EPK range outlives the range it was read on: the next read places it
+                // again (the same partition on the range now holding it, or its end when it
+                // spans several), at the same continuation.
+                self.target = None;
+                Ok(Batch::default())
+            }
             Answered::Gone => {
                 self.ended = true;
                 Ok(end_of_partition())

@@ -24,7 +24,7 @@
 //!
 //! | document | written by | fields read here |
 //! |---|---|---|
-//! | EPK-range lease, `version: 1` | v3 SDK (`DocumentServiceLeaseCoreEpk`) | `id`, `LeaseToken` (`"0"`, or `"{min}-{max}"` after a split), `FeedRange` (`{"Range":{"min":"","max":"FF"}}`), `Owner`, `ContinuationToken` (`"\"42\""`: the quoted LSN), `timestamp`, `properties`, `Mode` |
+//! | EPK-range lease, `version: 1` | v3 SDK (`DocumentServiceLeaseCoreEpk`) | `id`, `LeaseToken` (`"0"`, or `"{min}-{max}"` after a merge, or a split under such a lease), `FeedRange` (`{"Range":{"min":"","max":"FF"}}`), `Owner`, `ContinuationToken` (`"\"42\""`: the quoted LSN), `timestamp`, `properties`, `Mode` |
 //! | partition-key-range lease, `version: 0` or none | v3 SDK (`DocumentServiceLeaseCore`) | as above; `PartitionId` too when it was a v2 lease once |
 //! | partition lease | v2 library (`DocumentServiceLease`) | `id`, `PartitionId`, `Owner`, `ContinuationToken`, `timestamp`, `properties` (and `gremlincompatid`, unused) |
 //! | `{prefix}.info` | both | `id` only: the processor finished creating its leases |

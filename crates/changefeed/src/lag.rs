@@ -14,9 +14,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::clock::{Clock, SystemClock};
 use crate::error::{LeaseError, SourceError};
 use crate::lease::LeaseStore;
-use crate::lineage;
+use crate::lineage::{self, ChildStart};
 use crate::model::{
-    Continuation, GroupName, HostName, Lease, LeaseState, PartitionId, Position, Timestamp,
+    Continuation, GroupName, HostName, Lease, LeaseState, Partition, PartitionId, Position,
+    Timestamp,
 };
 use crate::source::{FeedSource, OldestUnread};
 
@@ -30,7 +31,9 @@ pub struct LeaseLag {
     /// Its checkpoint, if any.
     pub checkpoint: Option<Continuation>,
     /// False for a partition the source lists that has no lease yet: it is counted from where
-    /// its lease would start (the beginning, for a child and for a partition never leased).
+    /// its lease would start (the beginning, for a child and for a partition never leased;
+    /// the parent's checkpoint for a child of one leased parent on a source whose children
+    /// continue from their parent, see [`unleased`]).
     pub leased: bool,
     /// Records after the checkpoint: `Ok(None)` when the source cannot tell (or the lease
     /// starts at `Now` / a time and has no checkpoint yet), `Err` when asking failed.
@@ -191,8 +194,9 @@ pub async fn estimate(
 
 /// Estimates the lag of every lease of `group` at wall time `now`, and of every partition the
 /// source lists that has no lease yet and would get one (the lineage rules' plan with the
-/// group starting at the beginning: a child starts at its beginning; a partition never leased
-/// is counted whole, since the group's configured start is not known here). A closed partition
+/// group starting at the beginning: a child starts at its beginning, or at its one parent's
+/// checkpoint where the source's children continue from their parent; a partition never
+/// leased is counted whole, since the group's configured start is not known here). A closed partition
 /// whose lease was deleted after it finished gets none and is not counted.
 ///
 /// # Errors
@@ -225,20 +229,17 @@ pub async fn estimate_at(
     }
     // A row that cannot be read is still a lease: its partition is not counted as unleased.
     let prefix = format!("{}/", group.as_str());
-    let leased: BTreeSet<PartitionId> = listing
-        .leases
+    let unreadable: BTreeSet<PartitionId> = report
+        .malformed
         .iter()
-        .map(|l| l.key.partition.clone())
-        .chain(report.malformed.iter().filter_map(|e| {
-            match e {
-                LeaseError::Malformed { key, .. } => key
-                    .strip_prefix(&prefix)
-                    .and_then(|p| PartitionId::new(p).ok()),
-                _ => None,
-            }
-        }))
+        .filter_map(|e| match e {
+            LeaseError::Malformed { key, .. } => key
+                .strip_prefix(&prefix)
+                .and_then(|p| PartitionId::new(p).ok()),
+            _ => None,
+        })
         .collect();
-    match unleased(source, &leased).await {
+    match unleased(source, &listing.leases, &unreadable).await {
         Ok(missing) => {
             for (partition, start) in missing {
                 let records = lag_after(source, &partition, None, &start).await;
@@ -259,19 +260,29 @@ pub async fn estimate_at(
     Ok(report)
 }
 
-/// The partitions `source` lists that are not in `leased` and that the fleet has
-/// not gone past (no descendant of theirs has a lease: a closed partition whose lease was
-/// deleted after it finished has leased children), each with where its lease would start.
-/// A child waiting for its parents counts too, though the lineage rules create its lease only
-/// once they are finished: its records are unread all the same.
+/// The partitions `source` lists for the group holding `leases` (and rows `unreadable`,
+/// which count as leased) that have no lease and that the fleet has not gone past (no
+/// descendant of theirs has a lease: a closed partition whose lease was deleted after it
+/// finished has leased children), each with where its lease would start: the beginning, or,
+/// for a child of one leased parent on a source whose children continue from their parent
+/// ([`ChildStart::ParentContinuation`], Cosmos DB), the parent's checkpoint (what the
+/// parent has not delivered of the child's keys is all the child will read, as
+/// [`lineage::inherited_start`] starts it). A child waiting for its parents counts too,
+/// though the lineage rules create its lease only once they are finished: its records are
+/// unread all the same.
 ///
 /// # Errors
 /// [`SourceError`] if the partitions cannot be listed.
 pub async fn unleased(
     source: &dyn FeedSource,
-    leased: &BTreeSet<PartitionId>,
+    leases: &[Lease],
+    unreadable: &BTreeSet<PartitionId>,
 ) -> Result<Vec<(PartitionId, Position)>, SourceError> {
-    let partitions = source.partitions().await?;
+    let by_id: BTreeMap<&PartitionId, &Lease> =
+        leases.iter().map(|l| (&l.key.partition, l)).collect();
+    let leased: BTreeSet<&PartitionId> = by_id.keys().copied().chain(unreadable).collect();
+    let ids: Vec<PartitionId> = leased.iter().map(|p| (*p).clone()).collect();
+    let partitions = source.partitions_for(&ids).await?;
     let mut children: BTreeMap<&PartitionId, Vec<&PartitionId>> = BTreeMap::new();
     for p in &partitions {
         for parent in &p.parents {
@@ -294,10 +305,18 @@ pub async fn unleased(
         }
         false
     };
+    let continuing = source.child_start() == ChildStart::ParentContinuation;
+    let start_of = |p: &Partition| match (continuing, p.parents.as_slice()) {
+        (true, [parent]) => by_id
+            .get(parent)
+            .and_then(|l| lineage::inherited_start(l))
+            .unwrap_or(Position::Beginning),
+        _ => lineage::child_start(&Position::Beginning),
+    };
     Ok(partitions
         .iter()
         .filter(|p| !leased.contains(&p.id) && !has_leased_descendant(&p.id))
-        .map(|p| (p.id.clone(), lineage::child_start(&Position::Beginning)))
+        .map(|p| (p.id.clone(), start_of(p)))
         .collect())
 }
 
@@ -399,6 +418,49 @@ mod tests {
                 (a.clone(), false, Some(5)),
                 (b.clone(), false, Some(7))
             ]
+        );
+    }
+
+    #[tokio::test]
+    async fn children_continuing_from_their_parent_are_counted_from_its_checkpoint() {
+        // Issue 21: on a source whose children continue from their parent (Cosmos DB), a
+        // child without a lease will start at its parent's checkpoint (lineage rule 4), so
+        // its lag counts from there, not from its beginning; a merge child still from its
+        // beginning.
+        let feed = crate::source::Behaving::continuing(MemoryFeed::new(3));
+        let group = GroupName::new("g").expect("valid");
+        let id = |s: &str| PartitionId::new(s).expect("valid");
+        let (a, b) = feed.feed.split(&id("0")).expect("split");
+        let merged = feed.feed.merge(&id("1"), &id("2")).expect("merge");
+        let at = Continuation::new("0:7");
+        let mut parent = Lease::new(LeaseKey::new(group.clone(), id("0")), Position::Beginning);
+        parent.state = LeaseState::Finished;
+        parent.continuation = Some(at.clone());
+        let ones = [&id("1"), &id("2")].map(|p| {
+            let mut l = Lease::new(LeaseKey::new(group.clone(), p.clone()), Position::Now);
+            l.state = LeaseState::Finished;
+            l.continuation = Some(Continuation::new(format!("{p}:3")));
+            l
+        });
+        let leases = [parent.clone(), ones[0].clone(), ones[1].clone()];
+        let starts = unleased(&feed, &leases, &BTreeSet::new())
+            .await
+            .expect("listed");
+        assert_eq!(
+            starts,
+            vec![
+                (a.clone(), Position::Continuation(at.clone())),
+                (b.clone(), Position::Continuation(at)),
+                (merged.clone(), Position::Beginning),
+            ]
+        );
+        // A source whose children hold only what came after the split: from the beginning.
+        let plain = unleased(&feed.feed, &leases, &BTreeSet::new())
+            .await
+            .expect("listed");
+        assert!(
+            plain.iter().all(|(_, s)| *s == Position::Beginning),
+            "{plain:?}"
         );
     }
 

@@ -445,9 +445,9 @@ impl Watch {
         };
         let all: Vec<PartitionId> = self.leases.keys().cloned().collect();
         self.estimate(&all).await;
-        let leased: BTreeSet<PartitionId> = all.into_iter().collect();
+        let leases: Vec<Lease> = self.leases.values().cloned().collect();
         let now = self.clock.wall();
-        match changefeed::lag::unleased(source.as_ref(), &leased).await {
+        match changefeed::lag::unleased(source.as_ref(), &leases, &BTreeSet::new()).await {
             Ok(missing) => {
                 self.unleased.clear();
                 for (partition, start) in missing {

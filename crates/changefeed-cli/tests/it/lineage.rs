@@ -41,10 +41,14 @@ fn worked_example() -> Value {
 }
 
 fn lineage(partitions: &Value, leases: &Value, position: &str) -> Output {
+    lineage_with(partitions, leases, position, &[])
+}
+
+fn lineage_with(partitions: &Value, leases: &Value, position: &str, more: &[&str]) -> Output {
     let dir = tempfile::tempdir().expect("temporary directory");
     let p = write(dir.path(), "P.json", partitions);
     let l = write(dir.path(), "L.json", leases);
-    changefeed(&[
+    let mut args = vec![
         "lineage",
         "--partitions",
         &p,
@@ -52,7 +56,9 @@ fn lineage(partitions: &Value, leases: &Value, position: &str) -> Output {
         &l,
         "--position",
         position,
-    ])
+    ];
+    args.extend_from_slice(more);
+    changefeed(&args)
 }
 
 fn plan_of(out: &Output) -> Value {
@@ -92,6 +98,49 @@ fn worked_example_prints_the_leases_for_each_start_position() {
             ]})
         );
     }
+}
+
+#[test]
+fn child_start_parent_continuation_plans_as_a_cosmos_source_does() {
+    // docs/lineage.md "Children that continue from their parent": a split child of one
+    // finished parent starts at the parent's last checkpoint; a merge child at the beginning;
+    // without the flag every child starts at its beginning.
+    let partitions = json!([
+        {"id": "0", "closed": true},
+        {"id": "1", "parents": ["0"]},
+        {"id": "2", "parents": ["0"], "closed": true},
+        {"id": "3", "closed": true},
+        {"id": "4", "parents": ["2", "3"]},
+    ]);
+    let leases = json!([
+        {"partition": "0", "state": "finished", "checkpoint": "\"42\""},
+        {"partition": "2", "state": "finished", "checkpoint": "\"57\""},
+        {"partition": "3", "state": "finished", "checkpoint": "\"61\""},
+    ]);
+    let cosmos = plan_of(&lineage_with(
+        &partitions,
+        &leases,
+        "now",
+        &["--child-start", "parent-continuation"],
+    ));
+    assert_eq!(
+        cosmos,
+        json!({"create": [
+            {"partition": "1", "start": "after:\"42\""},
+            {"partition": "4", "start": "beginning"},
+        ]})
+    );
+    let others = plan_of(&lineage(&partitions, &leases, "now"));
+    assert_eq!(
+        others,
+        json!({"create": [
+            {"partition": "1", "start": "beginning"},
+            {"partition": "4", "start": "beginning"},
+        ]})
+    );
+    let bad = lineage_with(&partitions, &leases, "now", &["--child-start", "parent"]);
+    assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
+    assert!(stderr(&bad).contains("--child-start"), "{}", stderr(&bad));
 }
 
 #[test]

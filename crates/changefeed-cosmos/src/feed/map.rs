@@ -3,8 +3,11 @@
 //! (`feed/tests.rs`).
 //!
 //! - Partition key ranges (`GET …/pkranges`: `id`, `minInclusive`, `maxExclusive`, `parents`)
-//!   become partitions; ranges a split removed from the listing come back as closed
-//!   partitions, rebuilt from their children's `parents`.
+//!   become partitions; ranges a split or merge removed from the listing come back as closed
+//!   partitions, rebuilt from their descendants' `parents`.
+//! - EPK sub-ranges (.NET v3 lease tokens `"{min}-{max}"`, [`EpkRange`]) are placed in the
+//!   range holding them ([`place`]) and listed, for the leases a group holds, in place of
+//!   what they cover ([`partitions_for`]).
 //! - Effective partition key (EPK) ranges become [`KeyRange`]s of the 128-bit key space.
 //! - Change feed pages become records with per-record continuations ([`Cursor`]).
 //! - Session tokens give the LSN the .NET estimator counts from.
@@ -104,45 +107,84 @@ fn partition_id(id: &str) -> Result<PartitionId, String> {
     PartitionId::new(id).map_err(|e| format!("partition key range {id:?}: {e}"))
 }
 
-/// The partitions of a listing: every listed range open, its parent the last of its
-/// `parents`; and every ancestor the listing no longer has (a split replaces the parent by
-/// its children) closed, its parent the one before it in a descendant's `parents`, its key
-/// range the one `seen` remembers from an earlier listing, or else the union of its
-/// descendants' ranges when they are contiguous.
+/// For each id some listed range names as a parent, the listed ranges naming it (its
+/// descendants in the listing).
+fn descendants(listed: &[PkRange]) -> BTreeMap<&str, BTreeSet<&str>> {
+    let mut desc: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for r in listed {
+        for p in &r.parents {
+            desc.entry(p.as_str()).or_default().insert(r.id.as_str());
+        }
+    }
+    desc
+}
+
+/// The members of `ids` that are not known ancestors of another member: the direct parents,
+/// when `ids` are the ancestors a range names.
+///
+/// `parents` lists every ancestor, but its order is documented only for splits (oldest
+/// first); after a merge a range names both merged ranges and their ancestors. So ancestry is
+/// read from the listing alone, the same on every host: `g` is known to be an ancestor of `h`
+/// when every listed range descending from `h` descends from `g` too and some other listed
+/// range descends from `g` only (a split leaves at least two children, so along a chain of
+/// splits each ancestor has strictly more descendants). That recovers every chain of splits
+/// exactly and both sides of a merge whose parents came from different splits. Where the
+/// listing cannot tell (two ranges merged back into the range they split from: the parent and
+/// both halves have the same descendants), all of them are kept: a child waits for, and
+/// starts as a merge of, a few more ancestors than it has, which reads again and never skips.
+fn direct<'a>(ids: &[&'a str], desc: &BTreeMap<&str, BTreeSet<&str>>) -> Vec<&'a str> {
+    let empty = BTreeSet::new();
+    let of = |id: &str| desc.get(id).unwrap_or(&empty);
+    let mut out: Vec<&'a str> = ids
+        .iter()
+        .copied()
+        .filter(|g| {
+            !ids.iter()
+                .any(|h| h != g && of(g).len() > of(h).len() && of(h).is_subset(of(g)))
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// The partitions of a listing: every listed range open, its parents the direct ones among
+/// its `parents` ([`direct`]); and every ancestor the listing no longer has (a split replaces
+/// the parent by its children, a merge both merged ranges by one) closed, its parents its
+/// direct known ancestors, its key range the one `seen` remembers from an earlier listing,
+/// or else the union of its descendants' ranges when they are contiguous.
 pub(crate) fn partitions(
     listed: &[PkRange],
     seen: &BTreeMap<String, KeyRange>,
 ) -> Result<Vec<Partition>, String> {
     let listed_ids: BTreeSet<&str> = listed.iter().map(|r| r.id.as_str()).collect();
+    let desc = descendants(listed);
+    let ids = |names: &[&str]| -> Result<Vec<PartitionId>, String> {
+        names.iter().map(|p| partition_id(p)).collect()
+    };
     let mut out = Vec::with_capacity(listed.len());
-    let mut gone: BTreeMap<&str, (Option<&str>, Vec<KeyRange>, bool)> = BTreeMap::new();
+    let mut gone: BTreeMap<&str, (Vec<KeyRange>, bool)> = BTreeMap::new();
     for r in listed {
         let range = epk_range(&r.min, &r.max);
+        let named: Vec<&str> = r.parents.iter().map(String::as_str).collect();
         out.push(Partition {
             id: partition_id(&r.id)?,
-            parents: r
-                .parents
-                .last()
-                .map(|p| partition_id(p))
-                .transpose()?
-                .into_iter()
-                .collect(),
+            parents: ids(&direct(&named, &desc))?,
             closed: false,
             key_range: range,
         });
-        for (k, ancestor) in r.parents.iter().enumerate() {
+        for ancestor in &r.parents {
             if listed_ids.contains(ancestor.as_str()) {
                 continue;
             }
-            let parent = k.checked_sub(1).map(|j| r.parents[j].as_str());
-            let entry = gone.entry(ancestor).or_insert((parent, Vec::new(), true));
+            let entry = gone.entry(ancestor).or_insert((Vec::new(), true));
             match range {
-                Some(range) => entry.1.push(range),
-                None => entry.2 = false,
+                Some(range) => entry.0.push(range),
+                None => entry.1 = false,
             }
         }
     }
-    for (id, (parent, mut ranges, all_known)) in gone {
+    for (id, (mut ranges, all_known)) in gone {
         let key_range = seen.get(id).copied().or_else(|| {
             ranges.sort();
             let contiguous = all_known
@@ -157,12 +199,331 @@ pub(crate) fn partitions(
                 _ => None,
             }
         });
+        // Its ancestors are named by each of its descendants: candidates from one of them.
+        let mine = &desc[id];
+        let named: &[String] = mine
+            .first()
+            .and_then(|d| listed.iter().find(|r| r.id == *d))
+            .map_or(&[], |r| &r.parents);
+        let older: Vec<&str> = named
+            .iter()
+            .map(String::as_str)
+            .filter(|g| {
+                *g != id
+                    && desc
+                        .get(g)
+                        .is_some_and(|d| d.len() > mine.len() && mine.is_subset(d))
+            })
+            .collect();
         out.push(Partition {
             id: partition_id(id)?,
-            parents: parent.map(partition_id).transpose()?.into_iter().collect(),
+            parents: ids(&direct(&older, &desc))?,
             closed: true,
             key_range,
         });
+    }
+    out.sort_by(|a, b| a.id.cmp(&b.id));
+    Ok(out)
+}
+
+/// The separator of an EPK range's lease token, `"{min}-{max}"`.
+const EPK_SEPARATOR: char = '-';
+
+/// An effective partition key sub-range `[min, max)` of the container, as a partition: the
+/// .NET v3 processor's lease token `"{min}-{max}"` (`"-80"`, `"80-FF"`), which it gives a
+/// lease when the range is not one whole partition key range (after a merge, and after a
+/// split under such a lease). Partition key range ids are numbers, so the two never clash.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct EpkRange {
+    pub min: String,
+    pub max: String,
+    pub range: KeyRange,
+}
+
+impl EpkRange {
+    /// The EPK range `id` names; `None` for a partition key range id (no `-`).
+    ///
+    /// # Errors
+    /// Why an id with a `-` is not an EPK range (not hex, longer than 128 bits, empty or
+    /// reversed).
+    pub fn parse(id: &str) -> Option<Result<Self, String>> {
+        let (min, max) = id.split_once(EPK_SEPARATOR)?;
+        Some(Self::new(min, max).ok_or_else(|| {
+            format!(
+                "{id:?} is neither a partition key range id nor an effective partition key \
+                 range \"{{min}}-{{max}}\" (upper-case hex, at most 32 digits, min below max)"
+            )
+        }))
+    }
+
+    fn new(min: &str, max: &str) -> Option<Self> {
+        let upper = |s: &str| !s.bytes().any(|b| b.is_ascii_lowercase());
+        if max.is_empty() || !upper(min) || !upper(max) {
+            return None;
+        }
+        Some(Self {
+            range: epk_range(min, max)?,
+            min: min.to_string(),
+            max: max.to_string(),
+        })
+    }
+
+    /// The partition id (and .NET lease token), `"{min}-{max}"`.
+    pub fn id(&self) -> String {
+        format!("{}{EPK_SEPARATOR}{}", self.min, self.max)
+    }
+
+    fn partition(&self, parents: Vec<PartitionId>, closed: bool) -> Result<Partition, String> {
+        Ok(Partition {
+            id: partition_id(&self.id())?,
+            parents,
+            closed,
+            key_range: Some(self.range),
+        })
+    }
+}
+
+/// Where a read of an EPK range goes: the partition key range holding it, and the EPK
+/// bounds to send (`None` when the range is that whole partition key range).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Target {
+    pub range_id: String,
+    pub epk: Option<(String, String)>,
+}
+
+/// Where an EPK range is in a listing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Placement {
+    /// Inside one partition key range: readable there.
+    On(Target),
+    /// Across several (a split under it): its parts in each, in key order. A reader of it
+    /// has ended; the parts continue.
+    Split(Vec<EpkRange>),
+}
+
+fn overlaps(a: KeyRange, b: KeyRange) -> bool {
+    a.start <= b.end && b.start <= a.end
+}
+
+/// The listed ranges overlapping `epk`, in key order, each with its key range.
+///
+/// # Errors
+/// A listed range without a 128-bit EPK range (hierarchical partition keys: EPK ranges are
+/// not mapped there), or no range at all (a listing that does not cover the key space).
+fn overlapping<'a>(
+    listed: &'a [PkRange],
+    epk: &EpkRange,
+) -> Result<Vec<(&'a PkRange, KeyRange)>, String> {
+    let mut found = Vec::new();
+    for r in listed {
+        let range = epk_range(&r.min, &r.max).ok_or_else(|| {
+            format!(
+                "partition key range {} [{:?}, {:?}) has no 128-bit effective partition key \
+                 range, so EPK range {} cannot be placed",
+                r.id,
+                r.min,
+                r.max,
+                epk.id()
+            )
+        })?;
+        if overlaps(range, epk.range) {
+            found.push((r, range));
+        }
+    }
+    found.sort_by_key(|(_, range)| range.start);
+    if found.is_empty() {
+        return Err(format!(
+            "no partition key range holds EPK range {}",
+            epk.id()
+        ));
+    }
+    Ok(found)
+}
+
+/// Where `epk` is in `listed` (the .NET SDK's three cases: one whole range, read by its id;
+/// a part of one, read by its id with `x-ms-start-epk` / `x-ms-end-epk`; several, a split).
+///
+/// # Errors
+/// As [`overlapping`].
+pub(crate) fn place(listed: &[PkRange], epk: &EpkRange) -> Result<Placement, String> {
+    let found = overlapping(listed, epk)?;
+    if let [(r, range)] = found[..] {
+        let epk_bounds = (range != epk.range).then(|| (epk.min.clone(), epk.max.clone()));
+        return Ok(Placement::On(Target {
+            range_id: r.id.clone(),
+            epk: epk_bounds,
+        }));
+    }
+    Ok(Placement::Split(cut(epk, &found)))
+}
+
+/// `epk` cut at the boundaries of the ranges `found` overlapping it (in key order).
+fn cut(epk: &EpkRange, found: &[(&PkRange, KeyRange)]) -> Vec<EpkRange> {
+    found
+        .iter()
+        .map(|(r, range)| {
+            let (min, start) = if range.start > epk.range.start {
+                (r.min.clone(), range.start)
+            } else {
+                (epk.min.clone(), epk.range.start)
+            };
+            let (max, end) = if range.end < epk.range.end {
+                (r.max.clone(), range.end)
+            } else {
+                (epk.max.clone(), epk.range.end)
+            };
+            EpkRange {
+                min,
+                max,
+                range: KeyRange { start, end },
+            }
+        })
+        .collect()
+}
+
+/// The parts of `outer` that none of `inner` covers (the `inner` ranges disjoint, possibly
+/// reaching past `outer`), in key order.
+fn gaps(outer: &EpkRange, inner: &[&EpkRange]) -> Vec<EpkRange> {
+    let mut inner: Vec<&EpkRange> = inner
+        .iter()
+        .copied()
+        .filter(|e| overlaps(e.range, outer.range))
+        .collect();
+    inner.sort_by_key(|e| e.range.start);
+    let mut out = Vec::new();
+    // Where the next gap would start (`None`: past the end of the key space).
+    let (mut min, mut start) = (outer.min.clone(), Some(outer.range.start));
+    for e in inner {
+        if let Some(s) = start.filter(|s| *s < e.range.start) {
+            out.push(EpkRange {
+                min: min.clone(),
+                max: e.min.clone(),
+                range: KeyRange {
+                    start: s,
+                    end: e.range.start - 1,
+                },
+            });
+        }
+        let after = e.range.end.checked_add(1);
+        if start.is_some_and(|s| after.is_none_or(|a| a > s)) {
+            (min, start) = (e.max.clone(), after);
+        }
+    }
+    if let Some(s) = start.filter(|s| *s <= outer.range.end) {
+        out.push(EpkRange {
+            min,
+            max: outer.max.clone(),
+            range: KeyRange {
+                start: s,
+                end: outer.range.end,
+            },
+        });
+    }
+    out
+}
+
+/// The partitions for a group holding leases on the EPK ranges `leased` (and on any
+/// partition key ranges): [`partitions`], with the EPK ranges in place of what they cover.
+///
+/// - A leased EPK range is a partition; its parent the smallest other leased one holding it
+///   (the one it was split from, until that lease is deleted). It is **open** while it lies
+///   in one partition key range (after a split at its edge or a merge around it, the .NET
+///   processor's "redirect": the same partition, read on the range now holding it), and
+///   **closed** once it spans several or has leased parts: its children are then its leased
+///   parts, and the rest of it cut at the partition key range boundaries (`"{min}-{max}"`
+///   each, open), which start at its final continuation (one parent), as the .NET processor
+///   splits an EPK lease.
+/// - A partition key range wholly covered by those EPK ranges is left out (with ancestors
+///   only it names): it is read through them. One they cover in part (a merge of a range
+///   read by EPK ranges with one that is not) is left out too, and its uncovered parts are
+///   open EPK partitions whose parents are the range's own (a merge: from the beginning).
+/// - Without EPK leases this is [`partitions`].
+///
+/// # Errors
+/// As [`partitions`] and [`place`].
+pub(crate) fn partitions_for(
+    listed: &[PkRange],
+    seen: &BTreeMap<String, KeyRange>,
+    leased: &[EpkRange],
+) -> Result<Vec<Partition>, String> {
+    if leased.is_empty() {
+        return partitions(listed, seen);
+    }
+    let mut leased: Vec<&EpkRange> = leased.iter().collect();
+    leased.sort_by(|a, b| (a.range.start, b.range.end).cmp(&(b.range.start, a.range.end)));
+    leased.dedup_by(|a, b| a.range == b.range);
+    // The smallest other leased range holding each one.
+    let parent_of = |e: &EpkRange| {
+        leased
+            .iter()
+            .filter(|o| o.range != e.range)
+            .filter(|o| o.range.start <= e.range.start && e.range.end <= o.range.end)
+            .min_by_key(|o| o.range.end - o.range.start)
+            .copied()
+    };
+    let mut out = Vec::new();
+    for e in &leased {
+        let parent: Vec<PartitionId> = parent_of(e)
+            .map(|p| partition_id(&p.id()))
+            .transpose()?
+            .into_iter()
+            .collect();
+        let parts: Vec<&EpkRange> = leased
+            .iter()
+            .copied()
+            .filter(|c| parent_of(c).is_some_and(|p| p.range == e.range))
+            .collect();
+        let rest: Vec<EpkRange> = match place(listed, e)? {
+            Placement::On(_) if parts.is_empty() => Vec::new(),
+            _ => gaps(e, &parts),
+        };
+        let closed = !parts.is_empty() || !rest.is_empty();
+        out.push(e.partition(parent, closed)?);
+        let me = vec![partition_id(&e.id())?];
+        for gap in &rest {
+            for piece in cut(gap, &overlapping(listed, gap)?) {
+                out.push(piece.partition(me.clone(), false)?);
+            }
+        }
+    }
+    // What the leased EPK ranges cover: the outermost ones (disjoint in a lease set the
+    // .NET processor or this one left).
+    let roots: Vec<&EpkRange> = leased
+        .iter()
+        .copied()
+        .filter(|e| parent_of(e).is_none())
+        .collect();
+    let mut physical: Vec<PkRange> = Vec::new();
+    let mut partly: BTreeMap<&str, Vec<EpkRange>> = BTreeMap::new();
+    for r in listed {
+        let Some(range) = epk_range(&r.min, &r.max) else {
+            physical.push(r.clone());
+            continue;
+        };
+        if !roots.iter().any(|e| overlaps(e.range, range)) {
+            physical.push(r.clone());
+            continue;
+        }
+        let whole = EpkRange {
+            min: r.min.clone(),
+            max: r.max.clone(),
+            range,
+        };
+        let rest = gaps(&whole, &roots);
+        if !rest.is_empty() {
+            physical.push(r.clone());
+            partly.insert(r.id.as_str(), rest);
+        }
+    }
+    for p in partitions(&physical, seen)? {
+        match partly.get(p.id.as_str()) {
+            None => out.push(p),
+            Some(rest) => {
+                for part in rest {
+                    out.push(part.partition(p.parents.clone(), false)?);
+                }
+            }
+        }
     }
     out.sort_by(|a, b| a.id.cmp(&b.id));
     Ok(out)

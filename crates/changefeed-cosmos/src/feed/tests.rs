@@ -16,7 +16,7 @@ use changefeed::model::{
 use http::{HeaderMap, HeaderValue};
 use serde_json::{json, Value};
 
-use super::map::{self, Cursor};
+use super::map::{self, Cursor, EpkRange, Placement, Target};
 use super::*;
 
 fn id(s: &str) -> PartitionId {
@@ -342,6 +342,10 @@ fn reader(from: ReadFrom) -> CosmosReader {
             seen: Arc::default(),
         },
         partition: id("0"),
+        target: Some(Target {
+            range_id: "0".into(),
+            epk: None,
+        }),
         from,
         first: true,
         buffer: VecDeque::new(),
@@ -358,13 +362,13 @@ fn answers_are_pages_caught_up_gone_or_errors() {
             &[("etag", "\"13\""), ("x-ms-session-token", "0:-1#20")],
             json!({"_rid": "r", "Documents": page_docs(), "_count": 4}),
         ),
-        &p0,
+        "0",
     )
     .expect("page");
     assert!(
         matches!(&page, Answered::Page { docs, etag: Some(e), session_lsn: Some(20) } if docs.len() == 4 && e == "\"13\"")
     );
-    let caught_up = classify(answer(304, &[("etag", "\"13\"")], json!(null)), &p0).expect("304");
+    let caught_up = classify(answer(304, &[("etag", "\"13\"")], json!(null)), "0").expect("304");
     assert!(matches!(
         caught_up,
         Answered::CaughtUp { etag: Some(_), .. }
@@ -375,7 +379,7 @@ fn answers_are_pages_caught_up_gone_or_errors() {
             &[("x-ms-substatus", "1002")],
             json!({"code": "Gone", "message": "PartitionKeyRangeGone"}),
         ),
-        &p0,
+        "0",
     )
     .expect("410/1002");
     assert!(matches!(gone, Answered::Gone));
@@ -386,15 +390,15 @@ fn answers_are_pages_caught_up_gone_or_errors() {
             &[("x-ms-substatus", "1007")],
             json!({"message": "completing split"}),
         ),
-        &p0,
+        "0",
     )
     .expect_err("410/1007");
     let err = source_error("read", &p0, completing);
     assert!(err.is_retryable(), "{err}");
-    let throttled = classify(answer(429, &[], json!({"message": "busy"})), &p0).expect_err("429");
+    let throttled = classify(answer(429, &[], json!({"message": "busy"})), "0").expect_err("429");
     assert!(source_error("read", &p0, throttled).is_retryable());
     let missing =
-        classify(answer(404, &[], json!({"message": "no container"})), &p0).expect_err("404");
+        classify(answer(404, &[], json!({"message": "no container"})), "0").expect_err("404");
     assert!(!source_error("read", &p0, missing).is_retryable());
 }
 
@@ -479,4 +483,415 @@ fn a_continuation_inside_a_transaction_skips_what_was_done() {
         )
         .expect("page");
     assert_eq!(ids(&batch.records), vec!["\"c\"", "\"d\""]);
+}
+
+fn epk(id: &str) -> EpkRange {
+    EpkRange::parse(id)
+        .expect("an EPK id")
+        .expect("a valid EPK id")
+}
+
+/// A listing of `(id, min, max, parents)`, as `GET …/pkranges` answers it.
+fn listing(ranges: &[(&str, &str, &str, &[&str])]) -> Vec<map::PkRange> {
+    let body = json!({"PartitionKeyRanges": ranges
+        .iter()
+        .map(|(id, min, max, parents)| json!({
+            "id": id, "minInclusive": min, "maxExclusive": max, "parents": parents,
+            "status": "online"
+        }))
+        .collect::<Vec<_>>()});
+    map::parse_pkranges(&body).expect("listing")
+}
+
+/// Each partition as (id, parents, closed), in id order.
+fn shape(parts: &[Partition]) -> Vec<(String, Vec<String>, bool)> {
+    parts
+        .iter()
+        .map(|p| {
+            (
+                p.id.to_string(),
+                p.parents.iter().map(ToString::to_string).collect(),
+                p.closed,
+            )
+        })
+        .collect()
+}
+
+fn row(id: &str, parents: &[&str], closed: bool) -> (String, Vec<String>, bool) {
+    (
+        id.to_string(),
+        parents.iter().map(|p| p.to_string()).collect(),
+        closed,
+    )
+}
+
+fn lease(partition: &str, state: LeaseState, checkpoint: Option<&str>) -> Lease {
+    let mut l = Lease::new(
+        LeaseKey::new(GroupName::new("g").expect("group"), id(partition)),
+        Position::Beginning,
+    );
+    l.state = state;
+    l.continuation = checkpoint.map(Continuation::new);
+    l
+}
+
+/// The leases the sync of a Cosmos DB source would create, as (partition, start).
+fn planned(parts: &[Partition], leases: &[Lease], start: &Position) -> Vec<(String, Position)> {
+    let plan = lineage::plan(
+        &Input::new(parts, leases, start).with_child_start(ChildStart::ParentContinuation),
+    );
+    assert!(plan.errors.is_empty(), "{:?}", plan.errors);
+    plan.create
+        .iter()
+        .map(|n| (n.partition.to_string(), n.start.clone()))
+        .collect()
+}
+
+#[test]
+fn epk_partition_ids_are_dotnet_lease_tokens() {
+    // The .NET v3 processor names an EPK-range lease "{min}-{max}"; range ids are numbers.
+    let half = epk("-80");
+    assert_eq!((half.min.as_str(), half.max.as_str()), ("", "80"));
+    assert_eq!(
+        half.range,
+        KeyRange {
+            start: 0,
+            end: HALF - 1
+        }
+    );
+    for id in ["-80", "80-FF", "05C1D19581B37C-05C1E399CD7000"] {
+        assert_eq!(epk(id).id(), id);
+    }
+    assert!(EpkRange::parse("0").is_none(), "a partition key range id");
+    for bad in [
+        "80-",
+        "x-FF",
+        "ab-FF",
+        "80-40",
+        "80-80",
+        &format!("{}-FF", "0".repeat(33)),
+    ] {
+        let err = EpkRange::parse(bad).expect("has a -").expect_err(bad);
+        assert!(err.contains(bad) && err.contains("{min}-{max}"), "{err}");
+    }
+}
+
+#[test]
+fn an_epk_lease_is_read_on_the_range_holding_it_with_its_bounds() {
+    // The .NET SDK's three cases (RequestInvokerHandler): an EPK range that is a whole range
+    // is read by its id; a part of one by its id plus x-ms-start-epk / x-ms-end-epk.
+    let one = listing(&[("0", "", "FF", &[])]);
+    let on_zero = map::place(&one, &epk("-80")).expect("placed");
+    assert_eq!(
+        on_zero,
+        Placement::On(Target {
+            range_id: "0".into(),
+            epk: Some(("".into(), "80".into())),
+        })
+    );
+    let Placement::On(target) = on_zero else {
+        unreachable!("checked above")
+    };
+    let after = ReadFrom::After(Cursor::after("\"42\""));
+    assert_eq!(
+        read_headers(&target, Some(&after), 100),
+        vec![
+            ("a-im", "Incremental feed".to_string()),
+            ("x-ms-documentdb-partitionkeyrangeid", "0".into()),
+            ("x-ms-max-item-count", "100".into()),
+            ("x-ms-read-key-type", "EffectivePartitionKeyRange".into()),
+            ("x-ms-start-epk", "".into()),
+            ("x-ms-end-epk", "80".into()),
+            ("if-none-match", "\"42\"".into()),
+        ]
+    );
+    // From now and from the beginning: the same bounds, the feed's own preconditions.
+    let now = read_headers(&target, None, 1);
+    assert!(now.contains(&("if-none-match", "*".into())));
+    assert!(now.contains(&("x-ms-start-epk", "".into())));
+    let beginning = read_headers(&target, Some(&ReadFrom::Beginning), 1);
+    assert!(!beginning.iter().any(|(h, _)| *h == "if-none-match"));
+    // Exactly a range: read by its id alone, as a partition key range lease is.
+    let split = map::parse_pkranges(&split_listing()).expect("listing");
+    let exact = map::place(&split, &epk("80-FF")).expect("placed");
+    let Placement::On(exact) = exact else {
+        panic!("one range: {exact:?}")
+    };
+    assert_eq!(
+        read_headers(&exact, Some(&after), 1),
+        vec![
+            ("a-im", "Incremental feed".to_string()),
+            ("x-ms-documentdb-partitionkeyrangeid", "2".into()),
+            ("x-ms-max-item-count", "1".into()),
+            ("if-none-match", "\"42\"".into()),
+        ]
+    );
+    // The session token of the range read gives the estimator its LSN.
+    let page = classify(
+        answer(
+            200,
+            &[("etag", "\"13\""), ("x-ms-session-token", "2:-1#20")],
+            json!({"Documents": [], "_count": 0}),
+        ),
+        &exact.range_id,
+    )
+    .expect("page");
+    assert!(matches!(
+        page,
+        Answered::Page {
+            session_lsn: Some(20),
+            ..
+        }
+    ));
+}
+
+#[test]
+fn an_epk_range_continues_across_a_gone_range_and_its_continuations_round_trip() {
+    // A .NET EPK lease's continuation is the ETag of the range it is read on, as for a
+    // range lease; inside a transaction the skip is counted in the EPK partition.
+    let mut r = reader(ReadFrom::After(Cursor::after("\"9\"")));
+    r.partition = id("-80");
+    r.target = Some(Target {
+        range_id: "0".into(),
+        epk: Some(("".into(), "80".into())),
+    });
+    let batch = r
+        .apply(
+            Answered::Page {
+                docs: page_docs(),
+                etag: Some("\"13\"".into()),
+                session_lsn: None,
+            },
+            2,
+            0,
+        )
+        .expect("page");
+    let inside = batch.continuation.expect("a continuation");
+    assert_eq!(inside.as_str(), "\"10\";skip=1;range=-80");
+    let cursor = Cursor::parse(inside.as_str()).expect("round trip");
+    assert_eq!(cursor.to_continuation(), inside);
+    assert_eq!(cursor.clone().in_range("-80").skip, 1);
+    // A part of it after a split reads the transaction again (never a gap).
+    assert_eq!(cursor.in_range("-40"), Cursor::after("\"10\""));
+    // 410/1002 on the range read: not the end of an EPK range, which is placed again on the
+    // next read (the .NET processor's "redirect" after a merge or a split at its edge).
+    let drained = r.take(10);
+    assert_eq!(drained.continuation, Some(Continuation::new("\"13\"")));
+    let gone = r.apply(Answered::Gone, 2, 0).expect("410");
+    assert!(!gone.end_of_partition && gone.records.is_empty());
+    assert!(r.target.is_none() && !r.ended);
+    assert_eq!(r.from, ReadFrom::After(Cursor::after("\"13\"")));
+}
+
+#[test]
+fn a_split_under_an_epk_lease_ends_it_and_its_parts_continue_from_its_continuation() {
+    // Range 3 [, FF) held the .NET EPK leases "-80" and "80-FF" (after a merge); then it
+    // split at 40 into 4 and 5. "-80" now spans both: closed, its parts "-40" (all of 4) and
+    // "40-80" (part of 5) are its children; "80-FF" lies in 5 and reads on there.
+    let after_split = listing(&[("4", "", "40", &["3"]), ("5", "40", "FF", &["3"])]);
+    assert_eq!(
+        map::place(&after_split, &epk("-80")),
+        Ok(Placement::Split(vec![epk("-40"), epk("40-80")]))
+    );
+    let leased = [epk("-80"), epk("80-FF")];
+    let parts = map::partitions_for(&after_split, &BTreeMap::new(), &leased).expect("parts");
+    assert_eq!(
+        shape(&parts),
+        vec![
+            row("-40", &["-80"], false),
+            row("-80", &[], true),
+            row("40-80", &["-80"], false),
+            row("80-FF", &[], false),
+        ],
+        "ranges 3, 4 and 5 are read through the EPK leases only"
+    );
+    assert_eq!(parts[0].key_range, map::epk_range("", "40"));
+    // The reader of "-80" ended at "77"; its parts start there.
+    let leases = [
+        lease("-80", LeaseState::Finished, Some("\"77\"")),
+        lease("80-FF", LeaseState::Owned, Some("\"80\"")),
+    ];
+    let at = Position::Continuation(Continuation::new("\"77\""));
+    assert_eq!(
+        planned(&parts, &leases, &Position::Now),
+        vec![("-40".into(), at.clone()), ("40-80".into(), at)]
+    );
+    // Once they have leases, they are "-80"'s children until its lease is deleted, then roots.
+    let all = [epk("-80"), epk("80-FF"), epk("-40"), epk("40-80")];
+    let later = map::partitions_for(&after_split, &BTreeMap::new(), &all).expect("parts");
+    assert_eq!(
+        shape(&later),
+        vec![
+            row("-40", &["-80"], false),
+            row("-80", &[], true),
+            row("40-80", &["-80"], false),
+            row("80-FF", &[], false),
+        ]
+    );
+    let deleted = [epk("80-FF"), epk("-40"), epk("40-80")];
+    let last = map::partitions_for(&after_split, &BTreeMap::new(), &deleted).expect("parts");
+    assert_eq!(
+        shape(&last),
+        vec![
+            row("-40", &[], false),
+            row("40-80", &[], false),
+            row("80-FF", &[], false),
+        ]
+    );
+    // A second split, inside "40-80" (5 into 6 and 7 at 60): only that part ends.
+    let again = listing(&[
+        ("4", "", "40", &["3"]),
+        ("6", "40", "60", &["3", "5"]),
+        ("7", "60", "FF", &["3", "5"]),
+    ]);
+    let parts = map::partitions_for(&again, &BTreeMap::new(), &deleted).expect("parts");
+    assert_eq!(
+        shape(&parts),
+        vec![
+            row("-40", &[], false),
+            row("40-60", &["40-80"], false),
+            row("40-80", &[], true),
+            row("60-80", &["40-80"], false),
+            row("80-FF", &[], false),
+        ]
+    );
+}
+
+#[test]
+fn imported_epk_leases_stand_in_for_the_merged_range_they_cover() {
+    // A .NET fleet's leases after 1 and 2 merged into 3: "-80" and "80-FF" (the old ranges,
+    // now EPK ranges of 3). Imported, they are the partitions; nothing is created for 3 or
+    // its ancestors, whatever the start.
+    let merged = listing(&[("3", "", "FF", &["0", "1", "2"])]);
+    let leased = [epk("-80"), epk("80-FF")];
+    let parts = map::partitions_for(&merged, &BTreeMap::new(), &leased).expect("parts");
+    assert_eq!(
+        shape(&parts),
+        vec![row("-80", &[], false), row("80-FF", &[], false)]
+    );
+    let leases = [
+        lease("-80", LeaseState::Available, Some("\"42\"")),
+        lease("80-FF", LeaseState::Available, Some("\"57\"")),
+    ];
+    for start in [Position::Beginning, Position::Now] {
+        assert_eq!(planned(&parts, &leases, &start), vec![], "{start:?}");
+    }
+    let Ok(Placement::On(target)) = map::place(&merged, &epk("80-FF")) else {
+        panic!("80-FF lies in 3")
+    };
+    assert_eq!(target.range_id, "3");
+    // A listing without EPK leases is the plain one.
+    assert_eq!(
+        map::partitions_for(&merged, &BTreeMap::new(), &[]),
+        map::partitions(&merged, &BTreeMap::new())
+    );
+}
+
+#[test]
+fn a_merge_is_a_child_of_both_merged_ranges() {
+    // 0 split into 1 and 2, 1 into 5 and 6, 2 into 7 and 8; then 6 and 7 merged into 9,
+    // which names every ancestor (in no documented order). 9's parents are 6 and 7; the
+    // chains of splits above them are read as before.
+    let ranges = listing(&[
+        ("5", "", "20", &["0", "1"]),
+        ("9", "20", "60", &["0", "1", "6", "2", "7"]),
+        ("8", "60", "FF", &["0", "2"]),
+    ]);
+    let parts = map::partitions(&ranges, &BTreeMap::new()).expect("parts");
+    assert_eq!(
+        shape(&parts),
+        vec![
+            row("0", &[], true),
+            row("1", &["0"], true),
+            row("2", &["0"], true),
+            row("5", &["1"], false),
+            // The listing cannot tell which of 1 and 2 each merged range came from: both,
+            // which waits for one range more and never skips.
+            row("6", &["1", "2"], true),
+            row("7", &["1", "2"], true),
+            row("8", &["2"], false),
+            row("9", &["6", "7"], false),
+        ]
+    );
+    // Both merged ranges finished: the merge child starts at the beginning (two
+    // continuations cannot be ordered by the core), not at either parent's continuation.
+    let leases = [
+        lease("5", LeaseState::Owned, Some("\"30\"")),
+        lease("6", LeaseState::Finished, Some("\"44\"")),
+        lease("7", LeaseState::Finished, Some("\"47\"")),
+        lease("8", LeaseState::Owned, Some("\"31\"")),
+    ];
+    assert_eq!(
+        planned(&parts, &leases, &Position::Now),
+        vec![("9".into(), Position::Beginning)]
+    );
+    // While one merged range is still read, the child waits.
+    let reading = [
+        lease("6", LeaseState::Finished, Some("\"44\"")),
+        lease("7", LeaseState::Owned, Some("\"45\"")),
+        lease("5", LeaseState::Owned, None),
+        lease("8", LeaseState::Owned, None),
+    ];
+    assert_eq!(planned(&parts, &reading, &Position::Now), vec![]);
+    // Two halves merged back into one range: parent and halves are alike in the listing,
+    // so the child waits for all three and starts at the beginning.
+    let back = listing(&[("3", "", "FF", &["0", "1", "2"])]);
+    let parts = map::partitions(&back, &BTreeMap::new()).expect("parts");
+    assert_eq!(
+        shape(&parts),
+        vec![
+            row("0", &[], true),
+            row("1", &[], true),
+            row("2", &[], true),
+            row("3", &["0", "1", "2"], false),
+        ]
+    );
+    let halves = [
+        lease("1", LeaseState::Finished, Some("\"44\"")),
+        lease("2", LeaseState::Finished, Some("\"47\"")),
+    ];
+    let first = planned(&parts, &halves, &Position::Now);
+    assert_eq!(
+        first,
+        vec![("0".into(), Position::Beginning)],
+        "0 ends at once (410)"
+    );
+    let mut done = halves.to_vec();
+    done.push(lease("0", LeaseState::Finished, None));
+    assert_eq!(
+        planned(&parts, &done, &Position::Now),
+        vec![("3".into(), Position::Beginning)]
+    );
+}
+
+#[test]
+fn a_merge_of_an_epk_read_range_with_another_reads_the_rest_as_a_merge_child() {
+    // Our lease "4" reads range 4 [, 40); range 5 [40, FF) is read by the EPK leases
+    // "40-80" and "80-FF". 4 and 5 merge into 6: "40-80" and "80-FF" read on in 6, and the
+    // rest of 6, "-40", is a merge child (6's parents), from the beginning once they end.
+    let merged = listing(&[("6", "", "FF", &["0", "4", "5"])]);
+    let leased = [epk("40-80"), epk("80-FF")];
+    let parts = map::partitions_for(&merged, &BTreeMap::new(), &leased).expect("parts");
+    assert_eq!(
+        shape(&parts),
+        vec![
+            row("-40", &["0", "4", "5"], false),
+            row("0", &[], true),
+            row("4", &[], true),
+            row("40-80", &[], false),
+            row("5", &[], true),
+            row("80-FF", &[], false),
+        ]
+    );
+    let leases = [
+        lease("4", LeaseState::Finished, Some("\"21\"")),
+        lease("40-80", LeaseState::Owned, Some("\"22\"")),
+        lease("80-FF", LeaseState::Owned, Some("\"23\"")),
+        lease("0", LeaseState::Finished, None),
+        lease("5", LeaseState::Finished, None),
+    ];
+    assert_eq!(
+        planned(&parts, &leases, &Position::Now),
+        vec![("-40".into(), Position::Beginning)]
+    );
 }

@@ -7,7 +7,8 @@
 //!   `If-None-Match`), so no read is checked there.
 //! - Against a real account or Microsoft's emulator, only when
 //!   `CHANGEFEED_TEST_COSMOS_SOURCE_URL` (its endpoint) and `CHANGEFEED_TEST_COSMOS_KEY` are
-//!   set: reading from the beginning, from a continuation, from now and from a time; lag.
+//!   set: reading from the beginning, from a continuation, from now and from a time; lag;
+//!   EPK sub-ranges (the .NET processor's `"{min}-{max}"` leases) read with their bounds.
 //!   Those are separate from `CHANGEFEED_TEST_COSMOS_URL`, which CI points at the local
 //!   server. Without them the test named
 //!   `cosmos_source_not_tested_against_a_server_set_CHANGEFEED_TEST_COSMOS_SOURCE_URL` passes
@@ -291,6 +292,42 @@ async fn real_account_checks(url: &str, key: &str) {
         !ids(&since).contains(&expected[0]),
         "at a time: not the first documents"
     );
+    for i in 0..20 {
+        docs.create_document(&json!({"id": format!("e{i:03}"), "tenant": format!("e{i}")}))
+            .await
+            .expect("write");
+    }
+    epk_checks(&feed).await;
     // Only a passing run gets here: a failing one leaves its container to look at.
     docs.delete().await.expect("delete the test container");
+}
+
+/// EPK sub-ranges, as the .NET processor's leases "-80" and "80-FF" name them: read from
+/// the beginning, each gives only its own documents (disjoint) and together every document
+/// the ranges give; whatever the container's ranges, each half is placed on the range
+/// holding it or, spanning several, ends and its parts are listed and read. Lag is known.
+async fn epk_checks(feed: &CosmosFeed) {
+    let mut whole = Vec::new();
+    for p in feed.partitions().await.expect("partitions") {
+        let mut r = feed.open(&p.id, &Position::Beginning).await.expect("open");
+        whole.extend(ids(&drain(r.as_mut(), 100).await));
+    }
+    let halves = ["-80", "80-FF"].map(|h| PartitionId::new(h).expect("id"));
+    let parts = feed.partitions_for(&halves).await.expect("partitions");
+    let mut seen: Vec<String> = Vec::new();
+    for p in parts.iter().filter(|p| !p.closed) {
+        let mut r = feed.open(&p.id, &Position::Beginning).await.expect("open");
+        let mine = ids(&drain(r.as_mut(), 7).await);
+        assert!(
+            mine.iter().all(|id| !seen.contains(id)),
+            "EPK range {} repeats another's documents: {mine:?}",
+            p.id
+        );
+        seen.extend(mine);
+        let lag = feed.remaining(&p.id, None).await.expect("remaining");
+        assert!(lag.is_some(), "lag of EPK range {}", p.id);
+    }
+    seen.sort();
+    whole.sort();
+    assert_eq!(seen, whole, "the EPK halves hold every document once");
 }

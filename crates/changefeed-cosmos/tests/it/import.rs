@@ -11,11 +11,13 @@ use changefeed::model::{
     Continuation, GroupName, HostName, Lease, LeaseKey, LeaseState, PartitionId, Position,
     Timestamp,
 };
+use changefeed::source::FeedSource;
 use changefeed_cosmos::import::{DotnetSchema, ImportOutcome};
 use changefeed_cosmos::testkit::dotnet::{self, LeaseFields as Dotnet};
 use changefeed_cosmos::testkit::RawContainer;
 use changefeed_cosmos::{
-    import_dotnet_leases, CosmosLeaseStore, DotnetLeaseContainer, ImportError, ImportOptions,
+    import_dotnet_leases, CosmosFeed, CosmosLeaseStore, DotnetLeaseContainer, ImportError,
+    ImportOptions,
 };
 use serde_json::Value;
 
@@ -205,6 +207,80 @@ async fn v3_epk_leases_are_taken_over_at_their_continuations() {
     );
     let relisted = target.list(&group()).await.expect("list");
     assert_eq!(relisted.leases, listing.leases, "nothing rewritten");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn imported_epk_leases_of_a_merged_range_open_in_the_feed_source() {
+    // Issue 21: a .NET v3 fleet whose ranges merged holds EPK leases "{min}-{max}" (the old
+    // ranges, now parts of one). Imported, they are the feed source's partitions in place of
+    // the range they cover, and each opens there, read with its EPK bounds from its
+    // continuation. (The local server's one range [, FF) plays the merged range; its change
+    // feed is not Cosmos DB's, so only the requests and its 304 are checked.)
+    let long_ago = Timestamp(now().0 - 3_600_000);
+    let at = |continuation| Dotnet {
+        continuation: Some(continuation),
+        renewed_at: Some(long_ago),
+        ..Dotnet::default()
+    };
+    let docs = [
+        dotnet::v3_epk_lease(V3, "-80", ("", "80"), &at("\"42\"")),
+        dotnet::v3_epk_lease(V3, "80-FF", ("80", "FF"), &at("\"57\"")),
+        dotnet::v3_info(V3),
+    ];
+    let container = dotnet_container("/id", &docs).await;
+    let target = fresh_store("import-target").await;
+    let report = import_dotnet_leases(&container, &target, &group(), &ImportOptions::default())
+        .await
+        .expect("import");
+    assert_eq!(report.count("created"), 2, "{report:?}");
+    let leases = target.list(&group()).await.expect("list").leases;
+
+    let monitored = fresh_options("monitored");
+    RawContainer::create(&monitored, "/tenant")
+        .await
+        .expect("the monitored container on the local server");
+    let feed = CosmosFeed::connect(&monitored).await.expect("connect");
+    let leased: Vec<PartitionId> = leases.iter().map(|l| l.key.partition.clone()).collect();
+    let parts = feed.partitions_for(&leased).await.expect("partitions");
+    let shape: Vec<(&str, usize, bool)> = parts
+        .iter()
+        .map(|p| (p.id.as_str(), p.parents.len(), p.closed))
+        .collect();
+    assert_eq!(
+        shape,
+        [("-80", 0, false), ("80-FF", 0, false)],
+        "range 0 is read through the imported leases only"
+    );
+    let expected = [("", "80", "\"42\""), ("80", "FF", "\"57\"")];
+    for (lease, (min, max, etag)) in leases.iter().zip(expected) {
+        let from = lease.resume_position();
+        let headers = feed
+            .first_read_headers(&lease.key.partition, &from)
+            .await
+            .expect("placed")
+            .expect("not ended");
+        for wanted in [
+            ("x-ms-documentdb-partitionkeyrangeid", "0"),
+            ("x-ms-read-key-type", "EffectivePartitionKeyRange"),
+            ("x-ms-start-epk", min),
+            ("x-ms-end-epk", max),
+            ("if-none-match", etag),
+        ] {
+            assert!(
+                headers.iter().any(|(h, v)| (*h, v.as_str()) == wanted),
+                "{wanted:?} in {headers:?}"
+            );
+        }
+        let mut reader = feed
+            .open(&lease.key.partition, &from)
+            .await
+            .expect("an imported EPK lease opens");
+        let batch = reader.next_batch(10).await.expect("read");
+        assert!(
+            batch.records.is_empty() && !batch.end_of_partition,
+            "the server's 304: caught up, still open"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -678,7 +678,6 @@ impl Host {
         }
         self.unowned_lag_at = Some(now);
         let rows = self.state.rows();
-        let leased: BTreeSet<PartitionId> = rows.iter().map(|l| l.key.partition.clone()).collect();
         let mut todo: Vec<(PartitionId, Option<Continuation>, Position)> = rows
             .iter()
             .filter(|l| l.owner.is_none() && l.state != LeaseState::Finished)
@@ -691,7 +690,7 @@ impl Host {
             })
             .collect();
         let source = self.p.source.clone();
-        match lag::unleased(source.as_ref(), &leased).await {
+        match lag::unleased(source.as_ref(), rows, &BTreeSet::new()).await {
             Ok(more) => todo.extend(more.into_iter().map(|(p, start)| (p, None, start))),
             Err(err) => debug!(error = %err, "listing partitions for the lag estimate failed"),
         }

@@ -131,7 +131,8 @@ impl Syncer {
             report.skipped = true;
             return Ok(report);
         }
-        let partitions = source.partitions().await?;
+        let leased: Vec<PartitionId> = leases.iter().map(|l| l.key.partition.clone()).collect();
+        let partitions = source.partitions_for(&leased).await?;
         let plan = match (&self.last_plan, counter) {
             (Some((at, listed, plan)), Some(c)) if *at == c && *listed == partitions => {
                 plan.clone()
@@ -380,39 +381,11 @@ mod tests {
         assert_eq!(second.created, vec![l, r]);
     }
 
-    /// A memory feed whose children continue from their parent's continuation, as Cosmos DB's.
-    #[derive(Debug)]
-    struct Continuing(MemoryFeed);
-
-    #[async_trait::async_trait]
-    impl FeedSource for Continuing {
-        async fn partitions(&self) -> Result<Vec<Partition>, SourceError> {
-            self.0.partitions().await
-        }
-        async fn open(
-            &self,
-            partition: &PartitionId,
-            from: &Position,
-        ) -> Result<Box<dyn crate::source::PartitionReader>, SourceError> {
-            self.0.open(partition, from).await
-        }
-        async fn remaining(
-            &self,
-            partition: &PartitionId,
-            after: Option<&crate::model::Continuation>,
-        ) -> Result<Option<u64>, SourceError> {
-            self.0.remaining(partition, after).await
-        }
-        fn child_start(&self) -> lineage::ChildStart {
-            lineage::ChildStart::ParentContinuation
-        }
-    }
-
     #[tokio::test(start_paused = true)]
     async fn children_start_at_the_parents_continuation_when_the_source_says_so() {
         // The sync passes the source's child start to the lineage rules.
         let store = MemoryLeaseStore::new();
-        let feed = Continuing(MemoryFeed::new(1));
+        let feed = crate::source::Behaving::continuing(MemoryFeed::new(1));
         let settings = Settings::default();
         let mut s = Syncer::default();
         sync(&mut s, &store, &feed, &settings, &[], None).await;
@@ -423,7 +396,7 @@ mod tests {
             .replace(&parent, parent.version)
             .await
             .expect("checkpoint");
-        let (_, l, r) = split_and_finish(&feed.0, &store).await;
+        let (_, l, r) = split_and_finish(&feed.feed, &store).await;
         let report = sync_listed(&mut s, &store, &feed, &settings).await;
         assert_eq!(report.created, vec![l, r]);
         let children: Vec<Position> = listed(&store)

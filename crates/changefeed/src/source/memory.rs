@@ -352,3 +352,68 @@ impl PartitionReader for MemoryReader {
         })
     }
 }
+
+/// A memory feed behaving as other sources do, for the core's tests: its children continue
+/// from their parent's continuation when `continuing` (Cosmos DB's
+/// [`crate::lineage::ChildStart::ParentContinuation`]), and it lists every leased id it is
+/// given when `naming` (a source whose leases can name partitions its own listing lacks).
+#[cfg(test)]
+#[derive(Debug)]
+pub(crate) struct Behaving {
+    pub feed: MemoryFeed,
+    pub continuing: bool,
+    pub naming: bool,
+}
+
+#[cfg(test)]
+impl Behaving {
+    /// `feed` whose children continue from their parent.
+    pub fn continuing(feed: MemoryFeed) -> Self {
+        Self {
+            feed,
+            continuing: true,
+            naming: false,
+        }
+    }
+}
+
+#[cfg(test)]
+#[async_trait]
+impl FeedSource for Behaving {
+    async fn partitions(&self) -> Result<Vec<Partition>, SourceError> {
+        self.feed.partitions().await
+    }
+    async fn partitions_for(&self, leased: &[PartitionId]) -> Result<Vec<Partition>, SourceError> {
+        let mut all = self.feed.partitions().await?;
+        if self.naming {
+            all.extend(leased.iter().map(|p| Partition {
+                id: p.clone(),
+                parents: Vec::new(),
+                closed: false,
+                key_range: None,
+            }));
+        }
+        Ok(all)
+    }
+    async fn open(
+        &self,
+        partition: &PartitionId,
+        from: &Position,
+    ) -> Result<Box<dyn PartitionReader>, SourceError> {
+        self.feed.open(partition, from).await
+    }
+    async fn remaining(
+        &self,
+        partition: &PartitionId,
+        after: Option<&Continuation>,
+    ) -> Result<Option<u64>, SourceError> {
+        self.feed.remaining(partition, after).await
+    }
+    fn child_start(&self) -> crate::lineage::ChildStart {
+        if self.continuing {
+            crate::lineage::ChildStart::ParentContinuation
+        } else {
+            crate::lineage::ChildStart::Beginning
+        }
+    }
+}

@@ -9,6 +9,8 @@
 mod memory;
 mod multi;
 
+#[cfg(test)]
+pub(crate) use memory::Behaving;
 pub use memory::MemoryFeed;
 pub use multi::{MultiFeed, STREAM_SEPARATOR};
 
@@ -63,6 +65,23 @@ pub trait FeedSource: Send + Sync + std::fmt::Debug {
     /// # Errors
     /// [`SourceError::Source`] if the source cannot be read.
     async fn partitions(&self) -> Result<Vec<Partition>, SourceError>;
+
+    /// The partitions as the group holding leases on `leased` sees them: what
+    /// [`FeedSource::partitions`] lists, for a source whose every partition is in its own
+    /// listing (the default). A source where a lease can name a partition the feed does not
+    /// list, a part of one of its partitions (a Cosmos DB lease on an effective partition key
+    /// sub-range, taken over from the .NET processor), lists those too, with their lineage,
+    /// and leaves out what they stand in for, so that the lineage rules neither read a key
+    /// twice nor skip one. The partition sync and the lag estimator call this with the
+    /// group's leases; the answer must depend only on the feed and `leased`, so that every
+    /// host plans alike.
+    ///
+    /// # Errors
+    /// As for [`FeedSource::partitions`].
+    async fn partitions_for(&self, leased: &[PartitionId]) -> Result<Vec<Partition>, SourceError> {
+        let _ = leased;
+        self.partitions().await
+    }
 
     /// A reader of `partition` starting at `from`.
     ///

@@ -146,9 +146,20 @@ impl MultiFeed {
 #[async_trait]
 impl FeedSource for MultiFeed {
     async fn partitions(&self) -> Result<Vec<Partition>, SourceError> {
+        self.partitions_for(&[]).await
+    }
+
+    /// Each stream's [`FeedSource::partitions_for`] with the leased ids of that stream.
+    async fn partitions_for(&self, leased: &[PartitionId]) -> Result<Vec<Partition>, SourceError> {
         let mut out = Vec::new();
         for (name, source) in self.snapshot() {
-            for p in source.partitions().await? {
+            let own: Vec<PartitionId> = leased
+                .iter()
+                .filter_map(Self::split_id)
+                .filter(|(stream, _)| *stream == name)
+                .map(|(_, inner)| inner)
+                .collect();
+            for p in source.partitions_for(&own).await? {
                 let corrupt = |e: ModelError| SourceError::Corrupt {
                     partition: format!("{name}{STREAM_SEPARATOR}{}", p.id),
                     reason: e.to_string(),
@@ -276,6 +287,31 @@ mod tests {
             multi.open(&id("c:0"), &Position::Beginning).await,
             Err(SourceError::UnknownPartition { .. })
         ));
+    }
+
+    #[tokio::test]
+    async fn leased_ids_reach_their_own_stream_without_its_prefix() {
+        // FeedSource::partitions_for: each stream is asked with its own leased ids only.
+        let multi = MultiFeed::new();
+        for name in ["a", "b"] {
+            let naming = crate::source::Behaving {
+                feed: MemoryFeed::new(1),
+                continuing: false,
+                naming: true,
+            };
+            multi.add_stream(name, Arc::new(naming)).expect("valid");
+        }
+        let leased = [id("a:-80"), id("b:80-FF"), id("c:x"), id("plain")];
+        let mut ids: Vec<String> = multi
+            .partitions_for(&leased)
+            .await
+            .expect("list")
+            .iter()
+            .map(|p| p.id.to_string())
+            .collect();
+        ids.sort();
+        assert_eq!(ids, ["a:-80", "a:0", "b:0", "b:80-FF"]);
+        assert_eq!(multi.partitions().await.expect("list").len(), 2);
     }
 
     #[test]

@@ -57,7 +57,8 @@ use async_trait::async_trait;
 use changefeed::lease::row::{SQL_COLUMNS as COLS, SQL_COLUMN_NAMES, SQL_TEXT_COLUMNS};
 use changefeed::lease::{BackendError, Changes, LeaseRow, LeaseStore, Listing};
 use changefeed::model::{
-    GroupName, Heartbeat, HostName, Lease, LeaseKey, Membership, PartitionId, Timestamp, Version,
+    GroupHead, GroupName, Heartbeat, HostName, Lease, LeaseKey, Membership, MembershipView,
+    PartitionId, Timestamp, Version,
 };
 use changefeed::LeaseError;
 use tokio_postgres::Row;
@@ -126,11 +127,23 @@ fn migrations(prefix: &str) -> Vec<String> {
         UPDATE {groups} SET changes_from = change_counter, stamped_counter = change_counter;
         "#
         ),
+        // 3: the membership view, in the group's counter row so that one read gives both.
+        // `view` is the view as JSON; the leader and its copied heartbeat version are columns,
+        // so a leader's renewal updates them in the heartbeat's own statement.
+        format!(
+            r#"
+        ALTER TABLE {groups} ADD COLUMN view_version bigint NOT NULL DEFAULT 0;
+        ALTER TABLE {groups} ADD COLUMN view text;
+        ALTER TABLE {groups} ADD COLUMN view_leader text;
+        ALTER TABLE {groups} ADD COLUMN view_leader_incarnation text;
+        ALTER TABLE {groups} ADD COLUMN view_leader_heartbeat bigint NOT NULL DEFAULT 0;
+        "#
+        ),
     ]
 }
 
 /// The schema version of the lease store tables this build creates and understands.
-pub const LEASE_SCHEMA_VERSION: i32 = 2;
+pub const LEASE_SCHEMA_VERSION: i32 = 3;
 
 /// How many change-counter moves back a group's deletions are remembered for
 /// [`LeaseStore::list_changes`] by default (see [`PostgresLeaseStore::changes_kept`]): the
@@ -152,7 +165,11 @@ struct Sql {
     delete: String,
     hb_create: String,
     hb_renew: String,
+    hb_lead: String,
     hb_remove: String,
+    head: String,
+    write_first_view: String,
+    write_view: String,
     membership: String,
     changes: String,
 }
@@ -276,6 +293,49 @@ impl Sql {
                  )
                  SELECT true AS written, {hb_cols} FROM upd
                  UNION ALL SELECT false, {hb_cols} FROM cur"
+            ),
+            // A renewal that also copies its version into the view this host leads: one
+            // statement, so one atomic step.
+            hb_lead: format!(
+                "WITH upd AS (
+                    UPDATE {heartbeats} SET incarnation = $3, written_at = $4,
+                        version = version + 1
+                    WHERE grp = $1 AND host = $2 AND version = $5
+                    RETURNING {hb_cols}
+                 ), lead AS (
+                    UPDATE {groups} SET view_leader_heartbeat = (SELECT version FROM upd)
+                    WHERE grp = $1 AND view_leader = $2 AND view_leader_incarnation = $3
+                      AND EXISTS (SELECT 1 FROM upd)
+                 ), cur AS (
+                    SELECT {hb_cols} FROM {heartbeats}
+                    WHERE grp = $1 AND host = $2 AND NOT EXISTS (SELECT 1 FROM upd)
+                    FOR SHARE
+                 )
+                 SELECT true AS written, {hb_cols} FROM upd
+                 UNION ALL SELECT false, {hb_cols} FROM cur"
+            ),
+            head: format!(
+                "SELECT change_counter, view_version, view, view_leader_heartbeat
+                 FROM {groups} WHERE grp = $1"
+            ),
+            // The first view ($2 = 0): the group's row may not exist yet. No row back: a view
+            // was written meanwhile.
+            write_first_view: format!(
+                "INSERT INTO {groups} AS g (grp, change_counter, view_version, view, view_leader,
+                    view_leader_incarnation, view_leader_heartbeat)
+                 VALUES ($1, 0, $2::bigint + 1, $3, $4, $5, $6::bigint)
+                 ON CONFLICT (grp) DO UPDATE SET view_version = $2::bigint + 1, view = $3,
+                    view_leader = $4, view_leader_incarnation = $5,
+                    view_leader_heartbeat = $6::bigint
+                 WHERE g.view_version = $2::bigint
+                 RETURNING 1"
+            ),
+            // A later view, only at the expected version ($2). No row back: it had moved.
+            write_view: format!(
+                "UPDATE {groups} SET view_version = $2::bigint + 1, view = $3, view_leader = $4,
+                    view_leader_incarnation = $5, view_leader_heartbeat = $6::bigint
+                 WHERE grp = $1 AND view_version = $2::bigint
+                 RETURNING 1"
             ),
             hb_remove: format!(
                 "WITH del AS (
@@ -428,6 +488,57 @@ impl PostgresLeaseStore {
                 key: key.to_string(),
                 reason: format!("version: {version} is negative"),
             })
+    }
+
+    /// A heartbeat write; with `lead`, a renewal also copies its version into the view this
+    /// host leads, in the same statement.
+    async fn write_heartbeat(
+        &self,
+        group: &GroupName,
+        host: &HostName,
+        incarnation: &str,
+        written_at: Timestamp,
+        expected: Option<Version>,
+        lead: bool,
+    ) -> Result<Heartbeat, LeaseError> {
+        let (g, h) = (group.to_string(), host.to_string());
+        let at = written_at.millis();
+        let inc = incarnation.to_string();
+        let key = format!("{group}/{host}");
+        let rows = match expected {
+            None => {
+                self.query("heartbeat", key, &self.sql.hb_create, &[&g, &h, &inc, &at])
+                    .await?
+            }
+            Some(v) => {
+                let v = i64::try_from(v.0).unwrap_or(i64::MAX);
+                let sql = if lead {
+                    &self.sql.hb_lead
+                } else {
+                    &self.sql.hb_renew
+                };
+                self.query("heartbeat", key, sql, &[&g, &h, &inc, &at, &v])
+                    .await?
+            }
+        };
+        let conflict = |current: Option<Heartbeat>| LeaseError::HeartbeatConflict {
+            group: group.to_string(),
+            host: host.to_string(),
+            current: current.map(Box::new),
+        };
+        let Some(row) = rows.first() else {
+            return Err(conflict(None));
+        };
+        let written: bool = row.try_get(0).map_err(|e| {
+            PostgresError::from(e).into_lease("heartbeat", Some(format!("{group}/{host}")))
+        })?;
+        let current =
+            parse_heartbeat(group, row, 1).map_err(|r| malformed_heartbeat(group, host, r))?;
+        if written {
+            Ok(current)
+        } else {
+            Err(conflict(Some(current)))
+        }
     }
 
     async fn query(
@@ -668,44 +779,96 @@ impl LeaseStore for PostgresLeaseStore {
         written_at: Timestamp,
         expected: Option<Version>,
     ) -> Result<Heartbeat, LeaseError> {
-        let (g, h) = (group.to_string(), host.to_string());
-        let at = written_at.millis();
-        let inc = incarnation.to_string();
-        let key = format!("{group}/{host}");
-        let rows = match expected {
-            None => {
-                self.query("heartbeat", key, &self.sql.hb_create, &[&g, &h, &inc, &at])
-                    .await?
-            }
-            Some(v) => {
-                let v = i64::try_from(v.0).unwrap_or(i64::MAX);
-                self.query(
-                    "heartbeat",
-                    key,
-                    &self.sql.hb_renew,
-                    &[&g, &h, &inc, &at, &v],
-                )
-                .await?
-            }
-        };
-        let conflict = |current: Option<Heartbeat>| LeaseError::HeartbeatConflict {
-            group: group.to_string(),
-            host: host.to_string(),
-            current: current.map(Box::new),
-        };
+        self.write_heartbeat(group, host, incarnation, written_at, expected, false)
+            .await
+    }
+
+    async fn lead_heartbeat(
+        &self,
+        group: &GroupName,
+        host: &HostName,
+        incarnation: &str,
+        written_at: Timestamp,
+        expected: Option<Version>,
+    ) -> Result<Heartbeat, LeaseError> {
+        self.write_heartbeat(group, host, incarnation, written_at, expected, true)
+            .await
+    }
+
+    async fn head(&self, group: &GroupName) -> Result<Option<GroupHead>, LeaseError> {
+        let g = group.to_string();
+        let rows = self.query("head", g.clone(), &self.sql.head, &[&g]).await?;
         let Some(row) = rows.first() else {
-            return Err(conflict(None));
+            return Ok(Some(GroupHead::default()));
         };
-        let written: bool = row.try_get(0).map_err(|e| {
-            PostgresError::from(e).into_lease("heartbeat", Some(format!("{group}/{host}")))
-        })?;
-        let current =
-            parse_heartbeat(group, row, 1).map_err(|r| malformed_heartbeat(group, host, r))?;
-        if written {
-            Ok(current)
+        let unreadable = |why: String| {
+            LeaseError::store(
+                "head",
+                Some(g.clone()),
+                false,
+                format!("the membership view of group {group} cannot be read: {why}"),
+            )
+        };
+        let counter: i64 = row.try_get(0).map_err(|e| unreadable(e.to_string()))?;
+        let version: i64 = row.try_get(1).map_err(|e| unreadable(e.to_string()))?;
+        let json: Option<String> = row.try_get(2).map_err(|e| unreadable(e.to_string()))?;
+        let leader_heartbeat: i64 = row.try_get(3).map_err(|e| unreadable(e.to_string()))?;
+        let view = match (version, json) {
+            (0, _) | (_, None) => None,
+            (version, Some(json)) => {
+                let mut view: MembershipView =
+                    serde_json::from_str(&json).map_err(|e| unreadable(e.to_string()))?;
+                view.version = u64::try_from(version).map_err(|e| unreadable(e.to_string()))?;
+                view.leader_heartbeat = Version(
+                    u64::try_from(leader_heartbeat).map_err(|e| unreadable(e.to_string()))?,
+                );
+                Some(view)
+            }
+        };
+        Ok(Some(GroupHead {
+            change_counter: u64::try_from(counter).unwrap_or(0),
+            view,
+        }))
+    }
+
+    async fn write_view(
+        &self,
+        group: &GroupName,
+        view: &MembershipView,
+        expected: u64,
+    ) -> Result<MembershipView, LeaseError> {
+        let g = group.to_string();
+        let refuse = |why: String| LeaseError::store("write_view", Some(g.clone()), false, why);
+        let mut stored = view.clone();
+        stored.version = expected + 1;
+        let json = serde_json::to_string(&stored).map_err(|e| refuse(e.to_string()))?;
+        let at = i64::try_from(expected)
+            .map_err(|_| refuse(format!("view version {expected} does not fit a bigint")))?;
+        let leader_hb = i64::try_from(stored.leader_heartbeat.0).unwrap_or(i64::MAX);
+        let leader = stored.leader.to_string();
+        let incarnation = stored.leader_incarnation.to_string();
+        let sql = if expected == 0 {
+            &self.sql.write_first_view
         } else {
-            Err(conflict(Some(current)))
+            &self.sql.write_view
+        };
+        let rows = self
+            .query(
+                "write_view",
+                g.clone(),
+                sql,
+                &[&g, &at, &json, &leader, &incarnation, &leader_hb],
+            )
+            .await?;
+        if rows.is_empty() {
+            let current = self.head(group).await?.and_then(|h| h.view);
+            return Err(LeaseError::ViewConflict {
+                group: g,
+                expected,
+                current: current.map(Box::new),
+            });
         }
+        Ok(stored)
     }
 
     async fn remove_heartbeat(

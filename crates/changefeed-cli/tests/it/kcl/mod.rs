@@ -415,3 +415,103 @@ for line in sys.stdin:
         "children and grandchildren left running: {left:?}"
     );
 }
+
+/// Every record of the stream's shards with its arrival time in milliseconds, by data.
+fn arrivals(feed: &KinesisFeed) -> BTreeMap<String, i64> {
+    use changefeed::source::FeedSource as _;
+    rt().block_on(async {
+        let mut out = BTreeMap::new();
+        for shard in feed.shards().await.expect("shards") {
+            let id = PartitionId::new(shard.shard_id()).expect("shard id");
+            let mut reader = feed
+                .open(&id, &changefeed::model::Position::Beginning)
+                .await
+                .expect("open");
+            loop {
+                let batch = reader.next_batch(100).await.expect("read");
+                if batch.records.is_empty() {
+                    break;
+                }
+                for r in batch.records {
+                    let data = String::from_utf8(r.data.to_vec()).expect("utf-8");
+                    out.insert(data, r.timestamp.expect("kinesis stamps records").millis());
+                }
+            }
+        }
+        out
+    })
+}
+
+#[test]
+fn a_start_time_in_the_properties_file_skips_the_records_before_it() {
+    // `initialPositionInStreamExtended = SECONDS` (the KCL MultiLangDaemon's AT_TIMESTAMP
+    // property, whole seconds since the epoch) starts new leases at that second: the records
+    // that arrived before it are never delivered, every one after it is.
+    let python = kclpy_python();
+    let kinesis = endpoint("CHANGEFEED_TEST_KINESIS_URL");
+    let dynamodb = endpoint("CHANGEFEED_TEST_DYNAMODB_URL");
+    let unique = format!("kclts-{}-{}", std::process::id(), rand_suffix());
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let ledger_path = dir.path().join("ledger.jsonl");
+    let feed = stream(&kinesis, &unique);
+    put(&feed, 0..10);
+    let before = arrivals(&feed);
+    let latest = before.values().copied().max().expect("records before");
+    // The first whole second after every earlier record; the later records are written once
+    // the clock (which kinesis-mock stamps records by) has reached it.
+    let start_secs = latest.div_euclid(1000) + 1;
+    wait_for(
+        Duration::from_secs(5),
+        "the wall clock to pass the start time",
+        || {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("after the epoch")
+                .as_millis();
+            (now >= u128::try_from(start_secs * 1000).expect("positive")).then_some(())
+        },
+    );
+    put(&feed, 10..20);
+    let all = arrivals(&feed);
+    for (data, t) in &all {
+        let early = before.contains_key(data);
+        assert_eq!(
+            *t < start_secs * 1000,
+            early,
+            "{data} arrived at {t}, start {start_secs}s"
+        );
+    }
+    // The file keeps `initialPositionInStream = TRIM_HORIZON` above the time, as the KCL's
+    // sample does: the later line wins.
+    let properties = write_properties(
+        dir.path(),
+        &python,
+        &unique,
+        &kinesis,
+        &dynamodb,
+        &format!(
+            "AWSCredentialsProvider = DefaultCredentialsProvider\n\
+             initialPositionInStreamExtended = {start_secs}\n"
+        ),
+    );
+    let host = start_host(&properties, &ledger_path, "a", &[]);
+    let want: BTreeSet<String> = (10..20).map(|i| format!("r-{i}")).collect();
+    wait_for(
+        Duration::from_secs(60),
+        "the records after the start time",
+        || {
+            want.is_subset(&delivered(&ledger(&ledger_path)))
+                .then_some(())
+        },
+    );
+    let entries = ledger(&ledger_path);
+    assert_eq!(delivered(&entries), want, "nothing before the start time");
+    let inits: Vec<&Value> = entries.iter().filter(|e| e["ev"] == "init").collect();
+    assert_eq!(inits.len(), 2, "one child per shard: {inits:?}");
+    assert!(
+        inits.iter().all(|e| e["seq"] == "AT_TIMESTAMP"),
+        "initialize says where a lease without a checkpoint starts: {inits:?}"
+    );
+    drop(host);
+    rt().block_on(feed.delete_stream()).expect("delete stream");
+}

@@ -61,17 +61,28 @@ for line in sys.stdin:
     sys.stdout.flush()
 "#;
 
-/// A KCL child: checkpoint each batch at its last record, answer every message with a status.
+/// A KCL child: checkpoint each batch at its last record (`checkpoint` with a null sequence
+/// number, as `checkpointer.checkpoint()` in `amazon_kclpy` sends it), wait for the answer and
+/// fail loudly if it carries an error (amazon_kclpy raises `CheckpointError`), and answer every
+/// message with a status. Each message is written as amazon_kclpy writes it (a newline before
+/// and after, then a flush); the two replies it sends never change, so they are encoded once,
+/// as a trivial child would (the lines child's ack names a record, so it is encoded per batch).
 const KCL_HANDLER: &str = r#"import json, sys
-def send(m):
-    sys.stdout.write(json.dumps(m) + "\n")
-    sys.stdout.flush()
+CHECKPOINT = "\n" + json.dumps({"action": "checkpoint", "sequenceNumber": None, "subSequenceNumber": None}) + "\n"
+STATUS = {}
 for line in sys.stdin:
     action = json.loads(line)["action"]
     if action == "processRecords":
-        send({"action": "checkpoint", "sequenceNumber": None, "subSequenceNumber": None})
-        sys.stdin.readline()
-    send({"action": "status", "responseFor": action})
+        sys.stdout.write(CHECKPOINT)
+        sys.stdout.flush()
+        answer = sys.stdin.readline()
+        if '"error"' in answer:
+            sys.exit("checkpoint failed: " + answer)
+    status = STATUS.get(action)
+    if status is None:
+        status = STATUS[action] = "\n" + json.dumps({"action": "status", "responseFor": action}) + "\n"
+    sys.stdout.write(status)
+    sys.stdout.flush()
 "#;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -15,6 +15,9 @@ use changefeed::model::{
 use changefeed::source::{FeedSource, OldestUnread, PartitionReader};
 use changefeed::SourceError;
 use rand::rngs::SmallRng;
+use std::collections::VecDeque;
+
+use crate::kpl::{self, ExtendedSequenceNumber};
 use rand::{Rng, SeedableRng};
 
 /// How a reader polls and retries.
@@ -58,8 +61,12 @@ impl Default for ReadOptions {
 /// - A reader follows `NextShardIterator`; an expired iterator is renewed after the last
 ///   sequence number read; throttling is retried with exponential back-off and full jitter;
 ///   a null next iterator (or `ChildShards` in the answer) is the end of the shard.
-/// - KPL aggregation is not supported: an aggregated record is delivered as the one Kinesis
-///   record it is, and its continuation is its sequence number (no sub-sequence number).
+/// - Records the KPL aggregated are taken apart into their user records, as the KCL does
+///   ([`crate::kpl`]): each has the Kinesis record's sequence number and its own sub-sequence
+///   number, and the continuation `SEQ/SUB` ([`ExtendedSequenceNumber`]). Opening after such a
+///   continuation reads `AT_SEQUENCE_NUMBER` `SEQ` and skips the user records up to `SUB`, as
+///   the KCL resumes from a checkpoint at a sub-sequence number. A batch holds at most `max`
+///   user records; the rest of an aggregated record waits for the next batch.
 #[derive(Debug, Clone)]
 pub struct KinesisFeed {
     client: Client,
@@ -302,11 +309,20 @@ impl KinesisFeed {
             Position::AtTime(t) => req
                 .shard_iterator_type(ShardIteratorType::AtTimestamp)
                 .timestamp(DateTime::from_millis(t.millis())),
-            Position::Continuation(c) => {
-                check_sequence_number(partition, c)?;
-                req.shard_iterator_type(ShardIteratorType::AfterSequenceNumber)
-                    .starting_sequence_number(c.as_str())
-            }
+            Position::Continuation(c) => match check_sequence_number(partition, c)? {
+                ExtendedSequenceNumber {
+                    sequence_number,
+                    sub_sequence_number: None,
+                } => req
+                    .shard_iterator_type(ShardIteratorType::AfterSequenceNumber)
+                    .starting_sequence_number(sequence_number),
+                // Part of an aggregated record is done: read it again, skipping that part.
+                ExtendedSequenceNumber {
+                    sequence_number, ..
+                } => req
+                    .shard_iterator_type(ShardIteratorType::AtSequenceNumber)
+                    .starting_sequence_number(sequence_number),
+            },
         };
         let mut attempt = 0;
         loop {
@@ -378,26 +394,19 @@ fn partition_unknown<E: ProvideErrorMetadata, R>(err: &SdkError<E, R>) -> bool {
     }
 }
 
-/// A Kinesis sequence number is a decimal string of up to 128 digits.
-fn check_sequence_number(partition: &PartitionId, c: &Continuation) -> Result<(), SourceError> {
-    let s = c.as_str();
-    let reason = if s.is_empty() {
-        Some("empty")
-    } else if !s.bytes().all(|b| b.is_ascii_digit()) {
-        Some("a Kinesis sequence number is decimal digits (KPL sub-sequence numbers are not supported)")
-    } else if s.len() > 128 {
-        Some("longer than 128 digits")
-    } else {
-        None
-    };
-    match reason {
-        Some(reason) => Err(SourceError::InvalidContinuation {
-            partition: partition.to_string(),
-            continuation: s.to_string(),
-            reason: reason.to_string(),
-        }),
-        None => Ok(()),
-    }
+/// A continuation of this source: a Kinesis sequence number (decimal, up to 128 digits),
+/// optionally `/` and a sub-sequence number.
+fn check_sequence_number<'a>(
+    partition: &PartitionId,
+    c: &'a Continuation,
+) -> Result<ExtendedSequenceNumber<'a>, SourceError> {
+    ExtendedSequenceNumber::parse(c.as_str()).ok_or_else(|| SourceError::InvalidContinuation {
+        partition: partition.to_string(),
+        continuation: c.as_str().to_string(),
+        reason: "a Kinesis continuation is a sequence number (up to 128 decimal digits), \
+                 optionally followed by / and a sub-sequence number"
+            .to_string(),
+    })
 }
 
 #[async_trait]
@@ -412,16 +421,12 @@ impl FeedSource for KinesisFeed {
         from: &Position,
     ) -> Result<Box<dyn PartitionReader>, SourceError> {
         let iterator = self.iterator(partition, from).await?;
-        let ended = iterator.is_none();
-        Ok(Box::new(KinesisReader {
-            feed: self.clone(),
-            partition: partition.clone(),
-            start: from.clone(),
-            last: None,
+        Ok(Box::new(KinesisReader::new(
+            self.clone(),
+            partition.clone(),
+            from.clone(),
             iterator,
-            ended,
-            millis_behind_latest: None,
-        }))
+        )))
     }
 
     async fn remaining(
@@ -448,16 +453,8 @@ impl FeedSource for KinesisFeed {
         let from = after
             .map(|c| Position::Continuation(c.clone()))
             .unwrap_or(Position::Beginning);
-        let mut reader = KinesisReader {
-            feed: self.clone(),
-            partition: partition.clone(),
-            start: from.clone(),
-            last: None,
-            iterator: self.iterator(partition, &from).await?,
-            ended: false,
-            millis_behind_latest: None,
-        };
-        reader.ended = reader.iterator.is_none();
+        let iterator = self.iterator(partition, &from).await?;
+        let mut reader = KinesisReader::new(self.clone(), partition.clone(), from, iterator);
         let batch = reader.next_batch(1).await?;
         Ok(match batch.records.first() {
             Some(r) => match r.timestamp {
@@ -478,13 +475,97 @@ pub struct KinesisReader {
     feed: KinesisFeed,
     partition: PartitionId,
     start: Position,
+    /// The sequence number of the last Kinesis record read (all its user records are in
+    /// `pending` or delivered): where a renewed iterator starts after.
     last: Option<Continuation>,
     iterator: Option<String>,
     ended: bool,
     millis_behind_latest: Option<i64>,
+    /// User records read and not yet returned (the rest of an aggregated record beyond `max`).
+    pending: VecDeque<Record>,
+    /// Opened after part of an aggregated record: its sequence number and the last
+    /// sub-sequence number done, skipped when that record is read.
+    skip: Option<(String, u64)>,
 }
 
 impl KinesisReader {
+    fn new(
+        feed: KinesisFeed,
+        partition: PartitionId,
+        start: Position,
+        iterator: Option<String>,
+    ) -> Self {
+        let skip = match &start {
+            Position::Continuation(c) => ExtendedSequenceNumber::parse(c.as_str())
+                .and_then(|e| Some((e.sequence_number.to_string(), e.sub_sequence_number?))),
+            _ => None,
+        };
+        KinesisReader {
+            feed,
+            partition,
+            start,
+            last: None,
+            ended: iterator.is_none(),
+            iterator,
+            millis_behind_latest: None,
+            pending: VecDeque::new(),
+            skip,
+        }
+    }
+
+    /// Queues the user records of one Kinesis record (itself, unless the KPL aggregated it),
+    /// leaving out those a sub-sequence continuation says are done.
+    fn queue(&mut self, r: &aws_sdk_kinesis::types::Record) {
+        let timestamp = r
+            .approximate_arrival_timestamp()
+            .and_then(|t| t.to_millis().ok().map(Timestamp));
+        let seq = r.sequence_number();
+        // The skip applies to the first record read, which is the one it names.
+        let done = match self.skip.take() {
+            Some((s, sub)) if s == seq => Some(sub),
+            _ => None,
+        };
+        let data = bytes::Bytes::copy_from_slice(r.data().as_ref());
+        let Some(users) = kpl::deaggregate(&data) else {
+            if done.is_none() {
+                self.pending.push_back(Record {
+                    key: r.partition_key().unwrap_or_default().to_string(),
+                    data,
+                    continuation: Continuation::new(seq),
+                    timestamp,
+                });
+            }
+            return;
+        };
+        for (sub, user) in (0u64..).zip(users) {
+            if done.is_some_and(|d| sub <= d) {
+                continue;
+            }
+            let at = ExtendedSequenceNumber {
+                sequence_number: seq,
+                sub_sequence_number: Some(sub),
+            };
+            self.pending.push_back(Record {
+                key: user.key,
+                data: user.data,
+                continuation: at.continuation(),
+                timestamp,
+            });
+        }
+    }
+
+    /// Up to `max` queued user records as a batch; the end of the shard once the reader ended
+    /// and nothing is queued.
+    fn take(&mut self, max: usize) -> Batch {
+        let n = self.pending.len().min(max.max(1));
+        let records: Vec<Record> = self.pending.drain(..n).collect();
+        Batch {
+            continuation: records.last().map(|r| r.continuation.clone()),
+            records,
+            end_of_partition: self.ended && self.pending.is_empty(),
+        }
+    }
+
     /// How far behind the tip of the shard the last `GetRecords` answer was, in milliseconds
     /// (Kinesis's `MillisBehindLatest`): the lag of this reader.
     pub fn millis_behind_latest(&self) -> Option<i64> {
@@ -511,12 +592,8 @@ impl PartitionReader for KinesisReader {
         let mut empty = 0;
         let mut renewed = false;
         loop {
-            if self.ended {
-                return Ok(Batch {
-                    records: Vec::new(),
-                    continuation: None,
-                    end_of_partition: true,
-                });
+            if self.ended || !self.pending.is_empty() {
+                return Ok(self.take(max));
             }
             let Some(iterator) = self.iterator.clone() else {
                 self.renew().await?;
@@ -550,38 +627,24 @@ impl PartitionReader for KinesisReader {
             if let Some(ms) = out.millis_behind_latest() {
                 metrics::gauge!("changefeed_kinesis_millis_behind_latest").set(ms as f64);
             }
-            let mut records = Vec::with_capacity(out.records().len());
             for r in out.records() {
-                let timestamp = r
-                    .approximate_arrival_timestamp()
-                    .and_then(|t| t.to_millis().ok().map(Timestamp));
-                records.push(Record {
-                    key: r.partition_key().unwrap_or_default().to_string(),
-                    data: bytes::Bytes::copy_from_slice(r.data().as_ref()),
-                    continuation: Continuation::new(r.sequence_number()),
-                    timestamp,
-                });
+                self.queue(r);
+            }
+            if let Some(r) = out.records().last() {
+                self.last = Some(Continuation::new(r.sequence_number()));
             }
             self.iterator = out.next_shard_iterator().map(str::to_string);
             let end = self.iterator.is_none() || !out.child_shards().is_empty();
-            let continuation = records.last().map(|r| r.continuation.clone());
-            if let Some(c) = &continuation {
-                self.last = Some(c.clone());
-            }
             if end {
                 self.ended = true;
                 self.iterator = None;
             }
             let behind = out.millis_behind_latest().unwrap_or(0) > 0;
-            if records.is_empty() && !end && behind && empty < self.feed.options.empty_polls {
+            if self.pending.is_empty() && !end && behind && empty < self.feed.options.empty_polls {
                 empty += 1;
                 continue;
             }
-            return Ok(Batch {
-                records,
-                continuation,
-                end_of_partition: end,
-            });
+            return Ok(self.take(max));
         }
     }
 }

@@ -26,9 +26,11 @@
 
 mod aws;
 mod feed;
+mod kpl;
 
 pub use aws::AwsOptions;
 pub use feed::{KinesisError, KinesisFeed, KinesisReader, ReadOptions};
+pub use kpl::ExtendedSequenceNumber;
 
 /// The AWS SDK's Kinesis client, re-exported so callers need not depend on it.
 pub use aws_sdk_kinesis as sdk;

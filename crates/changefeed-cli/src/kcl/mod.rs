@@ -39,6 +39,7 @@ use changefeed::lease::LeaseStore;
 use changefeed::model::{Batch, Continuation, Position};
 use changefeed::processor::{CloseReason, Context, Handler, HandlerError};
 use changefeed::LeaseError;
+use changefeed_kinesis::ExtendedSequenceNumber;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -66,6 +67,8 @@ struct Session {
     delivered: Option<Continuation>,
     /// The last checkpoint written at the child's request (or the lease's at `initialize`).
     checkpointed: Option<Continuation>,
+    /// Whether a user record of a KPL-aggregated record was delivered (see [`target`]).
+    aggregated: bool,
     shard_ended: bool,
     shutdown_requested: bool,
 }
@@ -80,35 +83,49 @@ enum Target {
     Nothing,
 }
 
+/// A checkpoint request's place: the sequence number and the sub-sequence number the child
+/// named (`None`: not given), or `None` for "the last record delivered".
+type Requested<'a> = Option<(&'a str, Option<u64>)>;
+
 /// Which continuation a checkpoint request names, or the name of the exception to answer with.
-/// `requested` None means the last record delivered. A named sequence number must be one the
-/// child was given: in the current batch, or (Kinesis sequence numbers, which are decimal and
-/// ordered) between the last checkpoint and the last record delivered.
+/// A request without a sub-sequence number means sub-sequence 0, as in the KCL
+/// (`checkpoint(sequenceNumber)` is `checkpoint(sequenceNumber, 0)`). The place must be one the
+/// child was given: a record of the current batch (its own continuation, `SEQ/SUB` for a user
+/// record of a KPL-aggregated record), or (Kinesis positions, which are ordered) one between
+/// the last checkpoint and the last record delivered. There the continuation is `SEQ/SUB` when
+/// the child named a sub-sequence number or this session delivered aggregated records (`SEQ/0`
+/// resumes at `SEQ` without skipping the rest of an aggregated record), else plain `SEQ`.
 fn target(
-    requested: Option<&str>,
+    requested: Requested<'_>,
     batch: Option<&Batch>,
     delivered: Option<&Continuation>,
     checkpointed: Option<&Continuation>,
+    aggregated: bool,
 ) -> Result<Target, &'static str> {
-    let Some(seq) = requested else {
+    let Some((seq, sub)) = requested else {
         return Ok(delivered.cloned().map_or(Target::Nothing, Target::At));
     };
-    let in_batch = batch.is_some_and(|b| b.records.iter().any(|r| r.continuation.as_str() == seq));
-    let delivered = delivered.map(Continuation::as_str);
-    let ordered_between = |low: Option<&str>, high: &str| {
-        let key = |s: &str| (s.len(), s.to_string());
-        let decimal = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-        decimal(seq)
-            && decimal(high)
-            && key(seq) <= key(high)
-            && low.is_none_or(|l| !decimal(l) || key(seq) >= key(l))
+    let named = |c: &&Continuation| protocol::position(c.as_str()) == (seq, sub.unwrap_or(0));
+    let given = batch
+        .and_then(|b| b.records.iter().map(|r| &r.continuation).find(named))
+        .or(delivered.filter(named));
+    if let Some(c) = given {
+        return Ok(Target::At(c.clone()));
+    }
+    let asked = ExtendedSequenceNumber {
+        sequence_number: seq,
+        sub_sequence_number: sub.filter(|s| *s > 0).or(aggregated.then_some(0)),
     };
-    let known = in_batch
-        || delivered == Some(seq)
-        || delivered
-            .is_some_and(|high| ordered_between(checkpointed.map(Continuation::as_str), high));
-    if known {
-        Ok(Target::At(Continuation::new(seq)))
+    fn key(c: &Continuation) -> Option<(usize, &str, u64)> {
+        ExtendedSequenceNumber::parse(c.as_str()).map(|e| e.order_key())
+    }
+    let plain = ExtendedSequenceNumber::parse(seq).is_some_and(|e| e.sub_sequence_number.is_none());
+    let below = delivered
+        .and_then(key)
+        .is_some_and(|high| asked.order_key() <= high);
+    let above = checkpointed.is_none_or(|low| key(low).is_none_or(|low| asked.order_key() >= low));
+    if plain && below && above {
+        Ok(Target::At(asked.continuation()))
     } else {
         Err("IllegalArgumentException")
     }
@@ -144,13 +161,13 @@ impl KclHandler {
     async fn start(&self, ctx: &Context) -> Result<Session, HandlerError> {
         let lease = self.store.get(ctx.lease_key()).await?;
         let checkpointed = lease.as_ref().and_then(|l| l.continuation.clone());
-        let sequence_number = match (&checkpointed, lease.as_ref().map(|l| &l.start)) {
-            (Some(c), _) => c.as_str().to_string(),
-            (None, Some(Position::Continuation(c))) => c.as_str().to_string(),
+        let start = match (&checkpointed, lease.as_ref().map(|l| &l.start)) {
+            (Some(c), _) | (None, Some(Position::Continuation(c))) => c.as_str().to_string(),
             (None, Some(Position::Now)) => "LATEST".into(),
             (None, Some(Position::AtTime(_))) => "AT_TIMESTAMP".into(),
             (None, _) => "TRIM_HORIZON".into(),
         };
+        let (sequence_number, sub_sequence_number) = protocol::position(&start);
         let env = [
             ("CHANGEFEED_GROUP", self.group.clone()),
             ("CHANGEFEED_HOST", ctx.host().as_str().to_string()),
@@ -162,13 +179,14 @@ impl KclHandler {
             child,
             delivered: None,
             checkpointed,
+            aggregated: false,
             shard_ended: false,
             shutdown_requested: false,
         };
         let init = ToChild::Initialize {
             shard_id: ctx.partition().as_str(),
-            sequence_number: &sequence_number,
-            sub_sequence_number: 0,
+            sequence_number,
+            sub_sequence_number,
         };
         self.converse(ctx, &mut session, &init, "initialize", None)
             .await?;
@@ -206,15 +224,17 @@ impl KclHandler {
                         .into());
                 }
                 Line::Message(FromChild::Checkpoint {
-                    sequence_number, ..
+                    sequence_number,
+                    sub_sequence_number,
                 }) => {
                     checkpoints += 1;
+                    let requested = sequence_number.as_deref().map(|s| (s, sub_sequence_number));
                     let error = self
-                        .checkpoint(ctx, session, action, sequence_number.as_deref(), batch)
+                        .checkpoint(ctx, session, action, requested, batch)
                         .await;
                     let reply = ToChild::Checkpoint {
                         sequence_number: sequence_number.as_deref(),
-                        sub_sequence_number: Some(0),
+                        sub_sequence_number: sub_sequence_number.or(Some(0)),
                         error,
                     };
                     session.child.send(&protocol::encode(&reply)?).await?;
@@ -229,7 +249,7 @@ impl KclHandler {
         ctx: &Context,
         session: &mut Session,
         action: &str,
-        requested: Option<&str>,
+        requested: Requested<'_>,
         batch: Option<&Batch>,
     ) -> Option<&'static str> {
         match action {
@@ -242,6 +262,7 @@ impl KclHandler {
             batch,
             session.delivered.as_ref(),
             session.checkpointed.as_ref(),
+            session.aggregated,
         ) {
             Ok(t) => t,
             Err(name) => {
@@ -286,6 +307,10 @@ impl KclHandler {
                 millis_behind_latest: behind,
             };
             session.delivered = batch.continuation.clone().or(session.delivered.take());
+            session.aggregated |= batch.records.iter().any(|r| {
+                ExtendedSequenceNumber::parse(r.continuation.as_str())
+                    .is_some_and(|e| e.sub_sequence_number.is_some())
+            });
             self.converse(ctx, session, &message, "processRecords", Some(batch))
                 .await?;
         }

@@ -6,7 +6,8 @@
 //! | `executableName` (required) | `handler` (run with `sh -c`) |
 //! | `streamName` (required), `kinesisEndpoint`, `regionName` | `source = kinesis://STREAM?endpoint=…&region=…` |
 //! | `applicationName` (required), `dynamoDBEndpoint`, `regionName` | `store = dynamodb://APPLICATION?…` and `group = APPLICATION` |
-//! | `initialPositionInStream` | `start_position`: `TRIM_HORIZON` = beginning, `LATEST` = now |
+//! | `initialPositionInStream` | `start_position`: `TRIM_HORIZON` = beginning, `LATEST` = now (any case, as the KCL reads it) |
+//! | `initialPositionInStreamExtended` | `start_position = at:MILLIS`: the KCL's `AT_TIMESTAMP`, given as whole seconds since the epoch |
 //! | `maxRecords` | `max_batch_size` |
 //! | `idleTimeBetweenReadsInMillis` | `poll_delay` |
 //! | `failoverTimeMillis` | `lease_expiry` |
@@ -22,9 +23,10 @@ use std::collections::BTreeMap;
 use crate::config::{RunArgs, UsageError};
 
 /// Reads a Java properties text: `key=value`, `key: value` or `key value` lines, `#` and `!`
-/// comments, a trailing backslash continuing a line.
-fn parse(text: &str) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::new();
+/// comments, a trailing backslash continuing a line. The entries come in file order (a key
+/// given twice appears twice; the later one wins, as in `java.util.Properties`).
+fn parse(text: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
     let mut logical = String::new();
     for raw in text.lines() {
         let line = raw.trim_start();
@@ -47,9 +49,71 @@ fn parse(text: &str) -> BTreeMap<String, String> {
             Some(i) => (&entry[..i], &entry[i + 1..]),
             None => (entry.as_str(), ""),
         };
-        out.insert(key.trim().to_string(), value.trim().to_string());
+        out.push((key.trim().to_string(), value.trim().to_string()));
     }
     out
+}
+
+/// The position the KCL 2.x MultiLangDaemon starts new leases at, from its two properties,
+/// as a `start_position` value (`None`: neither is given).
+///
+/// The daemon sets each property on its configuration in turn
+/// (`MultiLangDaemonConfiguration`): `initialPositionInStream` (`TRIM_HORIZON` or `LATEST`,
+/// upper-cased first; `AT_TIMESTAMP` it refuses, "Invalid InitialPosition") and
+/// `initialPositionInStreamExtended`, which it reads as `Long.parseLong` seconds since the
+/// epoch and turns into `AT_TIMESTAMP` at that second; both set the one field, so the later
+/// line of the file wins, as it does in the daemon. Unlike the daemon, `initialPositionInStream
+/// = AT_TIMESTAMP` is accepted when `initialPositionInStreamExtended` gives the time (the
+/// combination's meaning is plain), and refused with the property to add when it does not.
+fn start_position(
+    entries: &[(String, String)],
+    bad: impl Fn(&str, &str) -> UsageError,
+) -> Result<Option<String>, UsageError> {
+    const POSITION: &str = "initialPositionInStream";
+    const EXTENDED: &str = "initialPositionInStreamExtended";
+    let has_time = entries.iter().any(|(k, _)| k == EXTENDED);
+    let mut start = None;
+    for (key, value) in entries {
+        if key == EXTENDED {
+            let millis = value
+                .parse::<i64>()
+                .ok()
+                .and_then(|secs| secs.checked_mul(1000))
+                .ok_or_else(|| {
+                    bad(
+                        EXTENDED,
+                        &format!(
+                            "\"{}\" is not a time: the KCL reads whole seconds since the epoch (e.g. 1636609142)",
+                            value.escape_debug()
+                        ),
+                    )
+                })?;
+            start = Some(format!("at:{millis}"));
+        } else if key == POSITION {
+            match value.to_ascii_uppercase().as_str() {
+                "TRIM_HORIZON" => start = Some("beginning".into()),
+                "LATEST" => start = Some("now".into()),
+                // The time comes from the other property, whichever line is later.
+                "AT_TIMESTAMP" if has_time => {}
+                "AT_TIMESTAMP" => {
+                    return Err(bad(
+                        POSITION,
+                        &format!("AT_TIMESTAMP needs the time in {EXTENDED} (whole seconds since the epoch, e.g. {EXTENDED} = 1636609142), as the KCL reads it"),
+                    ))
+                }
+                _ => {
+                    return Err(bad(
+                        POSITION,
+                        &format!(
+                            "\"{}\" must be TRIM_HORIZON or LATEST (or give the time in {EXTENDED})",
+                            value.escape_debug()
+                        ),
+                    ))
+                }
+            }
+        }
+    }
+    Ok(start)
 }
 
 /// Fills the settings of `args` that flags and the environment left unset from the KCL
@@ -59,13 +123,17 @@ fn parse(text: &str) -> BTreeMap<String, String> {
 /// [`UsageError`] naming the file and property when a required one is missing or a value is
 /// not understood.
 pub(crate) fn apply(args: &mut RunArgs, name: &str, text: &str) -> Result<(), UsageError> {
-    let props = parse(text);
+    let entries = parse(text);
+    let props: BTreeMap<&str, &str> = entries
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
     let bad = |key: &str, rule: &str| UsageError(format!("properties file {name}: {key}: {rule}"));
     let required = |key: &str| {
         props
             .get(key)
             .filter(|v| !v.is_empty())
-            .cloned()
+            .map(|v| v.to_string())
             .ok_or_else(|| bad(key, "is required (the KCL needs it too)"))
     };
     let query = |endpoint_key: &str| {
@@ -99,27 +167,8 @@ pub(crate) fn apply(args: &mut RunArgs, name: &str, text: &str) -> Result<(), Us
         format!("dynamodb://{application}{}", query("dynamoDBEndpoint")),
     );
     fill(&mut args.group, application);
-    if let Some(position) = props.get("initialPositionInStream") {
-        let start = match position.as_str() {
-            "TRIM_HORIZON" => "beginning",
-            "LATEST" => "now",
-            "AT_TIMESTAMP" => {
-                return Err(bad(
-                    "initialPositionInStream",
-                    "AT_TIMESTAMP is not read from the file; pass --start-position at:MILLIS",
-                ))
-            }
-            other => {
-                return Err(bad(
-                    "initialPositionInStream",
-                    &format!(
-                        "\"{}\" must be TRIM_HORIZON or LATEST",
-                        other.escape_debug()
-                    ),
-                ))
-            }
-        };
-        fill(&mut args.start_position, start.into());
+    if let Some(start) = start_position(&entries, bad)? {
+        fill(&mut args.start_position, start);
     }
     let millis = |key: &str| -> Result<Option<String>, UsageError> {
         match props.get(key) {
@@ -145,10 +194,10 @@ pub(crate) fn apply(args: &mut RunArgs, name: &str, text: &str) -> Result<(), Us
         fill(&mut args.sync_interval, d);
     }
     if let Some(n) = props.get("maxRecords") {
-        fill(&mut args.max_batch_size, n.clone());
+        fill(&mut args.max_batch_size, n.to_string());
     }
     if let Some(w) = props.get("workerId").filter(|v| !v.is_empty()) {
-        fill(&mut args.host, w.clone());
+        fill(&mut args.host, w.to_string());
     }
     Ok(())
 }
@@ -192,6 +241,62 @@ failoverTimeMillis = 10000
         assert_eq!(args.max_batch_size.as_deref(), Some("500"));
         assert_eq!(args.poll_delay.as_deref(), Some("250ms"));
         assert_eq!(args.lease_expiry.as_deref(), Some("10000ms"));
+    }
+
+    /// The start position `apply` makes of `FILE` with `lines` appended.
+    fn start(lines: &str) -> Result<Option<String>, String> {
+        let mut args = RunArgs::default();
+        apply(&mut args, "a.properties", &format!("{FILE}{lines}"))
+            .map(|()| args.start_position)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_start_time_is_read_as_the_kcl_reads_it() {
+        // The KCL 2.5.8 MultiLangDaemon reads initialPositionInStreamExtended as whole seconds
+        // since the epoch (AT_TIMESTAMP at that second), upper-cases initialPositionInStream,
+        // and lets the later of the two lines win.
+        assert_eq!(
+            start("initialPositionInStreamExtended = 1636609142\n"),
+            Ok(Some("at:1636609142000".into()))
+        );
+        assert_eq!(
+            start("initialPositionInStreamExtended = -5\n"),
+            Ok(Some("at:-5000".into()))
+        );
+        assert_eq!(
+            start("initialPositionInStream = latest\n"),
+            Ok(Some("now".into()))
+        );
+        let time_then_position =
+            "initialPositionInStreamExtended = 1636609142\ninitialPositionInStream = LATEST\n";
+        assert_eq!(start(time_then_position), Ok(Some("now".into())));
+        let with_at = "initialPositionInStream = AT_TIMESTAMP\ninitialPositionInStreamExtended = 1636609142\n";
+        assert_eq!(start(with_at), Ok(Some("at:1636609142000".into())));
+        let at_first = "initialPositionInStreamExtended = 1636609142\ninitialPositionInStream = AT_TIMESTAMP\n";
+        assert_eq!(start(at_first), Ok(Some("at:1636609142000".into())));
+    }
+
+    #[test]
+    fn a_bad_start_time_names_the_property() {
+        for bad in [
+            "2021-11-11T05:39:02Z",
+            "1636609142.5",
+            "",
+            "99999999999999999999",
+        ] {
+            let err = start(&format!("initialPositionInStreamExtended = {bad}\n"))
+                .expect_err("not seconds");
+            assert_eq!(
+                err,
+                format!("properties file a.properties: initialPositionInStreamExtended: \"{bad}\" is not a time: the KCL reads whole seconds since the epoch (e.g. 1636609142)")
+            );
+        }
+        let err = start("initialPositionInStream = AT_TIMESTAMP\n").expect_err("no time");
+        assert!(
+            err.contains("initialPositionInStream: AT_TIMESTAMP needs the time in initialPositionInStreamExtended"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -12,6 +12,7 @@
 
 use base64::Engine as _;
 use changefeed::model::Record;
+use changefeed_kinesis::ExtendedSequenceNumber;
 use serde::{Deserialize, Serialize};
 
 /// A message the daemon writes to the child.
@@ -55,14 +56,23 @@ pub(crate) struct RecordJson<'a> {
     approximate_arrival_timestamp: i64,
 }
 
+/// The sequence and sub-sequence numbers the child sees for a continuation: a Kinesis user
+/// record's own (`SEQ/SUB` for a user record of a KPL-aggregated record, [`changefeed_kinesis::ExtendedSequenceNumber`]),
+/// or the continuation itself and 0 for any other source.
+pub(crate) fn position(continuation: &str) -> (&str, u64) {
+    ExtendedSequenceNumber::parse(continuation)
+        .map_or((continuation, 0), |e| (e.sequence_number, e.sub()))
+}
+
 impl<'a> RecordJson<'a> {
     pub(crate) fn new(r: &'a Record) -> Self {
+        let (sequence_number, sub_sequence_number) = position(r.continuation.as_str());
         RecordJson {
             action: "record",
             data: base64::engine::general_purpose::STANDARD.encode(&r.data),
             partition_key: &r.key,
-            sequence_number: r.continuation.as_str(),
-            sub_sequence_number: 0,
+            sequence_number,
+            sub_sequence_number,
             // A source without arrival times: the epoch, as a number (the clients need one).
             approximate_arrival_timestamp: r.timestamp.map_or(0, |t| t.millis()),
         }
@@ -189,6 +199,24 @@ mod tests {
             value(&ToChild::ShutdownRequested),
             json!({"action":"shutdownRequested"})
         );
+    }
+
+    #[test]
+    fn a_user_record_of_an_aggregated_record_has_its_sub_sequence_number() {
+        let r = Record {
+            key: "pk".into(),
+            data: Bytes::from_static(b"hi"),
+            continuation: Continuation::new("4960/2"),
+            timestamp: None,
+        };
+        let v = value(&ToChild::ProcessRecords {
+            records: vec![RecordJson::new(&r)],
+            millis_behind_latest: 0,
+        });
+        assert_eq!(v["records"][0]["sequenceNumber"], "4960");
+        assert_eq!(v["records"][0]["subSequenceNumber"], 2);
+        // Another source's continuation is passed on whole.
+        assert_eq!(position("0:17"), ("0:17", 0));
     }
 
     #[test]

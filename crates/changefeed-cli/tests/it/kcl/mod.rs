@@ -415,3 +415,278 @@ for line in sys.stdin:
         "children and grandchildren left running: {left:?}"
     );
 }
+
+/// Every record of the stream's shards with its arrival time in milliseconds, by data.
+fn arrivals(feed: &KinesisFeed) -> BTreeMap<String, i64> {
+    use changefeed::source::FeedSource as _;
+    rt().block_on(async {
+        let mut out = BTreeMap::new();
+        for shard in feed.shards().await.expect("shards") {
+            let id = PartitionId::new(shard.shard_id()).expect("shard id");
+            let mut reader = feed
+                .open(&id, &changefeed::model::Position::Beginning)
+                .await
+                .expect("open");
+            loop {
+                let batch = reader.next_batch(100).await.expect("read");
+                if batch.records.is_empty() {
+                    break;
+                }
+                for r in batch.records {
+                    let data = String::from_utf8(r.data.to_vec()).expect("utf-8");
+                    out.insert(data, r.timestamp.expect("kinesis stamps records").millis());
+                }
+            }
+        }
+        out
+    })
+}
+
+#[test]
+fn a_start_time_in_the_properties_file_skips_the_records_before_it() {
+    // `initialPositionInStreamExtended = SECONDS` (the KCL MultiLangDaemon's AT_TIMESTAMP
+    // property, whole seconds since the epoch) starts new leases at that second: the records
+    // that arrived before it are never delivered, every one after it is.
+    let python = kclpy_python();
+    let kinesis = endpoint("CHANGEFEED_TEST_KINESIS_URL");
+    let dynamodb = endpoint("CHANGEFEED_TEST_DYNAMODB_URL");
+    let unique = format!("kclts-{}-{}", std::process::id(), rand_suffix());
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let ledger_path = dir.path().join("ledger.jsonl");
+    let feed = stream(&kinesis, &unique);
+    put(&feed, 0..10);
+    let before = arrivals(&feed);
+    let latest = before.values().copied().max().expect("records before");
+    // The first whole second after every earlier record; the later records are written once
+    // the clock (which kinesis-mock stamps records by) has reached it.
+    let start_secs = latest.div_euclid(1000) + 1;
+    wait_for(
+        Duration::from_secs(5),
+        "the wall clock to pass the start time",
+        || {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("after the epoch")
+                .as_millis();
+            (now >= u128::try_from(start_secs * 1000).expect("positive")).then_some(())
+        },
+    );
+    put(&feed, 10..20);
+    let all = arrivals(&feed);
+    for (data, t) in &all {
+        let early = before.contains_key(data);
+        assert_eq!(
+            *t < start_secs * 1000,
+            early,
+            "{data} arrived at {t}, start {start_secs}s"
+        );
+    }
+    // The file keeps `initialPositionInStream = TRIM_HORIZON` above the time, as the KCL's
+    // sample does: the later line wins.
+    let properties = write_properties(
+        dir.path(),
+        &python,
+        &unique,
+        &kinesis,
+        &dynamodb,
+        &format!(
+            "AWSCredentialsProvider = DefaultCredentialsProvider\n\
+             initialPositionInStreamExtended = {start_secs}\n"
+        ),
+    );
+    let host = start_host(&properties, &ledger_path, "a", &[]);
+    let want: BTreeSet<String> = (10..20).map(|i| format!("r-{i}")).collect();
+    wait_for(
+        Duration::from_secs(60),
+        "the records after the start time",
+        || {
+            want.is_subset(&delivered(&ledger(&ledger_path)))
+                .then_some(())
+        },
+    );
+    let entries = ledger(&ledger_path);
+    assert_eq!(delivered(&entries), want, "nothing before the start time");
+    let inits: Vec<&Value> = entries.iter().filter(|e| e["ev"] == "init").collect();
+    assert_eq!(inits.len(), 2, "one child per shard: {inits:?}");
+    assert!(
+        inits.iter().all(|e| e["seq"] == "AT_TIMESTAMP"),
+        "initialize says where a lease without a checkpoint starts: {inits:?}"
+    );
+    drop(host);
+    rt().block_on(feed.delete_stream()).expect("delete stream");
+}
+
+/// Puts, in order, one Kinesis record per group of user records: for a group `(a, b)` with
+/// `a < b` the KPL-aggregated record of `r-a`..=`r-b` made by the official aggregator
+/// (`aggregate.py`, PyPI `aws_kinesis_agg`), for `(a, a)` the plain record `r-a`.
+fn put_aggregated(python: &str, feed: &KinesisFeed, groups: &[(usize, usize)]) {
+    use base64::Engine as _;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/kcl/aggregate.py");
+    for &(first, last) in groups {
+        if first == last {
+            put(feed, first..first + 1);
+            continue;
+        }
+        let out = std::process::Command::new(python)
+            .arg(&script)
+            .arg(format!("{first}-{last}"))
+            .output()
+            .expect("run aggregate.py");
+        assert!(
+            out.status.success(),
+            "aggregate.py failed (the PyPI package aws_kinesis_agg is needed in the amazon_kclpy \
+             venv; `bash .ci/run` installs it): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let line: Value = serde_json::from_slice(&out.stdout).expect("aggregate.py's JSON line");
+        let data = base64::engine::general_purpose::STANDARD
+            .decode(line["data"].as_str().expect("data"))
+            .expect("base64");
+        let ehk = line["ehk"]
+            .as_str()
+            .map(|h| h.parse::<u128>().expect("explicit hash key"));
+        rt().block_on(feed.put(line["pk"].as_str().expect("pk"), data, ehk))
+            .expect("put the aggregated record");
+    }
+}
+
+/// The user records a host delivered, in order: (data, sequence number, sub-sequence number).
+fn records_of(entries: &[Value], host: &str) -> Vec<(String, String, u64)> {
+    entries
+        .iter()
+        .filter(|e| e["ev"] == "rec" && e["host"] == host)
+        .map(|e| {
+            (
+                e["data"].as_str().expect("data").to_string(),
+                e["seq"].as_str().expect("seq").to_string(),
+                e["sub"].as_u64().expect("sub"),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn kpl_aggregated_records_arrive_as_user_records_and_resume_after_a_sub_sequence_checkpoint() {
+    // Records aggregated by the official KPL-compatible aggregator reach an amazon_kclpy
+    // processor as their user records: each once, in order, sharing the Kinesis record's
+    // sequence number with sub-sequence numbers 0..n-1, in batches of at most maxRecords that
+    // split aggregated records. A checkpoint at a sub-sequence number is stored there, and a
+    // host started after a SIGKILL resumes right after it, as the KCL does.
+    let python = kclpy_python();
+    let kinesis = endpoint("CHANGEFEED_TEST_KINESIS_URL");
+    let dynamodb = endpoint("CHANGEFEED_TEST_DYNAMODB_URL");
+    let unique = format!("kclagg-{}-{}", std::process::id(), rand_suffix());
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let ledger_path = dir.path().join("ledger.jsonl");
+    let feed = rt().block_on(async {
+        let feed = KinesisFeed::connect(&AwsOptions::local(kinesis.clone()), &unique).await;
+        feed.create_stream(1).await.expect("create stream");
+        feed
+    });
+    let groups = [(0, 4), (5, 5), (6, 10), (11, 14)];
+    put_aggregated(&python, &feed, &groups);
+    let properties = write_properties(
+        dir.path(),
+        &python,
+        &unique,
+        &kinesis,
+        &dynamodb,
+        "AWSCredentialsProvider = DefaultCredentialsProvider\nmaxRecords = 4\n",
+    );
+    let mut a = start_host(&properties, &ledger_path, "a", &[]);
+    let upto = |n: usize, host: &'static str| {
+        let path = ledger_path.clone();
+        move || (records_of(&ledger(&path), host).len() >= n).then_some(())
+    };
+    wait_for(
+        Duration::from_secs(60),
+        "host a to deliver 15 user records",
+        upto(15, "a"),
+    );
+    checkpoints_answered(&ledger_path);
+    let got = records_of(&ledger(&ledger_path), "a");
+    let data: Vec<&str> = got.iter().map(|(d, _, _)| d.as_str()).collect();
+    let want: Vec<String> = (0..15).map(|i| format!("r-{i}")).collect();
+    assert_eq!(data, want, "every user record once, in order");
+    let mut sequence_of_group = Vec::new();
+    for &(first, last) in &groups {
+        let seqs: BTreeSet<&str> = got[first..=last]
+            .iter()
+            .map(|(_, s, _)| s.as_str())
+            .collect();
+        assert_eq!(
+            seqs.len(),
+            1,
+            "one Kinesis record per group: {:?}",
+            &got[first..=last]
+        );
+        let subs: Vec<u64> = got[first..=last].iter().map(|(_, _, sub)| *sub).collect();
+        let want_subs: Vec<u64> = (0..=(last - first) as u64).collect();
+        assert_eq!(
+            subs, want_subs,
+            "sub-sequence numbers of r-{first}..r-{last}"
+        );
+        sequence_of_group.push(got[first].1.clone());
+    }
+    assert!(
+        sequence_of_group
+            .windows(2)
+            .all(|w| seq(&serde_json::json!(w[0])) < seq(&serde_json::json!(w[1]))),
+        "the Kinesis records in order: {sequence_of_group:?}"
+    );
+
+    // The last checkpoint asked for is r-12, sub-sequence 1 of the last aggregated record:
+    // stored there, and the next host resumes with r-13.
+    let last_seq = sequence_of_group[3].clone();
+    let last_ckpt = ledger(&ledger_path)
+        .into_iter()
+        .rev()
+        .find(|e| e["ev"] == "ckpt")
+        .expect("a checkpoint");
+    assert_eq!(
+        (&last_ckpt["seq"], &last_ckpt["sub"]),
+        (&serde_json::json!(last_seq), &serde_json::json!(1))
+    );
+    a.0.kill().expect("SIGKILL host a");
+    let _ = a.0.wait();
+    let store = format!("dynamodb://{unique}?endpoint={dynamodb}&region=us-east-1");
+    let table = json(&run_ok(&[
+        "status", "--store", &store, "--group", &unique, "--json",
+    ]));
+    assert_eq!(
+        table["leases"][0]["continuation"],
+        serde_json::json!(format!("{last_seq}/1")),
+        "the checkpoint is stored at the sub-sequence number: {table}"
+    );
+    put_aggregated(&python, &feed, &[(15, 17)]);
+    let b = start_host(&properties, &ledger_path, "b", &[]);
+    wait_for(
+        Duration::from_secs(60),
+        "host b to deliver the rest",
+        upto(5, "b"),
+    );
+    let entries = ledger(&ledger_path);
+    let init = entries
+        .iter()
+        .find(|e| e["ev"] == "init" && e["host"] == "b")
+        .expect("host b initialized the shard");
+    assert_eq!(
+        (&init["seq"], &init["sub"]),
+        (&serde_json::json!(last_seq), &serde_json::json!(1)),
+        "{init}"
+    );
+    let got_b = records_of(&entries, "b");
+    let data_b: Vec<&str> = got_b.iter().map(|(d, _, _)| d.as_str()).collect();
+    assert_eq!(
+        data_b,
+        ["r-13", "r-14", "r-15", "r-16", "r-17"],
+        "host b resumes right after the sub-sequence checkpoint"
+    );
+    assert_eq!(
+        (got_b[0].1.as_str(), got_b[0].2),
+        (last_seq.as_str(), 2),
+        "r-13 keeps its place in the aggregated record"
+    );
+    drop(b);
+    rt().block_on(feed.delete_stream()).expect("delete stream");
+}

@@ -2,8 +2,9 @@
 one; the `kcl` tests run it under `changefeed run --properties`. It appends what it sees to the
 JSON-lines ledger named by $KCL_TEST_LEDGER: each record, each checkpoint it asked for (and
 whether it was granted), and the lifecycle calls. It checkpoints at every record whose data ends
-in a multiple of 3, at the record's own sequence number, never at the end of a batch, so that a
-stored checkpoint shows it went exactly where the processor asked."""
+in a multiple of 3, at the record's own sequence and sub-sequence numbers (a user record of a
+KPL-aggregated record has its own), never at the end of a batch, so that a stored checkpoint shows
+it went exactly where the processor asked."""
 import json
 import os
 
@@ -28,17 +29,19 @@ class RecordProcessor(processor.RecordProcessorBase):
 
     def initialize(self, initialize_input):
         self.shard = initialize_input.shard_id
-        note(ev="init", shard=self.shard, seq=initialize_input.sequence_number)
+        note(ev="init", shard=self.shard, seq=initialize_input.sequence_number,
+             sub=initialize_input.sub_sequence_number)
 
-    def checkpoint(self, checkpointer, seq, why):
+    def checkpoint(self, checkpointer, seq, sub, why):
         # Noted before asking too: a host killed after storing a checkpoint but before
         # answering leaves an asked-for checkpoint stored without its grant in the ledger.
-        note(ev="ckpt_ask", shard=self.shard, seq=seq if seq is not None else self.last, why=why)
+        at = (seq, sub) if seq is not None else (self.last or (None, None))
+        note(ev="ckpt_ask", shard=self.shard, seq=at[0], sub=at[1], why=why)
         try:
-            checkpointer.checkpoint(seq)
-            note(ev="ckpt", shard=self.shard, seq=seq if seq is not None else self.last, why=why)
+            checkpointer.checkpoint(seq, sub)
+            note(ev="ckpt", shard=self.shard, seq=at[0], sub=at[1], why=why)
         except kcl.CheckpointError as e:
-            note(ev="ckpt_error", shard=self.shard, seq=seq, error=str(e), why=why)
+            note(ev="ckpt_error", shard=self.shard, seq=seq, sub=sub, error=str(e), why=why)
 
     def process_records(self, process_records_input):
         for record in process_records_input.records:
@@ -46,20 +49,21 @@ class RecordProcessor(processor.RecordProcessorBase):
             seq = record.sequence_number
             note(ev="rec", shard=self.shard, seq=seq, data=data, key=record.partition_key,
                  sub=record.sub_sequence_number, ts=record.timestamp_millis)
-            self.last = seq
+            self.last = (seq, record.sub_sequence_number)
             if int(data.rsplit("-", 1)[1]) % 3 == 0:
-                self.checkpoint(process_records_input.checkpointer, seq, "record")
+                self.checkpoint(process_records_input.checkpointer, seq,
+                                record.sub_sequence_number, "record")
 
     def lease_lost(self, lease_lost_input):
         note(ev="lost", shard=self.shard)
 
     def shard_ended(self, shard_ended_input):
         note(ev="ended", shard=self.shard)
-        self.checkpoint(shard_ended_input.checkpointer, None, "shard_end")
+        self.checkpoint(shard_ended_input.checkpointer, None, None, "shard_end")
 
     def shutdown_requested(self, shutdown_requested_input):
         note(ev="shutdown_requested", shard=self.shard)
-        self.checkpoint(shutdown_requested_input.checkpointer, None, "shutdown")
+        self.checkpoint(shutdown_requested_input.checkpointer, None, None, "shutdown")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ mod table;
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub(crate) use table::*;
@@ -111,7 +112,7 @@ impl HostState {
     /// The state of a host that registered at `now`.
     pub(crate) fn new(me: HostName, config: StateConfig, now: Instant) -> Self {
         Self {
-            table: LeaseTable::new(me.clone()),
+            table: LeaseTable::new(me.clone(), config.parents),
             live: vec![me.clone()],
             me,
             config,
@@ -159,7 +160,7 @@ impl HostState {
     /// `unreadable` says its row is only unreadable.
     pub(crate) fn listed_all(
         &mut self,
-        leases: Vec<Lease>,
+        leases: Vec<impl Into<Arc<Lease>>>,
         unreadable: impl Fn(&PartitionId) -> bool,
     ) {
         self.table.replace_all(leases);
@@ -174,7 +175,11 @@ impl HostState {
 
     /// Takes in a list of changes: rows deleted (their workers stop) and rows newer than the
     /// cached ones (their workers are told).
-    pub(crate) fn listed_changes(&mut self, deleted: &[PartitionId], leases: Vec<Lease>) {
+    pub(crate) fn listed_changes(
+        &mut self,
+        deleted: &[PartitionId],
+        leases: Vec<impl Into<Arc<Lease>>>,
+    ) {
         for partition in deleted {
             self.table.remove(partition);
             if self.running.contains_key(partition) {
@@ -221,13 +226,13 @@ impl HostState {
 
     /// Takes in a full listing made after this host's own writes (the leader's partition
     /// sync), and distrusts the counter: list again next cycle too.
-    pub(crate) fn relisted(&mut self, leases: Vec<Lease>) {
+    pub(crate) fn relisted(&mut self, leases: Vec<impl Into<Arc<Lease>>>) {
         self.table.replace_all(leases);
         self.listing.invalidate();
     }
 
     /// Every listed row, sorted by partition.
-    pub(crate) fn rows(&self) -> &[Lease] {
+    pub(crate) fn rows(&self) -> &[Arc<Lease>] {
         self.table.rows()
     }
 
@@ -297,6 +302,7 @@ impl HostState {
             &PlanInput {
                 me: &self.me,
                 live: &self.live,
+                dead: None,
                 table: &self.table,
                 requests: &self.requests,
                 now,
@@ -427,7 +433,7 @@ impl HostState {
 
     /// Puts a row newer than the cached one (or a new one) into the table, and tells its
     /// worker if it does not know it yet.
-    fn remember(&mut self, lease: Lease) {
+    fn remember(&mut self, lease: impl Into<Arc<Lease>>) {
         let Some(row) = self.table.remember(lease) else {
             return;
         };

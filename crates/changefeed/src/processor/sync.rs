@@ -279,7 +279,12 @@ mod tests {
     }
 
     async fn listed(store: &MemoryLeaseStore) -> Vec<Lease> {
-        store.list(&group()).await.expect("list").leases
+        let listing = store.list(&group()).await.expect("list");
+        listing
+            .leases
+            .into_iter()
+            .map(Arc::unwrap_or_clone)
+            .collect()
     }
 
     /// One sync of the test group now, which must succeed.

@@ -471,7 +471,7 @@ async fn snapshot(
                 .ok()
                 .flatten()
         };
-        leases.push((l, lag));
+        leases.push((Arc::unwrap_or_clone(l), lag));
     }
     let conn = conn.clone();
     let (written, delivered) = tokio::task::spawn_blocking(move || {

@@ -803,7 +803,7 @@ pub fn release(args: ReleaseArgs) -> anyhow::Result<ExitCode> {
             if !owned && !asked {
                 continue;
             }
-            let mut next = lease.clone();
+            let mut next = Lease::clone(lease);
             next.next_owner = None;
             if owned {
                 next.state = LeaseState::Available;

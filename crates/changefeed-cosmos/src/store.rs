@@ -942,7 +942,7 @@ impl LeaseStore for CosmosLeaseStore {
                     if let Some(etag) = body_etag(doc) {
                         self.remember_at(&parsed.lease, etag, parsed.changed_at, at);
                     }
-                    listing.leases.push(parsed.lease);
+                    listing.leases.push(Arc::new(parsed.lease));
                 }
                 Err(e) => listing.malformed.push(e),
             }
@@ -1322,7 +1322,7 @@ impl LeaseStore for CosmosLeaseStore {
                             if let Some(etag) = body_etag(doc) {
                                 self.remember_at(&parsed.lease, etag, parsed.changed_at, at);
                             }
-                            changes.leases.push(parsed.lease);
+                            changes.leases.push(Arc::new(parsed.lease));
                         }
                         Err(e) => changes.malformed.push(e),
                     }

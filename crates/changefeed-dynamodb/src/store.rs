@@ -742,7 +742,7 @@ impl LeaseStore for DynamoLeaseStore {
                 match parse_lease(item) {
                     Ok(lease) => {
                         self.remember(&lease);
-                        listing.leases.push(lease);
+                        listing.leases.push(Arc::new(lease));
                     }
                     Err(e) => listing.malformed.push(e),
                 }

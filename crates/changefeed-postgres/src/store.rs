@@ -52,6 +52,7 @@
 //! the deletion records, after the counter row: no lock cycles.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use changefeed::lease::row::{SQL_COLUMNS as COLS, SQL_COLUMN_NAMES, SQL_TEXT_COLUMNS};
@@ -658,7 +659,7 @@ impl LeaseStore for PostgresLeaseStore {
         listing.leases.reserve(rows.len());
         for row in &rows {
             match parse_lease(group, row, 0) {
-                Ok(l) => listing.leases.push(l),
+                Ok(l) => listing.leases.push(Arc::new(l)),
                 Err(e) => listing.malformed.push(e),
             }
         }
@@ -977,7 +978,7 @@ impl LeaseStore for PostgresLeaseStore {
             let kind: i32 = col(row, 0, "kind").map_err(&bad_group)?;
             match kind {
                 1 => match parse_lease(group, row, 4) {
-                    Ok(lease) => changes.leases.push(lease),
+                    Ok(lease) => changes.leases.push(Arc::new(lease)),
                     Err(e) => changes.malformed.push(e),
                 },
                 2 => {

@@ -46,6 +46,7 @@
 
 use std::borrow::Cow;
 use std::path::Path;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use changefeed::lease::row::{SQL_COLUMNS, SQL_COLUMN_NAMES, SQL_TEXT_COLUMNS};
@@ -478,12 +479,12 @@ fn parse_lease_fields(group: &GroupName, row: &Row<'_>) -> Result<Lease, String>
 fn read_lease_rows(
     group: &GroupName,
     mut rows: Rows<'_>,
-    leases: &mut Vec<Lease>,
+    leases: &mut Vec<Arc<Lease>>,
     malformed: &mut Vec<LeaseError>,
 ) -> rusqlite::Result<()> {
     while let Some(row) = rows.next()? {
         match parse_lease(group, row) {
-            Ok(lease) => leases.push(lease),
+            Ok(lease) => leases.push(Arc::new(lease)),
             Err(e) => malformed.push(e),
         }
     }

@@ -273,13 +273,18 @@ pub async fn estimate_at(
 ///
 /// # Errors
 /// [`SourceError`] if the partitions cannot be listed.
-pub async fn unleased(
+pub async fn unleased<L: std::borrow::Borrow<Lease> + Sync>(
     source: &dyn FeedSource,
-    leases: &[Lease],
+    leases: &[L],
     unreadable: &BTreeSet<PartitionId>,
 ) -> Result<Vec<(PartitionId, Position)>, SourceError> {
-    let by_id: BTreeMap<&PartitionId, &Lease> =
-        leases.iter().map(|l| (&l.key.partition, l)).collect();
+    let by_id: BTreeMap<&PartitionId, &Lease> = leases
+        .iter()
+        .map(|l| {
+            let l = l.borrow();
+            (&l.key.partition, l)
+        })
+        .collect();
     let leased: BTreeSet<&PartitionId> = by_id.keys().copied().chain(unreadable).collect();
     let ids: Vec<PartitionId> = leased.iter().map(|p| (*p).clone()).collect();
     let partitions = source.partitions_for(&ids).await?;

@@ -394,7 +394,8 @@ impl Watch {
     }
 
     /// Takes in new rows: events against the old ones, the timeline, then the rows.
-    fn apply(&mut self, rows: Vec<Lease>, at: i64, first: bool) {
+    fn apply(&mut self, rows: Vec<Arc<Lease>>, at: i64, first: bool) {
+        let rows: Vec<Lease> = rows.into_iter().map(Arc::unwrap_or_clone).collect();
         let mut changes = Vec::new();
         let created: Vec<&Lease> = rows
             .iter()

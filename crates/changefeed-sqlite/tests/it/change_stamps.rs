@@ -244,7 +244,12 @@ async fn a_schema_1_database_answers_from_its_counter_at_migration_on() {
     );
     unanswered(&store, &g, 8).await;
 
-    let [a, b, c]: [Lease; 3] = store.list(&g).await.unwrap().leases.try_into().unwrap();
+    let listed = store.list(&g).await.unwrap().leases;
+    let listed: Vec<Lease> = listed
+        .into_iter()
+        .map(std::sync::Arc::unwrap_or_clone)
+        .collect();
+    let [a, b, c]: [Lease; 3] = listed.try_into().unwrap();
     let b = take(&store, &b, "h2").await; // counter 8
     let mut c_moved = c.clone(); // a checkpoint of an unstamped row stays unstamped
     c_moved.continuation = Some(Continuation::new("c-1"));
@@ -257,7 +262,7 @@ async fn a_schema_1_database_answers_from_its_counter_at_migration_on() {
         summary(&changes),
         (vec![row("b", 2, Some("h2"))], names(&["a"]))
     );
-    assert_eq!(changes.leases[0], b);
+    assert_eq!(*changes.leases[0], b);
     let since_8 = answered(&store, &g, 8).await;
     assert_eq!(summary(&since_8), (vec![], names(&["a"])));
     unanswered(&store, &g, 6).await;

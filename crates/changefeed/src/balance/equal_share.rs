@@ -10,11 +10,12 @@
 //! decides, and the loser plans again next cycle.
 
 use std::cmp::{Ordering, Reverse};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
+use super::census::{holder, CensusSnapshot, Row};
 use super::limits::{share, LeaseLimits};
 use super::{BalanceStrategy, HandoffRequest, LeaseView, Plan, Snapshot};
-use crate::model::{HostName, LeaseState};
+use crate::model::{HostName, Lease, LeaseState, PartitionId};
 
 /// Equal share of the eligible leases for every live host (`DESIGN.md`, "Balancing"), within
 /// optional [`LeaseLimits`].
@@ -126,11 +127,11 @@ impl EqualShare {
         leases: &[LeaseView<'_>],
     ) -> BTreeMap<HostName, usize> {
         let fleet = Fleet::new(live_hosts, self);
-        let census = Census::new(&fleet, leases);
+        let tally = Tally::new(&fleet, leases);
         fleet
             .hosts
             .iter()
-            .zip(census.quota.iter())
+            .zip(tally.shares.quota.iter())
             .map(|(h, q)| ((*h).clone(), *q))
             .collect()
     }
@@ -142,13 +143,13 @@ impl BalanceStrategy for EqualShare {
         let Some(me) = fleet.index_of(snapshot.me) else {
             return Plan::default();
         };
-        let census = Census::new(&fleet, snapshot.leases);
+        let tally = Tally::new(&fleet, snapshot.leases);
+        let shares = &tally.shares;
         let leases = snapshot.leases;
-        let hosts = fleet.hosts.len();
         let mut plan = Plan::default();
 
         // 1. Steal overdue hand-offs to me.
-        for (i, status) in census.status.iter().enumerate() {
+        for (i, status) in tally.status.iter().enumerate() {
             if let Status::Held {
                 owner,
                 pending: Some(asker),
@@ -161,14 +162,12 @@ impl BalanceStrategy for EqualShare {
         }
 
         // Shortfall of every host, after pending hand-offs.
-        let mut need: Vec<usize> = (0..hosts)
-            .map(|h| census.quota[h].saturating_sub(census.effective[h]))
-            .collect();
+        let mut need = shares.need();
 
         // 2a. Free leases a live host asked for go to it first, while it is under quota.
         let mut asked: Vec<(usize, usize)> = Vec::new(); // (lease, asker)
         let mut rest: Vec<usize> = Vec::new(); // free leases nobody live asked for
-        for (i, status) in census.status.iter().enumerate() {
+        for (i, status) in tally.status.iter().enumerate() {
             match *status {
                 Status::Free { asker: Some(a) } => asked.push((i, a)),
                 Status::Free { asker: None } => rest.push(i),
@@ -189,61 +188,26 @@ impl BalanceStrategy for EqualShare {
 
         // 2b. The other free leases, in partition order, to hosts under quota in name order.
         // Only this host's slice is materialised; the others' sizes follow from `need`.
-        let free = rest.len();
-        let mut before = 0usize; // free leases handed to hosts before the current one
-        for (h, n) in need.iter_mut().enumerate() {
-            let got = (*n).min(free.saturating_sub(before));
-            if h == me && got > 0 {
-                let slice = select_range(&mut rest, before, before + got, |x, y| {
-                    by_partition(leases, *x, *y)
-                });
-                plan.take
-                    .extend(slice.iter().map(|&i| leases[i].lease.key.partition.clone()));
-            }
-            before += got;
-            *n -= got;
+        let (before, got) = free_slice(&mut need, rest.len(), me);
+        if got > 0 {
+            let slice = select_range(&mut rest, before, before + got, |x, y| {
+                by_partition(leases, *x, *y)
+            });
+            plan.take
+                .extend(slice.iter().map(|&i| leases[i].lease.key.partition.clone()));
         }
 
         // 3. Hand-offs: hosts under quota, in name order, draw from the hosts over quota, most
         // over first. Only this host's draws are materialised.
-        let mut donors: Vec<(usize, usize)> = (0..hosts) // (host, how many it gives)
-            .map(|h| {
-                let excess = census.effective[h].saturating_sub(census.quota[h]);
-                (h, excess.min(census.requestable[h]))
-            })
-            .filter(|&(_, give)| give > 0)
-            .collect();
-        donors.sort_unstable_by_key(|&(h, give)| (Reverse(give), h));
-        let mut draws: Vec<(usize, usize, usize)> = Vec::new(); // (donor, offset, count)
-        let (mut d, mut offset) = (0usize, 0usize);
-        'askers: for (asker, &want) in need.iter().enumerate() {
-            let mut want = want;
-            while want > 0 {
-                let Some(&(donor, give)) = donors.get(d) else {
-                    break 'askers;
-                };
-                let n = want.min(give - offset);
-                if asker == me {
-                    draws.push((donor, offset, n));
-                }
-                want -= n;
-                offset += n;
-                if offset == give {
-                    d += 1;
-                    offset = 0;
-                }
-            }
-            if asker == me {
-                break;
-            }
-        }
+        let donors = donors(shares);
+        let draws = draws(&need, &donors, me);
         if !draws.is_empty() {
-            let mut slot: Vec<Option<usize>> = vec![None; hosts];
+            let mut slot: Vec<Option<usize>> = vec![None; fleet.hosts.len()];
             for (k, &(donor, _, _)) in draws.iter().enumerate() {
                 slot[donor] = Some(k);
             }
             let mut offered: Vec<Vec<usize>> = vec![Vec::new(); draws.len()];
-            for (i, status) in census.status.iter().enumerate() {
+            for (i, status) in tally.status.iter().enumerate() {
                 if let Status::Held {
                     owner,
                     pending: None,
@@ -266,23 +230,9 @@ impl BalanceStrategy for EqualShare {
             }
         }
 
-        // 4. Above its maximum, give up what no host under quota asks for in step 3. The askers
-        // draw from the donors in order, so they draw the first `drawn` of this host's leases
-        // in hand-off order; the release takes the next ones, and the plans stay disjoint.
-        let over = census.effective[me].saturating_sub(fleet.bounds[me].1);
-        if over > 0 {
-            let wanted: usize = need.iter().sum();
-            let before: usize = donors
-                .iter()
-                .take_while(|&&(h, _)| h != me)
-                .map(|&(_, give)| give)
-                .sum();
-            let give = donors
-                .iter()
-                .find(|&&(h, _)| h == me)
-                .map_or(0, |&(_, give)| give);
-            let drawn = wanted.saturating_sub(before).min(give);
-            let mut mine: Vec<usize> = census
+        // 4. Above its maximum, give up what no host under quota asks for in step 3.
+        if let Some((from, to)) = release_range(me, shares, &fleet, &need, &donors) {
+            let mut mine: Vec<usize> = tally
                 .status
                 .iter()
                 .enumerate()
@@ -295,20 +245,253 @@ impl BalanceStrategy for EqualShare {
                 })
                 .map(|(i, _)| i)
                 .collect();
-            let release = over.saturating_sub(drawn);
-            let slice = select_range(&mut mine, drawn, drawn + release, |x, y| {
-                by_handoff_order(leases, *x, *y)
-            });
+            let slice = select_range(&mut mine, from, to, |x, y| by_handoff_order(leases, *x, *y));
             plan.release
                 .extend(slice.iter().map(|&i| leases[i].lease.key.partition.clone()));
         }
 
-        plan.take.sort_unstable();
-        plan.steal.sort_unstable();
-        plan.request_handoff.sort_unstable();
-        plan.release.sort_unstable();
+        plan.sort();
         plan
     }
+
+    fn plan_census(&self, snapshot: &CensusSnapshot<'_>) -> Option<Plan> {
+        Some(self.plan_from_census(snapshot))
+    }
+}
+
+impl EqualShare {
+    /// [`BalanceStrategy::plan`] from a census: the same steps, the same plan, but each step
+    /// reads only the leases it can hand out (the free ones, the donors' own, this host's own
+    /// and the hand-offs asked for), never every lease.
+    fn plan_from_census(&self, s: &CensusSnapshot<'_>) -> Plan {
+        let fleet = Fleet::new(s.live_hosts, self);
+        let Some(me) = fleet.index_of(s.me) else {
+            return Plan::default();
+        };
+        let hosts = fleet.hosts.len();
+        let census = s.census;
+        let class = |owner: &HostName| match fleet.index_of(owner) {
+            Some(h) => Holder::Live(h),
+            None if s.dead_hosts.is_none_or(|dead| dead.contains(owner)) => Holder::Dead,
+            None => Holder::Unknown,
+        };
+        let mut owned = vec![0usize; hosts];
+        let mut eligible = census.len();
+        let mut free_sets: Vec<&BTreeSet<Row>> = vec![&census.unheld];
+        for (owner, set) in &census.held {
+            match class(owner) {
+                Holder::Live(h) => owned[h] = set.len(),
+                Holder::Dead => free_sets.push(set),
+                Holder::Unknown => eligible -= set.len(),
+            }
+        }
+        let free: usize = free_sets.iter().map(|set| set.len()).sum();
+        // The leases a live host asked for: free ones it claims (by partition), held ones
+        // pending to it.
+        let mut claimed_rows: Vec<Vec<&Lease>> = vec![Vec::new(); hosts];
+        let mut outgoing = vec![0usize; hosts];
+        let mut incoming = vec![0usize; hosts];
+        for (asker, set) in &census.asked {
+            let Some(a) = fleet.index_of(asker) else {
+                continue;
+            };
+            for Row(lease) in set {
+                match holder(lease).map(class) {
+                    None | Some(Holder::Dead) => claimed_rows[a].push(lease),
+                    Some(Holder::Live(o)) if o != a => {
+                        outgoing[o] += 1;
+                        incoming[a] += 1;
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
+        let claimed: Vec<usize> = claimed_rows.iter().map(Vec::len).collect();
+        let shares = Shares::new(&fleet, eligible, &owned, &outgoing, &incoming, &claimed);
+        let mut plan = Plan::default();
+        let partition = |lease: &Lease| lease.key.partition.clone();
+
+        // 1. Steal overdue hand-offs to me.
+        for Row(lease) in census.asked.get(s.me).into_iter().flatten() {
+            if let Some(Holder::Live(o)) = holder(lease).map(class) {
+                if o != me && (s.handoff_overdue)(&lease.key.partition) {
+                    plan.steal.push(partition(lease));
+                }
+            }
+        }
+
+        let mut need = shares.need();
+
+        // 2a. Each live asker takes the first of the free leases it asked for, by partition,
+        // while it is under quota; the others join the rest.
+        let mut taken_by_askers = 0usize;
+        let mut asked_and_taken: HashSet<&PartitionId> = HashSet::new();
+        for (a, rows) in claimed_rows.iter().enumerate() {
+            let n = need[a].min(rows.len());
+            need[a] -= n;
+            taken_by_askers += n;
+            asked_and_taken.extend(rows[..n].iter().map(|l| &l.key.partition));
+            if a == me {
+                plan.take.extend(rows[..n].iter().map(|l| partition(l)));
+            }
+        }
+
+        // 2b. The rest of the free leases, in partition order, to hosts under quota in name
+        // order.
+        let (before, got) = free_slice(&mut need, free - taken_by_askers, me);
+        if got > 0 {
+            let mut rest: Vec<&Lease> = free_sets
+                .iter()
+                .flat_map(|set| set.iter())
+                .map(|row| &*row.0)
+                .filter(|l| !asked_and_taken.contains(&l.key.partition))
+                .collect();
+            let slice = select_range(&mut rest, before, before + got, |x, y| {
+                x.key.partition.cmp(&y.key.partition)
+            });
+            plan.take.extend(slice.iter().map(|l| partition(l)));
+        }
+
+        // The leases `host` holds that no other live host asked for.
+        let requestable = |host: usize| -> Vec<&Lease> {
+            census
+                .held
+                .get(fleet.hosts[host])
+                .into_iter()
+                .flatten()
+                .map(|row| &*row.0)
+                .filter(|l| {
+                    l.next_owner
+                        .as_ref()
+                        .and_then(|n| fleet.index_of(n))
+                        .is_none_or(|a| a == host)
+                })
+                .collect()
+        };
+
+        // 3. Hand-offs, as in `plan`.
+        let donors = donors(&shares);
+        for (donor, offset, n) in draws(&need, &donors, me) {
+            let mut offered = requestable(donor);
+            let slice = select_range(&mut offered, offset, offset + n, |x, y| handoff_order(x, y));
+            plan.request_handoff
+                .extend(slice.iter().map(|l| HandoffRequest {
+                    partition: partition(l),
+                    from: fleet.hosts[donor].clone(),
+                }));
+        }
+
+        // 4. Above its maximum, give up what no host under quota asks for in step 3.
+        if let Some((from, to)) = release_range(me, &shares, &fleet, &need, &donors) {
+            let mut mine = requestable(me);
+            let slice = select_range(&mut mine, from, to, |x, y| handoff_order(x, y));
+            plan.release.extend(slice.iter().map(|l| partition(l)));
+        }
+
+        plan.sort();
+        plan
+    }
+}
+
+/// How the census path classifies a lease's holder.
+#[derive(Debug, Clone, Copy)]
+enum Holder {
+    /// A live host (its index in the fleet).
+    Live(usize),
+    /// A host judged dead: its leases are free.
+    Dead,
+    /// Neither live nor judged dead: its leases count for nobody.
+    Unknown,
+}
+
+/// Step 2b for the whole fleet: `free` leases, in partition order, go to the hosts under quota
+/// in name order, each taking its shortfall; `need` drops by what each gets. Returns where
+/// `me`'s slice starts in that order and how long it is.
+fn free_slice(need: &mut [usize], free: usize, me: usize) -> (usize, usize) {
+    let mut before = 0usize; // free leases handed to hosts before the current one
+    let mut mine = (0, 0);
+    for (h, n) in need.iter_mut().enumerate() {
+        let got = (*n).min(free.saturating_sub(before));
+        if h == me {
+            mine = (before, got);
+        }
+        before += got;
+        *n -= got;
+    }
+    mine
+}
+
+/// The hosts over quota with how many leases each gives (its excess, at most what it holds
+/// unasked), the most first, ties by name.
+fn donors(shares: &Shares) -> Vec<(usize, usize)> {
+    let mut donors: Vec<(usize, usize)> = (0..shares.quota.len())
+        .map(|h| {
+            let excess = shares.effective[h].saturating_sub(shares.quota[h]);
+            (h, excess.min(shares.requestable[h]))
+        })
+        .filter(|&(_, give)| give > 0)
+        .collect();
+    donors.sort_unstable_by_key(|&(h, give)| (Reverse(give), h));
+    donors
+}
+
+/// Step 3 for `me`: hosts under quota, in name order, draw their remaining `need` from the
+/// `donors` in order. Returns `me`'s draws: (donor, offset into the donor's leases in hand-off
+/// order, count).
+fn draws(need: &[usize], donors: &[(usize, usize)], me: usize) -> Vec<(usize, usize, usize)> {
+    let mut draws = Vec::new();
+    let (mut d, mut offset) = (0usize, 0usize);
+    'askers: for (asker, &want) in need.iter().enumerate() {
+        let mut want = want;
+        while want > 0 {
+            let Some(&(donor, give)) = donors.get(d) else {
+                break 'askers;
+            };
+            let n = want.min(give - offset);
+            if asker == me {
+                draws.push((donor, offset, n));
+            }
+            want -= n;
+            offset += n;
+            if offset == give {
+                d += 1;
+                offset = 0;
+            }
+        }
+        if asker == me {
+            break;
+        }
+    }
+    draws
+}
+
+/// Step 4 for `me`: above its maximum, the range of its unasked leases, in hand-off order, to
+/// release. The askers draw from the donors in order, so they draw the first `drawn` of this
+/// host's leases; the release takes the next ones, and the plans stay disjoint. `None` when
+/// `me` is not above its maximum.
+fn release_range(
+    me: usize,
+    shares: &Shares,
+    fleet: &Fleet<'_>,
+    need: &[usize],
+    donors: &[(usize, usize)],
+) -> Option<(usize, usize)> {
+    let over = shares.effective[me].saturating_sub(fleet.bounds[me].1);
+    if over == 0 {
+        return None;
+    }
+    let wanted: usize = need.iter().sum();
+    let before: usize = donors
+        .iter()
+        .take_while(|&&(h, _)| h != me)
+        .map(|&(_, give)| give)
+        .sum();
+    let give = donors
+        .iter()
+        .find(|&&(h, _)| h == me)
+        .map_or(0, |&(_, give)| give);
+    let drawn = wanted.saturating_sub(before).min(give);
+    Some((drawn, drawn + over.saturating_sub(drawn)))
 }
 
 /// The order in which an over-quota host's leases are asked for (and, above its maximum,
@@ -318,6 +501,14 @@ fn by_handoff_order(leases: &[LeaseView<'_>], x: usize, y: usize) -> Ordering {
     unasked(x)
         .cmp(&unasked(y))
         .then_with(|| by_partition(leases, x, y))
+}
+
+/// [`by_handoff_order`] for leases known to have distinct partitions.
+fn handoff_order(x: &Lease, y: &Lease) -> Ordering {
+    x.next_owner
+        .is_none()
+        .cmp(&y.next_owner.is_none())
+        .then_with(|| x.key.partition.cmp(&y.key.partition))
 }
 
 /// Orders leases by partition id, then by position in the snapshot (a total order even if a
@@ -407,25 +598,18 @@ enum Status {
     },
 }
 
-/// One pass over the leases: each lease's status and each host's counts and quota.
-struct Census {
+/// One pass over the leases: each lease's status, and every host's shares.
+struct Tally {
     status: Vec<Status>,
-    /// Per host: eligible leases owned, minus pending hand-offs out, plus pending hand-offs in.
-    /// (The quota ranking also counts the free leases a host asked for; see [`super::quotas`].)
-    effective: Vec<usize>,
-    /// Per host: eligible leases owned with no pending hand-off to a live host.
-    requestable: Vec<usize>,
-    /// Per host: its quota.
-    quota: Vec<usize>,
+    shares: Shares,
 }
 
-impl Census {
+impl Tally {
     fn new(fleet: &Fleet<'_>, leases: &[LeaseView<'_>]) -> Self {
         let hosts = fleet.hosts.len();
         let mut owned = vec![0usize; hosts];
         let mut incoming = vec![0usize; hosts];
         let mut outgoing = vec![0usize; hosts];
-        let mut requestable = vec![0usize; hosts];
         let mut claimed = vec![0usize; hosts];
         let mut eligible = 0usize;
         // Leases are mostly held in runs by one owner, whose name they share: remember the
@@ -461,31 +645,66 @@ impl Census {
                     Some(owner) => {
                         owned[owner] += 1;
                         let pending = asker.filter(|&a| a != owner);
-                        match pending {
-                            Some(a) => {
-                                outgoing[owner] += 1;
-                                incoming[a] += 1;
-                            }
-                            None => requestable[owner] += 1,
+                        if let Some(a) = pending {
+                            outgoing[owner] += 1;
+                            incoming[a] += 1;
                         }
                         Status::Held { owner, pending }
                     }
                 }
             })
             .collect();
+        let shares = Shares::new(fleet, eligible, &owned, &outgoing, &incoming, &claimed);
+        Self { status, shares }
+    }
+}
+
+/// Every live host's counts and quota.
+struct Shares {
+    /// Per host: eligible leases owned, minus pending hand-offs out, plus pending hand-offs in.
+    /// (The quota ranking also counts the free leases a host asked for; see [`super::quotas`].)
+    effective: Vec<usize>,
+    /// Per host: eligible leases owned with no pending hand-off to a live host.
+    requestable: Vec<usize>,
+    /// Per host: its quota.
+    quota: Vec<usize>,
+}
+
+impl Shares {
+    /// The shares of `eligible` leases, from each host's eligible leases `owned`, hand-offs
+    /// pending from it (`outgoing`) and to it (`incoming`), and free leases it asked for
+    /// (`claimed`).
+    fn new(
+        fleet: &Fleet<'_>,
+        eligible: usize,
+        owned: &[usize],
+        outgoing: &[usize],
+        incoming: &[usize],
+        claimed: &[usize],
+    ) -> Self {
+        let hosts = fleet.hosts.len();
         let effective: Vec<usize> = (0..hosts)
             .map(|h| owned[h] - outgoing[h] + incoming[h])
             .collect();
+        let requestable = (0..hosts).map(|h| owned[h] - outgoing[h]).collect();
         // Ties go to the hosts holding most (counting the free leases they asked for), then
         // by name: see `super::quotas`.
         let mut rank: Vec<usize> = (0..hosts).collect();
         rank.sort_unstable_by_key(|&h| (Reverse(effective[h] + claimed[h]), h));
         let quota = share(eligible, &rank, &fleet.bounds);
         Self {
-            status,
             effective,
             requestable,
             quota,
         }
+    }
+
+    /// Every host's shortfall, after pending hand-offs.
+    fn need(&self) -> Vec<usize> {
+        self.quota
+            .iter()
+            .zip(&self.effective)
+            .map(|(q, e)| q.saturating_sub(*e))
+            .collect()
     }
 }

@@ -40,6 +40,7 @@ use serde::Serialize;
 
 use crate::model::{HostName, Lease, PartitionId};
 
+mod census;
 mod cosmos;
 mod equal_share;
 mod kcl;
@@ -48,6 +49,8 @@ mod limits;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use census::holder;
+pub use census::{Census, CensusSnapshot};
 pub use cosmos::CosmosLike;
 pub use equal_share::EqualShare;
 pub use kcl::KclLike;
@@ -142,6 +145,14 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// Sorts each list by partition, as a plan's lists must be.
+    pub fn sort(&mut self) {
+        self.take.sort_unstable();
+        self.steal.sort_unstable();
+        self.request_handoff.sort_unstable();
+        self.release.sort_unstable();
+    }
+
     /// Whether the plan moves nothing.
     pub fn is_empty(&self) -> bool {
         self.take.is_empty()
@@ -169,6 +180,17 @@ impl Plan {
 pub trait BalanceStrategy: Send + Sync + std::fmt::Debug {
     /// The plan for `snapshot.me`.
     fn plan(&self, snapshot: &Snapshot<'_>) -> Plan;
+
+    /// The plan for `snapshot.me` from a [`Census`] kept up to date by the caller, if this
+    /// strategy can plan from one: it must then be exactly the plan [`BalanceStrategy::plan`]
+    /// gives on the equivalent snapshot (every lease of the group, the census's leases
+    /// eligible and the others not, leases held by hosts neither live nor dead ineligible too).
+    /// [`EqualShare`] can, in O(changed leases + hosts) per plan rather than O(leases); the
+    /// default returns `None`, and the caller then builds a [`Snapshot`].
+    fn plan_census(&self, snapshot: &CensusSnapshot<'_>) -> Option<Plan> {
+        let _ = snapshot;
+        None
+    }
 }
 
 /// Every live host's share of the eligible leases under [`EqualShare`] without limits.

@@ -8,6 +8,7 @@ use proptest::prelude::*;
 use super::*;
 use crate::model::{GroupName, LeaseKey, LeaseState, Position};
 
+mod census;
 mod kcl3;
 mod limits;
 

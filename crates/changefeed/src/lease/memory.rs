@@ -44,12 +44,10 @@ impl Group {
 
 #[derive(Debug, Clone)]
 enum Row {
-    Lease(Lease),
+    /// The stored row, handed out as is by `list` and `list_changes` (readers share it).
+    Lease(Arc<Lease>),
     /// A row made unreadable on purpose by a test (see [`MemoryLeaseStore::corrupt`]).
-    Corrupt {
-        version: Version,
-        reason: String,
-    },
+    Corrupt { version: Version, reason: String },
 }
 
 /// A [`LeaseStore`] in process memory. Cloning gives another handle to the same store.
@@ -169,7 +167,7 @@ impl LeaseStore for MemoryLeaseStore {
             .and_then(|g| g.leases.get(&key.partition))
         {
             None => Ok(None),
-            Some(Row::Lease(l)) => Ok(Some(l.clone())),
+            Some(Row::Lease(l)) => Ok(Some(Lease::clone(l))),
             Some(Row::Corrupt { reason, .. }) => Err(malformed(key, reason)),
         }
     }
@@ -183,9 +181,10 @@ impl LeaseStore for MemoryLeaseStore {
         }
         let mut stored = lease.clone();
         stored.version = Version::FIRST;
-        group
-            .leases
-            .insert(lease.key.partition.clone(), Row::Lease(stored.clone()));
+        group.leases.insert(
+            lease.key.partition.clone(),
+            Row::Lease(Arc::new(stored.clone())),
+        );
         group.bump(&lease.key.partition, false);
         Ok(Some(stored))
     }
@@ -213,13 +212,13 @@ impl LeaseStore for MemoryLeaseStore {
             return Err(LeaseError::Conflict {
                 key: lease.key.to_string(),
                 expected,
-                current: Box::new(current.clone()),
+                current: Box::new(Lease::clone(current)),
             });
         }
         let bump = current.ownership_differs(lease);
         let mut stored = lease.clone();
         stored.version = expected.next();
-        *current = stored.clone();
+        *current = Arc::new(stored.clone());
         if bump {
             group.bump(&lease.key.partition, false);
         }
@@ -237,7 +236,7 @@ impl LeaseStore for MemoryLeaseStore {
                 return Err(LeaseError::Conflict {
                     key: key.to_string(),
                     expected,
-                    current: Box::new(l.clone()),
+                    current: Box::new(Lease::clone(l)),
                 })
             }
             Row::Lease(l) => l.version,

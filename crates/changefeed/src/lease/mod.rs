@@ -21,6 +21,8 @@ pub use forward::{ForwardingStore, StoreOp};
 pub use memory::MemoryLeaseStore;
 pub use row::LeaseRow;
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 
 use crate::error::LeaseError;
@@ -30,10 +32,15 @@ use crate::model::{
 
 /// The result of [`LeaseStore::list`]: the readable leases, and every row that could not be
 /// read, each as an error naming its key. One bad row never hides the others.
+///
+/// Rows come behind an `Arc`, here and in [`Changes`], so that they can be shared: a store
+/// that keeps its rows in memory ([`MemoryLeaseStore`]) hands out its own, and every host of
+/// one process (the simulator's thousand) holds one pointer per row instead of a copy. A
+/// backend that decodes rows wraps each one (`Arc::new`, or `.into()`).
 #[derive(Debug, Default)]
 pub struct Listing {
     /// The leases, ordered by partition id.
-    pub leases: Vec<Lease>,
+    pub leases: Vec<Arc<Lease>>,
     /// One [`LeaseError::Malformed`] per unreadable row.
     pub malformed: Vec<LeaseError>,
 }
@@ -46,7 +53,7 @@ pub struct Changes {
     pub counter: u64,
     /// The current row of every lease created, or whose state, owner or next_owner changed,
     /// after the value asked about; ordered by partition id.
-    pub leases: Vec<Lease>,
+    pub leases: Vec<Arc<Lease>>,
     /// The keys of the leases deleted after it, ordered by partition id. A lease deleted and
     /// created again is in both lists (its new row restarts its versions): apply the
     /// deletions first.

@@ -656,13 +656,17 @@ pub fn range_property(range: KeyRange) -> String {
 /// least one lease, none is finished, and their key ranges ([`RANGE_PROPERTY`]) together cover
 /// the whole key space. Until a lease finishes no partition can have closed under a reader,
 /// so no child can be due; a lease without a range makes the answer `false`.
-pub fn covers_key_space(leases: &[Lease]) -> bool {
-    if leases.is_empty() || leases.iter().any(|l| l.state == LeaseState::Finished) {
+pub fn covers_key_space<L: std::borrow::Borrow<Lease>>(leases: &[L]) -> bool {
+    if leases.is_empty()
+        || leases
+            .iter()
+            .any(|l| l.borrow().state == LeaseState::Finished)
+    {
         return false;
     }
     let mut ranges = Vec::with_capacity(leases.len());
     for l in leases {
-        match lease_range(l) {
+        match lease_range(l.borrow()) {
             Some(r) => ranges.push(r),
             None => return false,
         }

@@ -489,7 +489,7 @@ fn listing_is_skipped_only_when_leases_cover_the_key_space_and_none_finished() {
         ranged("b", LeaseState::Available, half + 1, u128::MAX),
     ];
     assert!(covers_key_space(&full));
-    assert!(!covers_key_space(&[]));
+    assert!(!covers_key_space::<Lease>(&[]));
     assert!(!covers_key_space(&full[..1]), "a hole");
     let mut finished = full.clone();
     finished[1].state = LeaseState::Finished;

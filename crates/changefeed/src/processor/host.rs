@@ -889,7 +889,7 @@ impl Host {
         let now = self.p.clock.now();
         let by_view = match &roll {
             Roll::Heartbeats(_) => None,
-            Roll::Head(head) => self.state.live_after_conflict_head(head, now),
+            Roll::Head(head) => self.state.live_after_conflict_head(head, now, &rows),
         };
         let live: Vec<HostName> = match (by_view, roll) {
             (Some(live), _) => live,

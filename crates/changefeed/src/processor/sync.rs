@@ -117,7 +117,7 @@ impl Syncer {
         source: &dyn FeedSource,
         group: &GroupName,
         settings: &Settings,
-        leases: &[Lease],
+        leases: &[Arc<Lease>],
         now: Instant,
         counter: Option<u64>,
     ) -> Result<SyncReport, SyncError> {
@@ -133,6 +133,10 @@ impl Syncer {
         }
         let leased: Vec<PartitionId> = leases.iter().map(|l| l.key.partition.clone()).collect();
         let partitions = source.partitions_for(&leased).await?;
+        // The lineage rules read plain rows; a sync that gets this far is the leader's
+        // occasional work, so a copy of the table for it is cheap.
+        let leases: Vec<Lease> = leases.iter().map(|l| Lease::clone(l)).collect();
+        let leases = leases.as_slice();
         let plan = match (&self.last_plan, counter) {
             (Some((at, listed, plan)), Some(c)) if *at == c && *listed == partitions => {
                 plan.clone()
@@ -276,7 +280,12 @@ mod tests {
     }
 
     async fn listed(store: &MemoryLeaseStore) -> Vec<Lease> {
-        store.list(&group()).await.expect("list").leases
+        let listing = store.list(&group()).await.expect("list");
+        listing
+            .leases
+            .into_iter()
+            .map(Arc::unwrap_or_clone)
+            .collect()
     }
 
     /// One sync of the test group now, which must succeed.
@@ -288,12 +297,13 @@ mod tests {
         leases: &[Lease],
         counter: Option<u64>,
     ) -> SyncReport {
+        let leases: Vec<Arc<Lease>> = leases.iter().cloned().map(Arc::new).collect();
         s.run(
             store,
             source,
             &group(),
             settings,
-            leases,
+            &leases,
             Instant::now(),
             counter,
         )

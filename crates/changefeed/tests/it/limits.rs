@@ -26,7 +26,10 @@ fn builder(store: &MemoryLeaseStore, feed: &MemoryFeed, host: &str) -> Processor
 async fn owners(store: &MemoryLeaseStore) -> BTreeMap<String, usize> {
     let mut count = BTreeMap::new();
     for lease in store.list(&group()).await.unwrap().leases {
-        let owner = lease.owner.map_or("-".to_string(), |o| o.to_string());
+        let owner = lease
+            .owner
+            .as_ref()
+            .map_or("-".to_string(), |o| o.to_string());
         *count.entry(owner).or_insert(0) += 1;
     }
     count

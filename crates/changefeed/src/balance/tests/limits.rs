@@ -162,7 +162,7 @@ fn limits_that_break_a_rule_are_refused_naming_the_setting() {
 
 /// A minimum of 0 to 5 and, mostly, a maximum of 1 to 8 (at least the minimum): with up to 8
 /// hosts and 80 leases, minimums and maximums both bind in many cases and not in others.
-fn gen_limits() -> impl Strategy<Value = LeaseLimits> {
+pub(super) fn gen_limits() -> impl Strategy<Value = LeaseLimits> {
     (0usize..=5, proptest::option::weighted(0.7, 1usize..=8))
         .prop_map(|(min, max)| limits(min, max.map(|m| m.max(min))))
 }

@@ -133,7 +133,7 @@ impl HostState {
     /// The state of a host that registered at `now`.
     pub(crate) fn new(me: HostName, config: StateConfig, now: Instant) -> Self {
         Self {
-            table: LeaseTable::new(me.clone()),
+            table: LeaseTable::new(me.clone(), config.parents),
             live: vec![me.clone()],
             judged: vec![me.clone()],
             plan_live: vec![me.clone()],
@@ -314,21 +314,17 @@ impl HostState {
         }
     }
 
-    /// The hosts a plan counts live: without a view, the judged live hosts; with one, the
-    /// view's live hosts plus every owner it lists neither live nor dead. Such an owner took
-    /// its leases under a view this host has not read, or runs a version without views:
-    /// counting it live leaves its leases to hand-off requests, which are safe against a live
-    /// owner, instead of taking them as free.
-    fn planning_live(&self, now: Instant) -> Vec<HostName> {
+    /// The hosts a retried take counts live, for `rows`: without a view, the judged live
+    /// hosts; with one, the view's live hosts plus every owner of `rows` it lists neither
+    /// live nor dead (unknown: its lease is not free).
+    fn live_for(&self, now: Instant, rows: &[Lease]) -> Vec<HostName> {
         if !self.by_view(now) {
             return self.live.clone();
         }
         let mut live: BTreeSet<HostName> = self.live.iter().cloned().collect();
-        for lease in self.table.rows() {
-            if let Some(owner) = &lease.owner {
-                if !live.contains(owner) && !self.members.is_dead(owner) {
-                    live.insert(owner.clone());
-                }
+        for owner in rows.iter().filter_map(|l| l.owner.as_ref()) {
+            if !self.members.is_dead(owner) {
+                live.insert(owner.clone());
             }
         }
         live.into_iter().collect()
@@ -349,7 +345,7 @@ impl HostState {
     /// `unreadable` says its row is only unreadable.
     pub(crate) fn listed_all(
         &mut self,
-        leases: Vec<Lease>,
+        leases: Vec<impl Into<Arc<Lease>>>,
         unreadable: impl Fn(&PartitionId) -> bool,
     ) {
         self.table.replace_all(leases);
@@ -364,7 +360,11 @@ impl HostState {
 
     /// Takes in a list of changes: rows deleted (their workers stop) and rows newer than the
     /// cached ones (their workers are told).
-    pub(crate) fn listed_changes(&mut self, deleted: &[PartitionId], leases: Vec<Lease>) {
+    pub(crate) fn listed_changes(
+        &mut self,
+        deleted: &[PartitionId],
+        leases: Vec<impl Into<Arc<Lease>>>,
+    ) {
         for partition in deleted {
             self.table.remove(partition);
             if self.running.contains_key(partition) {
@@ -418,13 +418,13 @@ impl HostState {
 
     /// Takes in a full listing made after this host's own writes (the leader's partition
     /// sync), and distrusts the counter: list again next cycle too.
-    pub(crate) fn relisted(&mut self, leases: Vec<Lease>) {
+    pub(crate) fn relisted(&mut self, leases: Vec<impl Into<Arc<Lease>>>) {
         self.table.replace_all(leases);
         self.listing.invalidate();
     }
 
     /// Every listed row, sorted by partition.
-    pub(crate) fn rows(&self) -> &[Lease] {
+    pub(crate) fn rows(&self) -> &[Arc<Lease>] {
         self.table.rows()
     }
 
@@ -510,11 +510,16 @@ impl HostState {
             self.replan = true;
             return Actions::default();
         }
-        self.plan_live = self.planning_live(now);
+        let by_view = self.by_view(now);
+        self.plan_live = self.live.clone();
         let (plan, held) = plan(
             &PlanInput {
                 me: &self.me,
-                live: &self.plan_live,
+                live: &self.live,
+                // With a view, only the owners it lists dead are; an owner it lists neither
+                // way is unknown (it took under a view this host has not read, or runs a
+                // version without views), and its leases count for nobody.
+                dead: by_view.then(|| self.members.dead()),
                 table: &self.table,
                 requests: &self.requests,
                 now,
@@ -597,9 +602,10 @@ impl HostState {
         &mut self,
         head: &GroupHead,
         now: Instant,
+        rows: &[Lease],
     ) -> Option<Vec<HostName>> {
         self.observe_head(head, now);
-        self.by_view(now).then(|| self.planning_live(now))
+        self.by_view(now).then(|| self.live_for(now, rows))
     }
 
     /// Whether a take retried after a conflict may go ahead, given the hosts `live` after it
@@ -661,7 +667,7 @@ impl HostState {
 
     /// Puts a row newer than the cached one (or a new one) into the table, and tells its
     /// worker if it does not know it yet.
-    fn remember(&mut self, lease: Lease) {
+    fn remember(&mut self, lease: impl Into<Arc<Lease>>) {
         let Some(row) = self.table.remember(lease) else {
             return;
         };

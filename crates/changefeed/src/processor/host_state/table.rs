@@ -5,19 +5,32 @@
 //! ([`Requests`]), the plan built from them ([`plan`]), leader choice, dead hosts' rows, and
 //! what a conflicting take or hand-off request leads to.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
-use crate::balance::{BalanceStrategy, LeaseView, Plan, Snapshot};
+use crate::balance::{holder, BalanceStrategy, Census, CensusSnapshot, LeaseView, Plan, Snapshot};
 use crate::clock::Instant;
 use crate::lineage::{ready_to_read, ParentsRule};
 use crate::model::{Heartbeat, HostName, Lease, LeaseState, PartitionId};
 
 /// The leases this host has listed, sorted by partition, and what they say of this host.
+///
+/// Rows are shared (`Arc<Lease>`): a store that hands out its own rows (the in-memory store)
+/// costs each table one pointer per lease, which lets the simulator hold a thousand hosts'
+/// tables of 100,000 leases. Alongside the rows the table keeps the [`Census`] of its
+/// eligible leases up to date with every row it takes in, so that planning costs
+/// O(changed leases + hosts), not O(leases).
 #[derive(Debug, Clone)]
 pub(crate) struct LeaseTable {
     me: HostName,
-    leases: Vec<Lease>,
+    parents: ParentsRule,
+    leases: Vec<Arc<Lease>>,
+    /// The eligible leases (design rule 5), indexed for the balancer.
+    census: Census,
+    /// Per partition named as a parent: the listed leases naming it. Their eligibility
+    /// follows its row, so they are counted again when it changes.
+    children: BTreeMap<PartitionId, Vec<PartitionId>>,
     /// The partitions `leases` lists as owned by this host.
     mine: BTreeSet<PartitionId>,
     /// The partitions `leases` lists with this host as `next_owner`.
@@ -32,10 +45,13 @@ pub(crate) struct LeaseTable {
 }
 
 impl LeaseTable {
-    pub(crate) fn new(me: HostName) -> Self {
+    pub(crate) fn new(me: HostName, parents: ParentsRule) -> Self {
         Self {
             me,
+            parents,
             leases: Vec::new(),
+            census: Census::new(),
+            children: BTreeMap::new(),
             mine: BTreeSet::new(),
             asked: BTreeSet::new(),
             hint_all: false,
@@ -44,10 +60,12 @@ impl LeaseTable {
     }
 
     /// Takes in a fresh listing whole (sorted here if the store did not list in key order).
-    pub(crate) fn replace_all(&mut self, mut leases: Vec<Lease>) {
+    pub(crate) fn replace_all(&mut self, leases: Vec<impl Into<Arc<Lease>>>) {
+        let mut leases: Vec<Arc<Lease>> = leases.into_iter().map(Into::into).collect();
         // One pass: the rows are many, and each pass over them is a trip through memory.
         self.mine.clear();
         self.asked.clear();
+        self.children.clear();
         let mut sorted = true;
         let mut previous: Option<&PartitionId> = None;
         for l in &leases {
@@ -72,31 +90,91 @@ impl LeaseTable {
                     .is_none_or(|old| old.state != LeaseState::Finished)
         });
         self.leases = leases;
+        for i in 0..self.leases.len() {
+            let row = self.leases[i].clone();
+            self.link(&row);
+        }
+        self.census = Census::new();
+        for i in 0..self.leases.len() {
+            let row = self.leases[i].clone();
+            self.count(&row);
+        }
         self.hint_all = true;
     }
 
     /// Takes in one row if it is newer than the cached one (or new). Returns the row if it
     /// was taken in, so its worker can be told.
-    pub(crate) fn remember(&mut self, lease: Lease) -> Option<&Lease> {
-        let me = &self.me;
-        let marks = |l: &Lease| (l.is_owned_by(me), l.next_owner.as_ref() == Some(me));
+    pub(crate) fn remember(&mut self, lease: impl Into<Arc<Lease>>) -> Option<&Lease> {
+        let lease: Arc<Lease> = lease.into();
         let finishes = lease.state == LeaseState::Finished;
-        let (i, before) = match self.index(&lease.key.partition) {
+        let at = self.index(&lease.key.partition);
+        match at {
             Ok(i) if self.leases[i].version < lease.version => {
-                let before = marks(&self.leases[i]);
                 self.finished |= finishes && self.leases[i].state != LeaseState::Finished;
-                self.leases[i] = lease;
-                (i, before)
             }
             Ok(_) => return None,
-            Err(i) => {
-                self.finished |= finishes;
-                self.leases.insert(i, lease);
-                (i, (false, false))
-            }
+            Err(_) => self.finished |= finishes,
+        }
+        let i = self.put(at, Some(lease))?;
+        Some(&self.leases[i])
+    }
+
+    /// Forgets a deleted lease.
+    pub(crate) fn remove(&mut self, partition: &PartitionId) {
+        let at = self.index(partition);
+        if at.is_ok() {
+            self.put(at, None);
+        }
+    }
+
+    /// Puts `new` at `at` (`Ok`: over the row there; `Err`: inserted there), or removes the
+    /// row at `at` when `new` is `None`, keeping the census, the children index and this
+    /// host's marks in step. Returns where the new row is.
+    fn put(&mut self, at: Result<usize, usize>, new: Option<Arc<Lease>>) -> Option<usize> {
+        let old = at.ok().map(|i| self.leases[i].clone());
+        let partition = new
+            .as_ref()
+            .or(old.as_ref())
+            .map(|l| l.key.partition.clone())?;
+        // The leases naming this one as a parent: their eligibility may follow its change.
+        let kids = self.kids_of(&partition);
+        for kid in &kids {
+            self.uncount(kid);
+        }
+        if let Some(old) = &old {
+            self.uncount(old);
+            self.unlink(old);
+        }
+        let me = &self.me;
+        let marks = |l: Option<&Arc<Lease>>| {
+            l.map_or((false, false), |l| {
+                (l.is_owned_by(me), l.next_owner.as_ref() == Some(me))
+            })
         };
-        let after = marks(&self.leases[i]);
-        let partition = &self.leases[i].key.partition;
+        let (before, after) = (marks(old.as_ref()), marks(new.as_ref()));
+        let placed = match (at, new) {
+            (Ok(i), Some(new)) => {
+                self.leases[i] = new;
+                Some(i)
+            }
+            (Err(i), Some(new)) => {
+                self.leases.insert(i, new);
+                Some(i)
+            }
+            (Ok(i), None) => {
+                self.leases.remove(i);
+                None
+            }
+            (Err(_), None) => None,
+        };
+        if let Some(i) = placed {
+            let row = self.leases[i].clone();
+            self.link(&row);
+            self.count(&row);
+        }
+        for kid in &kids {
+            self.count(kid);
+        }
         for (set, was, is) in [
             (&mut self.mine, before.0, after.0),
             (&mut self.asked, before.1, after.1),
@@ -106,21 +184,63 @@ impl LeaseTable {
                     set.insert(partition.clone());
                 }
                 (true, false) => {
-                    set.remove(partition);
+                    set.remove(&partition);
                 }
                 _ => {}
             }
         }
-        Some(&self.leases[i])
+        placed
     }
 
-    /// Forgets a deleted lease.
-    pub(crate) fn remove(&mut self, partition: &PartitionId) {
-        if let Ok(i) = self.index(partition) {
-            self.leases.remove(i);
+    /// The listed rows of the leases naming `partition` as a parent (not itself).
+    fn kids_of(&self, partition: &PartitionId) -> Vec<Arc<Lease>> {
+        let Some(kids) = self.children.get(partition) else {
+            return Vec::new();
+        };
+        let mut kids: Vec<&PartitionId> = kids.iter().filter(|k| *k != partition).collect();
+        kids.sort_unstable();
+        kids.dedup();
+        kids.into_iter()
+            .filter_map(|k| self.index(k).ok().map(|i| self.leases[i].clone()))
+            .collect()
+    }
+
+    /// Notes `row` as a child of each of its parents.
+    fn link(&mut self, row: &Lease) {
+        for parent in &row.parents {
+            self.children
+                .entry(parent.clone())
+                .or_default()
+                .push(row.key.partition.clone());
         }
-        self.mine.remove(partition);
-        self.asked.remove(partition);
+    }
+
+    /// Forgets `row` as a child of its parents.
+    fn unlink(&mut self, row: &Lease) {
+        for parent in &row.parents {
+            if let Some(kids) = self.children.get_mut(parent) {
+                if let Some(k) = kids.iter().position(|k| *k == row.key.partition) {
+                    kids.swap_remove(k);
+                }
+                if kids.is_empty() {
+                    self.children.remove(parent);
+                }
+            }
+        }
+    }
+
+    /// Counts `row` in the census if it is eligible now.
+    fn count(&mut self, row: &Arc<Lease>) {
+        if self.eligible(row, self.parents) {
+            self.census.insert(row.clone());
+        }
+    }
+
+    /// Stops counting `row` (as it was counted: call before anything it depends on changes).
+    fn uncount(&mut self, row: &Lease) {
+        if self.eligible(row, self.parents) {
+            self.census.remove(row);
+        }
     }
 
     fn index(&self, partition: &PartitionId) -> Result<usize, usize> {
@@ -130,12 +250,17 @@ impl LeaseTable {
 
     /// The listed row of `partition`, if any.
     pub(crate) fn get(&self, partition: &PartitionId) -> Option<&Lease> {
-        self.index(partition).ok().map(|i| &self.leases[i])
+        self.index(partition).ok().map(|i| &*self.leases[i])
     }
 
     /// Every listed row, sorted by partition.
-    pub(crate) fn rows(&self) -> &[Lease] {
+    pub(crate) fn rows(&self) -> &[Arc<Lease>] {
         &self.leases
+    }
+
+    /// The eligible leases, indexed for the balancer.
+    pub(crate) fn census(&self) -> &Census {
+        &self.census
     }
 
     /// The partitions listed with this host as `next_owner`.
@@ -328,6 +453,11 @@ impl Requests {
 pub(crate) struct PlanInput<'a> {
     pub me: &'a HostName,
     pub live: &'a [HostName],
+    /// The hosts judged dead, whose leases are free. `None`: every owner not in `live` is
+    /// dead (judged from the heartbeats by this host). With `Some` (a membership view), an
+    /// owner neither live nor dead is unknown: its leases are neither free nor counted in any
+    /// quota, as if they were ineligible.
+    pub dead: Option<&'a BTreeSet<HostName>>,
     pub table: &'a LeaseTable,
     pub requests: &'a Requests,
     /// Now, on this host's clock.
@@ -345,14 +475,50 @@ pub(crate) struct PlanInput<'a> {
 /// The strategy's plan over the table, with hand-offs marked overdue after the timeout and
 /// requests held back during the start-up grace. Returns the plan and whether something was
 /// held back (then plan again next cycle even if nothing changes).
+///
+/// A strategy that plans from the table's census ([`BalanceStrategy::plan_census`], the
+/// default [`crate::balance::EqualShare`]) costs O(changed leases + hosts); any other gets a
+/// snapshot of every lease ([`snapshot_plan`]).
 pub(crate) fn plan(input: &PlanInput<'_>, strategy: &dyn BalanceStrategy) -> (Plan, bool) {
+    let overdue = |partition: &PartitionId| {
+        input
+            .requests
+            .overdue(partition, input.now, input.handoff_timeout)
+    };
+    let census = CensusSnapshot {
+        me: input.me,
+        live_hosts: input.live,
+        dead_hosts: input.dead,
+        census: input.table.census(),
+        handoff_overdue: &overdue,
+    };
+    let mut plan = strategy
+        .plan_census(&census)
+        .unwrap_or_else(|| snapshot_plan(input, strategy));
+    let in_grace = input.now.saturating_duration_since(input.registered_at) < input.grace;
+    let held = in_grace && !plan.request_handoff.is_empty();
+    if held {
+        plan.request_handoff.clear();
+    }
+    (plan, held)
+}
+
+/// The strategy's plan over a snapshot of every listed lease: eligible by the parents rule,
+/// except leases whose owner is unknown (neither live nor dead, see [`PlanInput::dead`]).
+pub(crate) fn snapshot_plan(input: &PlanInput<'_>, strategy: &dyn BalanceStrategy) -> Plan {
+    let live: HashSet<&HostName> = input.live.iter().collect();
+    let unknown = |lease: &Lease| {
+        input.dead.is_some_and(|dead| {
+            holder(lease).is_some_and(|owner| !live.contains(owner) && !dead.contains(owner))
+        })
+    };
     let views: Vec<LeaseView<'_>> = input
         .table
         .rows()
         .iter()
         .map(|lease| LeaseView {
             lease,
-            eligible: input.table.eligible(lease, input.parents),
+            eligible: input.table.eligible(lease, input.parents) && !unknown(lease),
             handoff_overdue: input.requests.overdue(
                 &lease.key.partition,
                 input.now,
@@ -360,17 +526,11 @@ pub(crate) fn plan(input: &PlanInput<'_>, strategy: &dyn BalanceStrategy) -> (Pl
             ),
         })
         .collect();
-    let mut plan = strategy.plan(&Snapshot {
+    strategy.plan(&Snapshot {
         me: input.me,
         live_hosts: input.live,
         leases: &views,
-    });
-    let in_grace = input.now.saturating_duration_since(input.registered_at) < input.grace;
-    let held = in_grace && !plan.request_handoff.is_empty();
-    if held {
-        plan.request_handoff.clear();
-    }
-    (plan, held)
+    })
 }
 
 /// Whether a hand-off request for `lease` from `owner` may be written now: the lease is still

@@ -19,6 +19,8 @@ pub(crate) struct Members {
     changed_at: Option<Instant>,
     /// The live hosts' names, sorted (the view's, kept to hand out as a slice).
     live: Vec<HostName>,
+    /// The dead hosts (the view's, kept to hand out as a set).
+    dead: BTreeSet<HostName>,
 }
 
 impl Members {
@@ -37,6 +39,7 @@ impl Members {
         }
         self.changed_at = Some(now);
         self.live = view.live_hosts();
+        self.dead = view.dead.iter().cloned().collect();
         self.view = Some(view.clone());
     }
 
@@ -116,9 +119,12 @@ impl Members {
 
     /// Whether `host` is judged dead by the view: its leases are free.
     pub(crate) fn is_dead(&self, host: &HostName) -> bool {
-        self.view
-            .as_ref()
-            .is_some_and(|v| v.dead.binary_search(host).is_ok())
+        self.dead.contains(host)
+    }
+
+    /// The hosts the view judges dead.
+    pub(crate) fn dead(&self) -> &BTreeSet<HostName> {
+        &self.dead
     }
 
     /// Whether `judged` differs from the view last read (or there is none): only then does

@@ -522,6 +522,9 @@ impl<K: HostKit> Fleet<K> {
             .await
             .expect("list")
             .leases
+            .into_iter()
+            .map(Arc::unwrap_or_clone)
+            .collect()
     }
 
     /// Owner per partition, as stored.

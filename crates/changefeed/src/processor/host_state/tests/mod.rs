@@ -55,7 +55,7 @@ fn heartbeat(host: &str) -> Heartbeat {
 }
 
 fn table(me: &str, rows: Vec<Lease>) -> LeaseTable {
-    let mut t = LeaseTable::new(h(me));
+    let mut t = LeaseTable::new(h(me), ParentsRule::Wait);
     t.replace_all(rows);
     t
 }
@@ -78,6 +78,7 @@ fn plan_for(me: &str, live: &[&str], rows: Vec<Lease>) -> Plan {
         &PlanInput {
             me: &h(me),
             live: &hosts(live),
+            dead: None,
             table: &t,
             requests: &Requests::default(),
             now: start + 60 * SECOND,
@@ -126,6 +127,7 @@ fn partitions(takes: &[(Lease, TakeKind)]) -> Vec<(PartitionId, TakeKind)> {
         .collect()
 }
 
+mod census;
 mod parts;
 mod state;
 mod view;

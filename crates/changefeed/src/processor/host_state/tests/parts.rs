@@ -310,6 +310,7 @@ fn requests_wait_out_the_start_up_grace() {
     let input = |now| PlanInput {
         me: Box::leak(Box::new(h("b"))),
         live: Box::leak(Box::new(hosts(&["a", "b"]))),
+        dead: None,
         table: &t,
         requests: Box::leak(Box::default()),
         now,
@@ -339,6 +340,7 @@ fn an_unhonoured_request_is_stolen_after_the_hand_off_timeout() {
             &PlanInput {
                 me: &h("b"),
                 live: &hosts(&["a", "b"]),
+                dead: None,
                 table: &t,
                 requests: &requests,
                 now,

@@ -63,7 +63,7 @@ fn a_lease_deleted_in_a_list_of_changes_stops_its_worker() {
     let start = t0();
     let mut s = state("a", &["a"], vec![row("0", Some("a"), None, 1)], start);
     s.worker_started(&row("0", Some("a"), None, 1));
-    s.listed_changes(&[p("0")], vec![]);
+    s.listed_changes(&[p("0")], Vec::<Lease>::new());
     assert_eq!(s.signals(), vec![Signal::Stop(p("0"))]);
     assert!(s.rows().is_empty());
 }
@@ -75,7 +75,7 @@ fn a_lease_gone_from_a_full_list_stops_its_worker_unless_only_unreadable() {
     let mut s = state("a", &["a"], rows, start);
     s.worker_started(&row("0", Some("a"), None, 1));
     s.worker_started(&row("1", Some("a"), None, 1));
-    s.listed_all(vec![], |partition| partition == &p("1"));
+    s.listed_all(Vec::<Lease>::new(), |partition| partition == &p("1"));
     assert_eq!(s.signals(), vec![Signal::Stop(p("0"))]);
 }
 
@@ -158,7 +158,7 @@ fn a_take_stores_the_row_and_forgets_the_request() {
     stored.version = Version(3);
     s.took(stored.clone());
     s.worker_started(&stored);
-    assert_eq!(s.rows(), &[stored]);
+    assert_eq!(s.rows(), &[Arc::new(stored)]);
     assert!(!s.wants_plan(false), "no request waits any more");
 }
 
@@ -178,7 +178,7 @@ fn a_conflicting_take_keeps_the_current_row_or_retries_after_membership() {
     let live = s.live_after_conflict(&membership(&["a", "x"], 1), start + SECOND);
     assert!(!s.retry_take(&checkpointed, &live));
     assert!(s.wants_plan(false));
-    assert_eq!(s.rows(), &[checkpointed]);
+    assert_eq!(s.rows(), &[Arc::new(checkpointed)]);
 }
 
 #[test]
@@ -188,7 +188,7 @@ fn a_take_lost_to_another_host_is_not_retried() {
     let mut s = state("a", &["a", "b"], vec![free.clone()], start);
     let theirs = row("0", Some("b"), None, 2);
     assert_eq!(s.take_conflict(&free, theirs.clone(), TakeKind::Take), None);
-    assert_eq!(s.rows(), &[theirs]);
+    assert_eq!(s.rows(), &[Arc::new(theirs)]);
     assert!(s.wants_plan(false));
 }
 

@@ -26,6 +26,10 @@ impl LeaseStoreFixture for Fixture {
         ))
     }
 
+    fn keeps_view(&self) -> bool {
+        true
+    }
+
     async fn corrupt(&self, key: &LeaseKey, how: Corruption) {
         let (attr, value) = match how {
             Corruption::BadPropertiesJson => ("properties", "{not json"),

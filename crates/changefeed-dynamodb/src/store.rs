@@ -52,7 +52,7 @@ pub(crate) const A_COUNTER: &str = "change_counter";
 
 /// How many times a write is retried when a DynamoDB transaction conflicts with another one
 /// on the same items (the change counter is shared by a group's ownership writes).
-const TRANSACTION_ATTEMPTS: u32 = 60;
+pub(crate) const TRANSACTION_ATTEMPTS: u32 = 60;
 
 static HANDLES: AtomicU64 = AtomicU64::new(0);
 

@@ -19,6 +19,7 @@
 
 use std::collections::HashMap;
 
+use aws_sdk_dynamodb::error::ProvideErrorMetadata;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::{
@@ -35,7 +36,7 @@ use tracing::debug;
 use crate::error::{store_error, DynamoError};
 use crate::store::{
     build_error, heartbeat_pk, lock, n, number, s, text, DynamoLeaseStore, Item, Kind, A_COUNTER,
-    COUNTER_SK, PK, SK,
+    COUNTER_SK, PK, SK, TRANSACTION_ATTEMPTS,
 };
 
 const A_VIEW_VERSION: &str = "view_version";
@@ -357,7 +358,24 @@ impl DynamoLeaseStore {
             req.condition_expression("#vv = :exp")
                 .expression_attribute_values(":exp", n(expected))
         };
-        match req.send().await {
+        let mut attempt = 0;
+        let result = loop {
+            // An ownership transaction on the counter item at the same moment refuses a plain
+            // write with TransactionConflict: retry, as the transactions do.
+            match req.clone().send().await {
+                Err(err)
+                    if attempt + 1 < TRANSACTION_ATTEMPTS
+                        && err.as_service_error().is_some_and(|e| {
+                            e.meta().code() == Some("TransactionConflictException")
+                        }) =>
+                {
+                    attempt += 1;
+                    self.backoff(attempt).await;
+                }
+                result => break result,
+            }
+        };
+        match result {
             Ok(out) => {
                 self.account(Kind::Write, out.consumed_capacity());
                 self.cache_body(group, &id, parts, &body);

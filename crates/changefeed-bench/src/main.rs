@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 
 mod balance;
 mod dynamodb_cost;
+mod dynamodb_keys;
 mod outbox;
 mod rebalance;
 mod run_throughput;
@@ -31,6 +32,8 @@ enum Command {
     Balance(balance::Args),
     /// DynamoDB capacity per minute of a fleet (DynamoDB Local), ours against KCL's pattern.
     DynamodbCost(dynamodb_cost::Args),
+    /// Request units per second on each DynamoDB partition key of a real fleet (DynamoDB Local).
+    DynamodbKeys(dynamodb_keys::Args),
     /// PostgreSQL outbox: read records/s per partition and append/s, against the in-memory feed.
     Outbox(outbox::Args),
     /// Lease store operations: CAS replace/s and list of N leases, SQLite against memory.
@@ -49,6 +52,7 @@ fn main() -> anyhow::Result<()> {
         Command::Balance(args) => balance::run(args),
         Command::Rebalance(args) => rebalance::run(args),
         Command::DynamodbCost(args) => dynamodb_cost::run(args),
+        Command::DynamodbKeys(args) => dynamodb_keys::run(args),
         Command::Outbox(args) => outbox::run(args),
         Command::Store(args) => store::run(args),
         Command::Throughput(args) => throughput::run(args),

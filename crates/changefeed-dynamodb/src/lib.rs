@@ -8,9 +8,10 @@
 //!
 //! # Cost
 //!
-//! Liveness is one heartbeat item per host, not one renewal per lease, and each acquire cycle
-//! reads the O(hosts) heartbeat partition; the lease partition is queried only when the
-//! change counter moved. See `docs/benchmarks.md`, section `dynamodb-cost`, for the measured
+//! Liveness is one heartbeat item per host, not one renewal per lease, spread over several
+//! partition keys; each acquire cycle reads one small head item (the change counter and the
+//! membership view), and only the view's leader reads the heartbeats; the lease partition is
+//! queried only when the change counter moved. See `docs/benchmarks.md`, section `dynamodb-cost`, for the measured
 //! cost against KCL's pattern on the same table. [`DynamoLeaseStore::capacity`] reports the
 //! capacity units DynamoDB charged a handle.
 //!
@@ -36,12 +37,16 @@
 mod aws;
 mod error;
 mod kcl;
+mod shards;
 mod store;
+mod view;
 
 pub use aws::AwsOptions;
 pub use error::DynamoError;
 pub use kcl::{import_kcl, ImportReport};
+pub use shards::{heartbeat_shard_pk, A_SHARDS, DEFAULT_HEARTBEAT_SHARDS, MAX_HEARTBEAT_SHARDS};
 pub use store::{heartbeat_pk, lease_pk, Capacity, DynamoLeaseStore, COUNTER_SK, PK, SK};
+pub use view::view_pk;
 
 /// The AWS SDK's DynamoDB client, re-exported so callers need not depend on it.
 pub use aws_sdk_dynamodb as sdk;

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, ConsumedCapacity, KeySchemaElement, KeyType,
     Put, ReturnConsumedCapacity, ReturnValuesOnConditionCheckFailure, ScalarAttributeType,
@@ -15,15 +16,17 @@ use aws_sdk_dynamodb::types::{
 use aws_sdk_dynamodb::Client;
 use changefeed::lease::{LeaseRow, LeaseStore, Listing};
 use changefeed::model::{
-    GroupName, Heartbeat, HostName, Lease, LeaseKey, LeaseState, Membership, Timestamp, Version,
+    GroupHead, GroupName, Heartbeat, HostName, Lease, LeaseKey, LeaseState, Membership,
+    MembershipView, Timestamp, Version,
 };
 use changefeed::LeaseError;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::error::{store_error, DynamoError};
+use crate::shards::{check_shards, DEFAULT_HEARTBEAT_SHARDS};
 
-type Item = HashMap<String, AttributeValue>;
+pub(crate) type Item = HashMap<String, AttributeValue>;
 
 /// The partition-key attribute: `L#<group>` for a group's leases, `H#<group>` for its
 /// heartbeats and change counter.
@@ -33,9 +36,9 @@ pub const PK: &str = "pk";
 pub const SK: &str = "sk";
 /// The sort key of a group's change-counter item (in the `H#<group>` partition).
 pub const COUNTER_SK: &str = "counter";
-const HOST_PREFIX: &str = "host#";
+pub(crate) const HOST_PREFIX: &str = "host#";
 
-const A_VERSION: &str = "version";
+pub(crate) const A_VERSION: &str = "version";
 const A_STATE: &str = "state";
 const A_OWNER: &str = "owner";
 const A_NEXT_OWNER: &str = "next_owner";
@@ -43,13 +46,13 @@ const A_CONTINUATION: &str = "continuation";
 const A_START: &str = "start";
 const A_PARENTS: &str = "parents";
 const A_PROPERTIES: &str = "properties";
-const A_INCARNATION: &str = "incarnation";
+pub(crate) const A_INCARNATION: &str = "incarnation";
 const A_WRITTEN_AT: &str = "written_at";
-const A_COUNTER: &str = "change_counter";
+pub(crate) const A_COUNTER: &str = "change_counter";
 
 /// How many times a write is retried when a DynamoDB transaction conflicts with another one
 /// on the same items (the change counter is shared by a group's ownership writes).
-const TRANSACTION_ATTEMPTS: u32 = 60;
+pub(crate) const TRANSACTION_ATTEMPTS: u32 = 60;
 
 static HANDLES: AtomicU64 = AtomicU64::new(0);
 
@@ -97,16 +100,23 @@ pub struct Capacity {
 pub struct DynamoLeaseStore {
     client: Client,
     table: String,
+    new_group_shards: u32,
     inner: Arc<Inner>,
 }
 
 #[derive(Debug)]
-struct Inner {
+pub(crate) struct Inner {
     /// Ownership of rows this handle last saw, by key: lets `replace` pick the checkpoint or
     /// the transaction form first time. Only a hint: conditions decide.
     seen: Mutex<HashMap<LeaseKey, (Version, Ownership)>>,
     capacity: Mutex<Capacity>,
-    rng: Mutex<SmallRng>,
+    pub(crate) rng: Mutex<SmallRng>,
+    /// The membership view bodies this handle read or wrote, by group.
+    pub(crate) views: Mutex<crate::view::ViewCache>,
+    /// Heartbeat shard counts of groups, as last read.
+    pub(crate) shards: Mutex<HashMap<GroupName, u32>>,
+    /// The partition key each heartbeat row was last written or read under.
+    pub(crate) heartbeat_keys: Mutex<HashMap<(GroupName, HostName), String>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -127,7 +137,7 @@ impl Ownership {
 }
 
 /// How a conditional write ended when its condition failed.
-enum Refused {
+pub(crate) enum Refused {
     /// No item.
     Missing,
     /// The item as it is now.
@@ -147,12 +157,37 @@ impl DynamoLeaseStore {
         Self {
             client,
             table: table.into(),
+            new_group_shards: DEFAULT_HEARTBEAT_SHARDS,
             inner: Arc::new(Inner {
                 seen: Mutex::new(HashMap::new()),
                 capacity: Mutex::new(Capacity::default()),
                 rng: Mutex::new(SmallRng::seed_from_u64(seed)),
+                views: Mutex::new(HashMap::new()),
+                shards: Mutex::new(HashMap::new()),
+                heartbeat_keys: Mutex::new(HashMap::new()),
             }),
         }
+    }
+
+    /// How many heartbeat shards a new group gets when this handle is the first to register
+    /// a host in it (default [`DEFAULT_HEARTBEAT_SHARDS`]; 1 keeps the one-key layout that
+    /// processes older than sharding read). An existing group keeps the count it has: see
+    /// [`DynamoLeaseStore::set_heartbeat_shards`] and the crate README.
+    ///
+    /// # Errors
+    /// [`LeaseError::Store`] naming `heartbeat_shards` if it is not in
+    /// 1..=[`MAX_HEARTBEAT_SHARDS`](crate::MAX_HEARTBEAT_SHARDS).
+    pub fn with_heartbeat_shards(mut self, shards: u32) -> Result<Self, LeaseError> {
+        self.new_group_shards = check_shards(shards)?;
+        Ok(self)
+    }
+
+    pub(crate) fn new_group_shards(&self) -> u32 {
+        self.new_group_shards
+    }
+
+    pub(crate) fn inner(&self) -> &Inner {
+        &self.inner
     }
 
     /// Connects with `options` (endpoint, region, credentials; the rest from the standard AWS
@@ -233,7 +268,7 @@ impl DynamoLeaseStore {
         ))
     }
 
-    fn account(&self, kind: Kind, consumed: Option<&ConsumedCapacity>) {
+    pub(crate) fn account(&self, kind: Kind, consumed: Option<&ConsumedCapacity>) {
         self.account_all(kind, consumed.into_iter());
     }
 
@@ -253,7 +288,7 @@ impl DynamoLeaseStore {
         }
     }
 
-    fn account_failed_write(&self) {
+    pub(crate) fn account_failed_write(&self) {
         let mut cap = lock(&self.inner.capacity);
         cap.calls += 1;
         cap.failed_writes += 1;
@@ -274,7 +309,7 @@ impl DynamoLeaseStore {
             .map(|(_, o)| o.clone())
     }
 
-    async fn backoff(&self, attempt: u32) {
+    pub(crate) async fn backoff(&self, attempt: u32) {
         let cap = 5u64 << attempt.min(5);
         let ms = lock(&self.inner.rng).gen_range(1..=cap);
         tokio::time::sleep(Duration::from_millis(ms)).await;
@@ -302,63 +337,78 @@ impl DynamoLeaseStore {
         first: TransactWriteItem,
     ) -> Result<Option<Refused>, LeaseError> {
         let counter = self.counter_update(&key.group)?;
+        let refused = self
+            .transact(operation, key.to_string(), vec![first, counter])
+            .await?;
+        Ok(refused.map(|(_, refused)| refused))
+    }
+
+    /// Runs a transaction of `items`, retrying conflicts with other transactions (throttling,
+    /// a transaction in progress on the same items). `Ok(None)`: done; `Ok(Some((i,
+    /// refused)))`: the condition of `items[i]` failed, and nothing was written.
+    pub(crate) async fn transact(
+        &self,
+        operation: &'static str,
+        key: String,
+        items: Vec<TransactWriteItem>,
+    ) -> Result<Option<(usize, Refused)>, LeaseError> {
         let mut attempt = 0;
         loop {
             let result = self
                 .client
                 .transact_write_items()
-                .transact_items(first.clone())
-                .transact_items(counter.clone())
+                .set_transact_items(Some(items.clone()))
                 .return_consumed_capacity(ReturnConsumedCapacity::Total)
                 .send()
                 .await;
-            match result {
+            let err = match result {
                 Ok(out) => {
                     self.account_all(Kind::Write, out.consumed_capacity().iter());
                     return Ok(None);
                 }
-                Err(err) => {
-                    let reasons = err
-                        .as_service_error()
-                        .and_then(|e| match e {
-                            aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError::TransactionCanceledException(c) => {
-                                Some(c.cancellation_reasons().to_vec())
-                            }
-                            _ => None,
-                        });
-                    let retry_conflict = match &reasons {
-                        Some(reasons) => {
-                            let first_reason = reasons.first();
-                            if first_reason.and_then(|r| r.code()) == Some("ConditionalCheckFailed")
-                            {
-                                self.account_failed_write();
-                                let item = first_reason.and_then(|r| r.item()).cloned();
-                                return Ok(Some(match item {
-                                    Some(item) if !item.is_empty() => Refused::Current(item),
-                                    _ => Refused::Missing,
-                                }));
-                            }
-                            reasons.iter().any(|r| {
-                                matches!(
-                                    r.code(),
-                                    Some("TransactionConflict")
-                                        | Some("ThrottlingError")
-                                        | Some("ProvisionedThroughputExceeded")
-                                )
-                            })
-                        }
-                        None => err
-                            .as_service_error()
-                            .is_some_and(|e| e.is_transaction_in_progress_exception()),
-                    };
-                    attempt += 1;
-                    if retry_conflict && attempt < TRANSACTION_ATTEMPTS {
-                        self.backoff(attempt).await;
-                        continue;
-                    }
-                    return Err(store_error(operation, Some(key.to_string()), err));
+                Err(err) => err,
+            };
+            let reasons = err.as_service_error().and_then(|e| match e {
+                TransactWriteItemsError::TransactionCanceledException(c) => {
+                    Some(c.cancellation_reasons().to_vec())
                 }
+                _ => None,
+            });
+            let retry_conflict = match &reasons {
+                Some(reasons) => {
+                    let failed = reasons
+                        .iter()
+                        .position(|r| r.code() == Some("ConditionalCheckFailed"));
+                    if let Some(i) = failed {
+                        self.account_failed_write();
+                        let item = reasons[i].item().cloned();
+                        return Ok(Some((
+                            i,
+                            match item {
+                                Some(item) if !item.is_empty() => Refused::Current(item),
+                                _ => Refused::Missing,
+                            },
+                        )));
+                    }
+                    reasons.iter().any(|r| {
+                        matches!(
+                            r.code(),
+                            Some("TransactionConflict")
+                                | Some("ThrottlingError")
+                                | Some("ProvisionedThroughputExceeded")
+                        )
+                    })
+                }
+                None => err
+                    .as_service_error()
+                    .is_some_and(|e| e.is_transaction_in_progress_exception()),
+            };
+            attempt += 1;
+            if retry_conflict && attempt < TRANSACTION_ATTEMPTS {
+                self.backoff(attempt).await;
+                continue;
             }
+            return Err(store_error(operation, Some(key), err));
         }
     }
 
@@ -383,11 +433,11 @@ impl DynamoLeaseStore {
         put.build().map_err(build_error("put"))
     }
 
-    async fn put_item(
+    pub(crate) async fn put_item(
         &self,
         put: Put,
         operation: &'static str,
-        key: &LeaseKey,
+        key: impl std::fmt::Display,
     ) -> Result<Option<Refused>, LeaseError> {
         let result = self
             .client
@@ -421,7 +471,7 @@ impl DynamoLeaseStore {
 }
 
 #[derive(Clone, Copy)]
-enum Kind {
+pub(crate) enum Kind {
     Read,
     Write,
 }
@@ -469,12 +519,12 @@ impl Condition<'_> {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // A panic while holding one of these short locks leaves plain data behind: keep going.
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn build_error(
+pub(crate) fn build_error(
     operation: &'static str,
 ) -> impl Fn(aws_sdk_dynamodb::error::BuildError) -> LeaseError {
     move |e| LeaseError::store(operation, None, false, e)
@@ -496,11 +546,11 @@ fn key_elem(name: &str, kind: KeyType) -> Result<KeySchemaElement, LeaseError> {
         .map_err(build_error("create_table"))
 }
 
-fn s(v: impl Into<String>) -> AttributeValue {
+pub(crate) fn s(v: impl Into<String>) -> AttributeValue {
     AttributeValue::S(v.into())
 }
 
-fn n(v: u64) -> AttributeValue {
+pub(crate) fn n(v: u64) -> AttributeValue {
     AttributeValue::N(v.to_string())
 }
 
@@ -540,7 +590,7 @@ fn lease_item(group: &GroupName, row: &LeaseRow, version: Version) -> Item {
     item
 }
 
-fn text<'a>(item: &'a Item, attr: &str) -> Result<Option<&'a str>, String> {
+pub(crate) fn text<'a>(item: &'a Item, attr: &str) -> Result<Option<&'a str>, String> {
     match item.get(attr) {
         None | Some(AttributeValue::Null(_)) => Ok(None),
         Some(AttributeValue::S(v)) => Ok(Some(v)),
@@ -548,7 +598,7 @@ fn text<'a>(item: &'a Item, attr: &str) -> Result<Option<&'a str>, String> {
     }
 }
 
-fn number(item: &Item, attr: &str) -> Result<u64, String> {
+pub(crate) fn number(item: &Item, attr: &str) -> Result<u64, String> {
     match item.get(attr) {
         Some(AttributeValue::N(v)) => v
             .parse()
@@ -611,7 +661,7 @@ fn lease_row(item: &Item) -> Result<LeaseRow, String> {
     })
 }
 
-fn parse_heartbeat(group: &GroupName, item: &Item) -> Result<Heartbeat, LeaseError> {
+pub(crate) fn parse_heartbeat(group: &GroupName, item: &Item) -> Result<Heartbeat, LeaseError> {
     let sk = text(item, SK)
         .ok()
         .flatten()
@@ -634,25 +684,6 @@ fn parse_heartbeat(group: &GroupName, item: &Item) -> Result<Heartbeat, LeaseErr
         version: Version(number(item, A_VERSION).map_err(bad)?),
         written_at: Timestamp(number(item, A_WRITTEN_AT).unwrap_or(0) as i64),
     })
-}
-
-fn heartbeat_item(
-    group: &GroupName,
-    host: &HostName,
-    incarnation: &str,
-    written_at: Timestamp,
-    version: Version,
-) -> Item {
-    let mut item = Item::new();
-    item.insert(PK.into(), s(heartbeat_pk(group)));
-    item.insert(SK.into(), s(format!("{HOST_PREFIX}{host}")));
-    item.insert(A_INCARNATION.into(), s(incarnation));
-    item.insert(A_VERSION.into(), n(version.0));
-    item.insert(
-        A_WRITTEN_AT.into(),
-        AttributeValue::N(written_at.millis().to_string()),
-    );
-    item
 }
 
 impl DynamoLeaseStore {
@@ -874,57 +905,20 @@ impl LeaseStore for DynamoLeaseStore {
         written_at: Timestamp,
         expected: Option<Version>,
     ) -> Result<Heartbeat, LeaseError> {
-        let version = expected.map_or(Version::FIRST, Version::next);
-        let item = heartbeat_item(group, host, incarnation, written_at, version);
-        let mut req = self
-            .client
-            .put_item()
-            .table_name(&self.table)
-            .set_item(Some(item))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .return_consumed_capacity(ReturnConsumedCapacity::Total);
-        req = match expected {
-            None => req
-                .condition_expression("attribute_not_exists(#pk)")
-                .expression_attribute_names("#pk", PK),
-            Some(v) => req
-                .condition_expression("#v = :v")
-                .expression_attribute_names("#v", A_VERSION)
-                .expression_attribute_values(":v", n(v.0)),
-        };
-        match req.send().await {
-            Ok(out) => {
-                self.account(Kind::Write, out.consumed_capacity());
-                Ok(Heartbeat {
-                    group: group.clone(),
-                    host: host.clone(),
-                    incarnation: incarnation.into(),
-                    version,
-                    written_at,
-                })
-            }
-            Err(err) => match err.as_service_error() {
-                Some(PutItemError::ConditionalCheckFailedException(e)) => {
-                    self.account_failed_write();
-                    let current = match e.item() {
-                        Some(item) if !item.is_empty() => {
-                            Some(Box::new(parse_heartbeat(group, item)?))
-                        }
-                        _ => None,
-                    };
-                    Err(LeaseError::HeartbeatConflict {
-                        group: group.to_string(),
-                        host: host.to_string(),
-                        current,
-                    })
-                }
-                _ => Err(store_error(
-                    "heartbeat",
-                    Some(format!("{group}/{host}")),
-                    err,
-                )),
-            },
-        }
+        self.write_heartbeat(group, host, incarnation, written_at, expected)
+            .await
+    }
+
+    async fn lead_heartbeat(
+        &self,
+        group: &GroupName,
+        host: &HostName,
+        incarnation: &str,
+        written_at: Timestamp,
+        expected: Option<Version>,
+    ) -> Result<Heartbeat, LeaseError> {
+        self.put_lead_heartbeat(group, host, incarnation, written_at, expected)
+            .await
     }
 
     async fn remove_heartbeat(
@@ -934,11 +928,12 @@ impl LeaseStore for DynamoLeaseStore {
         incarnation: &str,
         expected: Version,
     ) -> Result<(), LeaseError> {
+        let pk = self.heartbeat_key(group, host).await?;
         let result = self
             .client
             .delete_item()
             .table_name(&self.table)
-            .key(PK, s(heartbeat_pk(group)))
+            .key(PK, s(pk))
             .key(SK, s(format!("{HOST_PREFIX}{host}")))
             .condition_expression("attribute_not_exists(#pk) OR (#v = :v AND #inc = :inc)")
             .expression_attribute_names("#pk", PK)
@@ -982,39 +977,19 @@ impl LeaseStore for DynamoLeaseStore {
     }
 
     async fn membership(&self, group: &GroupName) -> Result<Membership, LeaseError> {
-        let mut membership = Membership::default();
-        let mut start: Option<Item> = None;
-        loop {
-            let out = self
-                .client
-                .query()
-                .table_name(&self.table)
-                .key_condition_expression("#pk = :pk")
-                .expression_attribute_names("#pk", PK)
-                .expression_attribute_values(":pk", s(heartbeat_pk(group)))
-                .consistent_read(true)
-                .set_exclusive_start_key(start.take())
-                .return_consumed_capacity(ReturnConsumedCapacity::Total)
-                .send()
-                .await
-                .map_err(|e| store_error("membership", Some(group.to_string()), e))?;
-            self.account(Kind::Read, out.consumed_capacity());
-            for item in out.items() {
-                if text(item, SK).ok().flatten() == Some(COUNTER_SK) {
-                    membership.change_counter =
-                        number(item, A_COUNTER).map_err(|reason| LeaseError::Malformed {
-                            key: format!("{group}/{COUNTER_SK}"),
-                            reason,
-                        })?;
-                } else {
-                    membership.hosts.push(parse_heartbeat(group, item)?);
-                }
-            }
-            match out.last_evaluated_key() {
-                Some(k) if !k.is_empty() => start = Some(k.clone()),
-                _ => break,
-            }
-        }
-        Ok(membership)
+        self.read_membership(group).await
+    }
+
+    async fn head(&self, group: &GroupName) -> Result<Option<GroupHead>, LeaseError> {
+        self.read_head(group).await.map(Some)
+    }
+
+    async fn write_view(
+        &self,
+        group: &GroupName,
+        view: &MembershipView,
+        expected: u64,
+    ) -> Result<MembershipView, LeaseError> {
+        self.put_view(group, view, expected).await
     }
 }

@@ -4,10 +4,14 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use changefeed::lease::LeaseStore;
-use changefeed::model::{GroupName, Lease, LeaseKey, PartitionId, Position};
+use changefeed::model::{
+    GroupName, HostName, Lease, LeaseKey, PartitionId, Position, Timestamp, Version,
+};
 use changefeed::testkit::{lease_store_conformance, Corruption, LeaseStoreFixture};
 use changefeed_dynamodb::sdk::types::AttributeValue;
-use changefeed_dynamodb::{lease_pk, AwsOptions, DynamoLeaseStore, PK, SK};
+use changefeed_dynamodb::{
+    heartbeat_pk, lease_pk, AwsOptions, DynamoLeaseStore, DEFAULT_HEARTBEAT_SHARDS, PK, SK,
+};
 
 use crate::{endpoint, fresh_store};
 
@@ -24,6 +28,10 @@ impl LeaseStoreFixture for Fixture {
             changefeed_dynamodb::sdk::Client::new(&config),
             self.store.table(),
         ))
+    }
+
+    fn keeps_view(&self) -> bool {
+        true
     }
 
     async fn corrupt(&self, key: &LeaseKey, how: Corruption) {
@@ -81,4 +89,139 @@ async fn list_is_a_paginated_query_and_reports_capacity() {
         "several pages: {before:?} -> {after:?}"
     );
     assert!(after.read_units > before.read_units, "reads are accounted");
+}
+
+/// Writes a heartbeat row as a process older than sharding does: a plain put under
+/// `H#<group>`, without the layout mark.
+async fn old_process_heartbeat(store: &DynamoLeaseStore, group: &GroupName, host: &str) {
+    store
+        .client()
+        .put_item()
+        .table_name(store.table())
+        .item(PK, AttributeValue::S(heartbeat_pk(group)))
+        .item(SK, AttributeValue::S(format!("host#{host}")))
+        .item("incarnation", AttributeValue::S(format!("inc-{host}")))
+        .item("version", AttributeValue::N("1".into()))
+        .item("written_at", AttributeValue::N("0".into()))
+        .send()
+        .await
+        .expect("an old process's heartbeat put");
+}
+
+async fn keys_holding(store: &DynamoLeaseStore, pk: &str) -> usize {
+    store
+        .client()
+        .query()
+        .table_name(store.table())
+        .key_condition_expression("pk = :pk")
+        .expression_attribute_values(":pk", AttributeValue::S(pk.into()))
+        .consistent_read(true)
+        .send()
+        .await
+        .expect("query")
+        .items()
+        .iter()
+        .filter(|i| matches!(i.get(SK), Some(AttributeValue::S(sk)) if sk.starts_with("host#")))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_group_spreads_heartbeats_over_shards_and_membership_reads_them_all() {
+    // Issue 19 item 2: no heartbeat key takes the whole fleet's renewals.
+    let store = fresh_store("shards").await;
+    let g = GroupName::new("g").expect("valid");
+    for i in 0..40 {
+        let h = HostName::new(format!("h{i:02}")).expect("valid");
+        store
+            .heartbeat(&g, &h, "inc", Timestamp(1), None)
+            .await
+            .expect("register");
+    }
+    assert_eq!(
+        keys_holding(&store, &heartbeat_pk(&g)).await,
+        0,
+        "none on the old key"
+    );
+    let busiest = futures_max(&store, &g, DEFAULT_HEARTBEAT_SHARDS).await;
+    assert!(
+        busiest < 40 && busiest > 0,
+        "rows spread: busiest shard holds {busiest}"
+    );
+    let other = DynamoLeaseStore::new(store.client().clone(), store.table());
+    let m = other.membership(&g).await.expect("membership");
+    assert_eq!(m.hosts.len(), 40, "membership reads every shard");
+}
+
+async fn futures_max(store: &DynamoLeaseStore, g: &GroupName, shards: u32) -> usize {
+    let mut max = 0;
+    for k in 0..shards {
+        max = max.max(keys_holding(store, &format!("{}#{k}", heartbeat_pk(g))).await);
+    }
+    max
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_layout_group_is_sharded_only_once_no_old_process_heartbeats() {
+    // A fleet in a rolling upgrade keeps one key: an old process reads only `H#<group>`, and
+    // would not see hosts that moved (it would take their leases).
+    let store = fresh_store("migrate").await;
+    let g = GroupName::new("g").expect("valid");
+    old_process_heartbeat(&store, &g, "old").await;
+    let new = DynamoLeaseStore::new(store.client().clone(), store.table());
+    let row = new
+        .heartbeat(
+            &g,
+            &HostName::new("new").expect("valid"),
+            "inc",
+            Timestamp(1),
+            None,
+        )
+        .await
+        .expect("a new process joins");
+    assert_eq!(
+        keys_holding(&store, &heartbeat_pk(&g)).await,
+        2,
+        "a group with an old-layout row stays on one key"
+    );
+    let err = new
+        .set_heartbeat_shards(&g, 8)
+        .await
+        .expect_err("refused while an old process heartbeats");
+    assert!(
+        format!("{err:?}").contains("hosts old of group g"),
+        "the refusal names the old host: {err:?}"
+    );
+    // The old process stops (its row is removed); now the operator may shard.
+    new.remove_heartbeat(
+        &g,
+        &HostName::new("old").expect("valid"),
+        "inc-old",
+        Version(1),
+    )
+    .await
+    .expect("remove the old row");
+    new.set_heartbeat_shards(&g, 8).await.expect("sharded");
+    // The next renewal, after a head read, moves the row; membership never misses it.
+    new.head(&g).await.expect("head");
+    let moved = new
+        .heartbeat(&g, &row.host, "inc", Timestamp(2), Some(row.version))
+        .await
+        .expect("renewal moves the row");
+    assert_eq!(moved.version, row.version.next());
+    assert_eq!(
+        keys_holding(&store, &heartbeat_pk(&g)).await,
+        0,
+        "moved off the old key"
+    );
+    let m = store.membership(&g).await.expect("membership");
+    assert_eq!(m.hosts.len(), 1);
+    assert_eq!(m.hosts[0].version, moved.version);
+    assert!(
+        new.set_heartbeat_shards(&g, 4).await.is_err(),
+        "a sharded group's count is not changed again"
+    );
+    assert!(
+        new.set_heartbeat_shards(&g, 0).await.is_err(),
+        "0 shards is refused by name"
+    );
 }

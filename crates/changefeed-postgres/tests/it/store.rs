@@ -37,6 +37,10 @@ impl LeaseStoreFixture for Fixture {
         true
     }
 
+    fn keeps_view(&self) -> bool {
+        true
+    }
+
     fn changes_horizon(&self) -> Option<u64> {
         Some(CHANGES_KEPT)
     }

@@ -56,6 +56,10 @@ impl LeaseStoreFixture for Fixture {
         true
     }
 
+    fn keeps_view(&self) -> bool {
+        true
+    }
+
     fn changes_horizon(&self) -> Option<u64> {
         Some(CHANGE_HORIZON)
     }

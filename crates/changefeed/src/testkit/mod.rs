@@ -14,6 +14,7 @@
 mod feed;
 pub mod fleet;
 mod store;
+mod view;
 
 pub use feed::{feed_source_conformance, FeedFixture};
 pub use store::{lease_store_conformance, Corruption, LeaseStoreFixture};

@@ -7,6 +7,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use super::view::{
+    a_view_of_ten_thousand_hosts_round_trips, head_of_an_empty_group_is_counter_zero_and_no_view,
+    lead_heartbeat_copies_only_for_the_leaders_incarnation,
+    view_is_compare_and_swap_and_leaves_the_counter,
+};
 use crate::error::LeaseError;
 use crate::lease::{Changes, LeaseStore};
 use crate::model::{
@@ -56,6 +61,12 @@ pub trait LeaseStoreFixture: Send + Sync {
     async fn deletion_records(&self, _group: &GroupName) -> Option<u64> {
         None
     }
+    /// Whether the store keeps a membership view ([`LeaseStore::head`] answers `Some`). A
+    /// store that says so fails the suite when `head` answers `None`; one that does not (the
+    /// default) passes the view checks vacuously, and its hosts read every heartbeat.
+    fn keeps_view(&self) -> bool {
+        false
+    }
 }
 
 type Check = for<'a> fn(
@@ -95,6 +106,10 @@ where
         changes_made_on_one_connection_are_read_on_another_in_one_snapshot,
         deletions_are_kept_for_the_horizon_then_forgotten,
         an_incremental_reader_of_racing_writers_agrees_with_a_full_list,
+        head_of_an_empty_group_is_counter_zero_and_no_view,
+        view_is_compare_and_swap_and_leaves_the_counter,
+        lead_heartbeat_copies_only_for_the_leaders_incarnation,
+        a_view_of_ten_thousand_hosts_round_trips,
     ];
     for (name, check) in all {
         let fixture = factory().await;

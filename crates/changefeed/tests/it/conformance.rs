@@ -23,6 +23,10 @@ impl LeaseStoreFixture for MemoryStoreFixture {
         true
     }
 
+    fn keeps_view(&self) -> bool {
+        true
+    }
+
     fn changes_horizon(&self) -> Option<u64> {
         // The store's log of counter moves (docs/backends.md).
         Some(16_384)

@@ -358,7 +358,7 @@ impl Host {
         // read completes, however long the store took (rule 2 must not count a slow read's
         // wait as time the version stood still).
         let now = self.p.clock.now();
-        self.take_in(&roll, now);
+        self.take_in(&roll, sent, now);
         let read = self.state.next_read(roll.change_counter(), now);
         let listed = read != Read::Nothing;
         if listed {
@@ -394,13 +394,14 @@ impl Host {
             // hands since that read (the safety net, in steady state): that read already
             // judged every owner it shows.
             if !exact || counter != roll.change_counter() {
+                let after_sent = self.p.clock.now();
                 let Some(after) = self.roll().await else {
                     // The list was not balanced on: list again next cycle rather than skip
                     // balancing until the counter moves.
                     self.state.invalidate();
                     return;
                 };
-                self.take_in(&after, self.p.clock.now());
+                self.take_in(&after, after_sent, self.p.clock.now());
             }
             self.state.listed(read, counter, now);
         } else {
@@ -464,10 +465,10 @@ impl Host {
     }
 
     /// Takes in a first read of the cycle that returned at `now`.
-    fn take_in(&mut self, roll: &Roll, now: Instant) {
+    fn take_in(&mut self, roll: &Roll, sent: Instant, now: Instant) {
         match roll {
             Roll::Head(head) => self.state.observe_head(head, now),
-            Roll::Heartbeats(membership) => self.state.observe(membership, now),
+            Roll::Heartbeats(membership) => self.state.observe(membership, sent, now),
         }
     }
 
@@ -490,7 +491,7 @@ impl Host {
         let sent = now;
         let membership = self.membership().await.ok_or(())?;
         let now = self.p.clock.now();
-        self.state.observe(&membership, now);
+        self.state.observe(&membership, sent, now);
         // Renew as the leader until the fence would fall if this host leads a view that stays
         // up to date (its judgment is unchanged, or written below): a leader whose cycles stop
         // keeping it stops looking alive in the view within `E − M`, and the fleet elects
@@ -879,6 +880,7 @@ impl Host {
     /// after the conflict: a host that came back registers before it writes a lease, so an
     /// owner that re-adopted its lease shows a new heartbeat here and keeps it.
     async fn retry_takes(&mut self, rows: Vec<Lease>) {
+        let sent = self.p.clock.now();
         let Some(roll) = self.roll().await else {
             for row in rows {
                 self.state.keep_and_replan(row);
@@ -894,10 +896,11 @@ impl Host {
         let live: Vec<HostName> = match (by_view, roll) {
             (Some(live), _) => live,
             (None, Roll::Heartbeats(membership)) => {
-                self.state.live_after_conflict(&membership, now)
+                self.state.live_after_conflict(&membership, sent, now)
             }
             (None, Roll::Head(_)) => {
                 // Electing a leader: judge from a heartbeat read made after the conflict.
+                let sent = self.p.clock.now();
                 let Some(membership) = self.membership().await else {
                     for row in rows {
                         self.state.keep_and_replan(row);
@@ -906,7 +909,7 @@ impl Host {
                     return;
                 };
                 self.state
-                    .live_after_conflict(&membership, self.p.clock.now())
+                    .live_after_conflict(&membership, sent, self.p.clock.now())
             }
         };
         for row in rows {

@@ -480,6 +480,14 @@ pub(crate) async fn run(
     fence.record.set(last_ok_sent + fence_after);
     let base_incarnation = row.incarnation.clone();
     let mut rejoins = 0u32;
+    let mut lapses_seen = 0u32;
+    // Every incarnation this process writes starts with the one it registered with.
+    let ours = |incarnation: &str| {
+        incarnation == &*base_incarnation
+            || incarnation
+                .strip_prefix(&*base_incarnation)
+                .is_some_and(|rest| rest.starts_with('.'))
+    };
     loop {
         let deadline = last_ok_sent + fence_after;
         let wait = renew_interval;
@@ -534,6 +542,17 @@ pub(crate) async fn run(
             Some(Ok(hb)) => {
                 row = hb;
                 last_ok_sent = sent;
+                if sent >= fence.record.get() {
+                    // A lapse: this host may have been judged dead, and a membership view may
+                    // still say so. It goes on under a new incarnation, written by its next
+                    // renewal, and takes nothing until a view lists that one live (see
+                    // `docs/protocol.md`, "The membership view"). Set before the deadline
+                    // moves, so the host loop never plans on the old one after the lapse.
+                    lapses_seen += 1;
+                    let token: Arc<str> = format!("{base_incarnation}.l{lapses_seen}").into();
+                    link.set_incarnation(Arc::clone(&token));
+                    row.incarnation = token;
+                }
                 fence.record.renewed(sent, sent + fence_after);
                 if fence.is_raised() {
                     info!(host = %row.host, "heartbeat succeeded again; fence lowered");
@@ -542,10 +561,12 @@ pub(crate) async fn run(
             }
             Some(Err(LeaseError::HeartbeatConflict {
                 current: Some(cur), ..
-            })) if cur.incarnation == row.incarnation => {
+            })) if ours(&cur.incarnation) => {
                 // An earlier write that timed out on our side did land: adopt its version. It is
-                // not counted as a success, since when it was sent is unknown.
-                row = *cur;
+                // not counted as a success, since when it was sent is unknown. The incarnation
+                // to write stays ours as of now (a lapse may have changed it since).
+                row.version = cur.version;
+                row.written_at = cur.written_at;
             }
             Some(Err(LeaseError::HeartbeatConflict { current: None, .. })) => {
                 // The row was removed: this host was judged dead (its leases are taken) or an

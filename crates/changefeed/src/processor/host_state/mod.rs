@@ -165,11 +165,23 @@ impl HostState {
         self.incarnation = incarnation;
     }
 
-    /// Takes in a membership read that returned at `now`, and judges the live hosts from it.
-    pub(crate) fn observe(&mut self, membership: &Membership, now: Instant) {
-        self.liveness.observe(membership, now);
-        self.judged = live_hosts(self.liveness.live(now, self.config.lease_expiry), &self.me);
-        if !self.by_view(now) {
+    /// Takes in a membership read sent at `sent` that returned at `returned`, and judges the
+    /// live hosts from it.
+    ///
+    /// A version first seen counts from when the read returned, and the judgment is made as of
+    /// when it was sent: the store read the rows somewhere in between, so a host is judged dead
+    /// only if its row stood still for the expiry up to the earliest moment the read can have
+    /// seen it. Judged as of the return instead, a slow read could show a row as it was before
+    /// a renewal that landed while the reply travelled, and judge dead a host that had not
+    /// fenced itself (its renewal was sent before its deadline).
+    pub(crate) fn observe(&mut self, membership: &Membership, sent: Instant, returned: Instant) {
+        self.liveness.observe(membership, returned);
+        let judged_at = sent.min(returned);
+        self.judged = live_hosts(
+            self.liveness.live(judged_at, self.config.lease_expiry),
+            &self.me,
+        );
+        if !self.by_view(returned) {
             self.live = self.judged.clone();
         }
     }
@@ -590,10 +602,12 @@ impl HostState {
     pub(crate) fn live_after_conflict(
         &mut self,
         membership: &Membership,
-        now: Instant,
+        sent: Instant,
+        returned: Instant,
     ) -> Vec<HostName> {
-        self.liveness.observe(membership, now);
-        self.liveness.live(now, self.config.lease_expiry)
+        self.liveness.observe(membership, returned);
+        self.liveness
+            .live(sent.min(returned), self.config.lease_expiry)
     }
 
     /// The same as [`HostState::live_after_conflict`], from a head read with a view.

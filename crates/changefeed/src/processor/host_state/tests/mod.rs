@@ -113,7 +113,7 @@ fn membership(live: &[&str], counter: u64) -> Membership {
 /// The state of `me`, registered at `start`, having read `live` and listed `rows` at counter 1.
 fn state(me: &str, live: &[&str], rows: Vec<Lease>, start: Instant) -> HostState {
     let mut s = HostState::new(h(me), config(), start);
-    s.observe(&membership(live, 1), start);
+    s.observe(&membership(live, 1), start, start);
     assert_eq!(s.next_read(1, start), Read::Full);
     s.listed_all(rows, |_| false);
     s.listed(Read::Full, 1, start);

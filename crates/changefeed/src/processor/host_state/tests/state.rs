@@ -172,10 +172,10 @@ fn a_conflicting_take_keeps_the_current_row_or_retries_after_membership() {
     let retry = s.take_conflict(&dead, checkpointed.clone(), TakeKind::Take);
     assert_eq!(retry, Some(checkpointed.clone()));
     // The owner is still dead after the conflict: take it at the current version.
-    let live = s.live_after_conflict(&membership(&["a"], 1), start + SECOND);
+    let live = s.live_after_conflict(&membership(&["a"], 1), start + SECOND, start + SECOND);
     assert!(s.retry_take(&checkpointed, &live));
     // Had the owner come back, the row is kept and the plan runs again.
-    let live = s.live_after_conflict(&membership(&["a", "x"], 1), start + SECOND);
+    let live = s.live_after_conflict(&membership(&["a", "x"], 1), start + SECOND, start + SECOND);
     assert!(!s.retry_take(&checkpointed, &live));
     assert!(s.wants_plan(false));
     assert_eq!(s.rows(), &[Arc::new(checkpointed)]);
@@ -226,7 +226,11 @@ fn the_leader_is_judged_from_the_latest_membership_read() {
     let mut s = state("b", &["a", "b"], vec![], start);
     assert!(!s.leads());
     // `a` stops renewing: after the expiry only `b` is live, and leads.
-    s.observe(&membership(&["a", "b"], 1), start + 11 * SECOND);
+    s.observe(
+        &membership(&["a", "b"], 1),
+        start + 11 * SECOND,
+        start + 11 * SECOND,
+    );
     assert!(s.leads());
     let hosts = vec![heartbeat("a"), heartbeat("b")];
     let dead: Vec<&HostName> = s.dead_rows(&hosts).iter().map(|hb| &hb.host).collect();

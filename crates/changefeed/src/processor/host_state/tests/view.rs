@@ -72,7 +72,7 @@ fn without_a_view_the_first_live_host_writes_one_listing_the_live_and_the_dead()
     );
     assert!(s.admitted(), "no view yet: nobody waits to be admitted");
     let m = rows(&[("a", "i", 3), ("b", "i", 1)]);
-    s.observe(&m, start);
+    s.observe(&m, start, start);
     let (v, expected) = s
         .view_to_write(&m, start)
         .expect("a is the first live host");
@@ -87,7 +87,7 @@ fn without_a_view_the_first_live_host_writes_one_listing_the_live_and_the_dead()
     );
     // `b` is not the first live host: it does not write.
     let mut b = host("b", vec![], start);
-    b.observe(&m, start);
+    b.observe(&m, start, start);
     assert!(b.view_to_write(&m, start).is_none());
 }
 
@@ -171,7 +171,7 @@ fn the_view_stays_fresh_while_the_leader_renews_and_goes_stale_after_the_expiry(
     s.observe_head(&head(Some(view(1, "a", 2, &["a", "b"], &[]))), at);
     assert!(s.needs_heartbeats(at));
     let m = rows(&[("a", "i", 2), ("b", "i", 9)]);
-    s.observe(&m, at);
+    s.observe(&m, at, at);
     let (v, expected) = s
         .view_to_write(&m, at)
         .expect("b is the first live candidate");
@@ -190,7 +190,7 @@ fn a_leader_that_keeps_renewing_but_not_the_view_is_not_elected_again() {
     s.observe_head(&head(Some(view(1, "a", 1, &["a", "b"], &[]))), at);
     // `a`'s heartbeat moves (it lives) but the view did not: `a` is no candidate.
     let m = rows(&[("a", "i", 7), ("b", "i", 9)]);
-    s.observe(&m, at);
+    s.observe(&m, at, at);
     let (v, _) = s.view_to_write(&m, at).expect("b leads in a's place");
     assert_eq!(v.leader, h("b"));
     assert_eq!(
@@ -205,7 +205,7 @@ fn a_leader_that_stops_gives_the_view_up_and_the_others_elect_at_once() {
     let start = t0();
     let mut a = host("a", vec![], start);
     let m = rows(&[("a", "i", 1), ("b", "i", 1)]);
-    a.observe(&m, start);
+    a.observe(&m, start, start);
     let (v, _) = a.view_to_write(&m, start).unwrap();
     a.view_written(MembershipView { version: 1, ..v }, start);
     let (last, expected) = a.abdication().expect("the leader gives the view up");
@@ -218,7 +218,7 @@ fn a_leader_that_stops_gives_the_view_up_and_the_others_elect_at_once() {
     );
     assert!(b.needs_heartbeats(start + SECOND));
     let m = rows(&[("b", "i", 2)]);
-    b.observe(&m, start + SECOND);
+    b.observe(&m, start + SECOND, start + SECOND);
     assert_eq!(
         b.view_to_write(&m, start + SECOND).unwrap().0.leader,
         h("b")
@@ -230,7 +230,7 @@ fn the_leader_writes_only_when_its_judgment_changes() {
     let start = t0();
     let mut a = host("a", vec![], start);
     let m = rows(&[("a", "i", 1), ("b", "i", 1)]);
-    a.observe(&m, start);
+    a.observe(&m, start, start);
     let (v, _) = a.view_to_write(&m, start).unwrap();
     a.view_written(MembershipView { version: 1, ..v }, start);
     assert!(
@@ -238,14 +238,14 @@ fn the_leader_writes_only_when_its_judgment_changes() {
         "the leader reads every heartbeat"
     );
     let m = rows(&[("a", "i", 2), ("b", "i", 2)]);
-    a.observe(&m, start + 2 * SECOND);
+    a.observe(&m, start + 2 * SECOND, start + 2 * SECOND);
     assert!(
         a.view_to_write(&m, start + 2 * SECOND).is_none(),
         "nothing changed"
     );
     // `b` stands still for the expiry: judged dead, the view changes.
     let at = start + 13 * SECOND;
-    a.observe(&m, at);
+    a.observe(&m, at, at);
     let (v, expected) = a.view_to_write(&m, at).expect("b died");
     assert_eq!((expected, v.dead.clone()), (1, hosts(&["b"])));
 }

@@ -113,9 +113,6 @@ pub(crate) struct HostState {
     /// The live hosts the plan and the listing go by: `judged` without a view; with one, the
     /// view's live hosts.
     live: Vec<HostName>,
-    /// The hosts the last plan counted live: `live`, and with a view, also the owners it
-    /// lists neither live nor dead (unknown: their leases are left alone).
-    plan_live: Vec<HostName>,
     listing: Listing,
     requests: Requests,
     registered_at: Instant,
@@ -136,7 +133,6 @@ impl HostState {
             table: LeaseTable::new(me.clone(), config.parents),
             live: vec![me.clone()],
             judged: vec![me.clone()],
-            plan_live: vec![me.clone()],
             views: false,
             members: Members::default(),
             incarnation: Arc::from(""),
@@ -523,7 +519,6 @@ impl HostState {
             return Actions::default();
         }
         let by_view = self.by_view(now);
-        self.plan_live = self.live.clone();
         let (plan, held) = plan(
             &PlanInput {
                 me: &self.me,
@@ -640,12 +635,7 @@ impl HostState {
         current: Option<&Lease>,
     ) -> Option<(Lease, Lease)> {
         let lease = current.or_else(|| self.table.get(&request.partition))?;
-        let live = if self.views {
-            &self.plan_live
-        } else {
-            &self.live
-        };
-        if !may_request(lease, &request.from, live) {
+        if !may_request(lease, &request.from, &self.live) {
             return None;
         }
         let mut next = lease.clone();

@@ -8,8 +8,9 @@
 //! |---|---|---|
 //! | lease | `lease.` + the partition id, escaped | `partition`, `state`, `owner`, `next_owner`, `continuation`, `start`, `parents`, `properties`, `version`, `changed_at` |
 //! | heartbeat | `host.` + the host name, escaped | `host`, `incarnation`, `version`, `written_at` |
-//! | change counter | `counter` | `counter`, `deletions_from` |
+//! | change counter | `counter` | `counter`, `deletions_from`; with a membership view `view_version`, `view_leader`, `view_incarnation`, `view_leader_heartbeat`, `view_body`, `view_parts` |
 //! | deletion record | `deleted.` + the counter value | `partition`, `deleted_at` |
+//! | view body | `view.` + body id + `.` + part | `data`: a slice of the JSON `[live, dead]` |
 //!
 //! Ids keep letters, digits, `-`, `_` and `.`; any other byte of the UTF-8 text is written `~`
 //! and two hex digits, so an id never holds a character Cosmos DB refuses (`/ \ ? #`) nor one
@@ -211,33 +212,108 @@ pub fn parse_heartbeat(group: &GroupName, doc: &Value) -> Result<Heartbeat, Leas
 }
 
 /// A group's change-counter document as read: the counter, how far back deletions are kept,
-/// and its ETag (`None`: there is no document yet, the counter is 0).
+/// the membership view's small fields, and its ETag (`None`: there is no document yet, the
+/// counter is 0).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CounterDoc {
     /// The change counter.
     pub counter: u64,
     /// Every deletion after this counter value has its record.
     pub deletions_from: u64,
+    /// The membership view's fields kept here (`None`: no view yet, as in every document
+    /// written before the view existed).
+    pub view: Option<ViewHead>,
     /// The document's ETag; `None` when there is no document.
     pub etag: Option<String>,
 }
 
+/// The membership view's fields in the counter document: what a follower needs every cycle,
+/// read with the counter in one point read. The host lists sit in the body documents
+/// `view.<body>.<part>`, which never change once written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ViewHead {
+    /// `view_version`: the view's version, the compare-and-swap's.
+    pub version: u64,
+    /// `view_leader`.
+    pub leader: HostName,
+    /// `view_incarnation`: the leader's.
+    pub incarnation: String,
+    /// `view_leader_heartbeat`: the leader's heartbeat version, copied by its renewals.
+    pub leader_heartbeat: Version,
+    /// `view_body`: the id of the body (its documents are `view.<body>.<part>`).
+    pub body: String,
+    /// `view_parts`: how many body documents.
+    pub parts: u64,
+}
+
+/// The id prefix of view body documents.
+pub const VIEW_PREFIX: &str = "view.";
+
+/// The id of part `part` of the view body `body`.
+pub fn view_body_id(body: &str, part: u64) -> String {
+    format!("{VIEW_PREFIX}{body}.{part}")
+}
+
 impl CounterDoc {
-    /// The document for `counter` and `deletions_from` in `group`.
+    /// The document for `counter` and `deletions_from` in `group`, without a view.
     pub fn body(group: &GroupName, counter: u64, deletions_from: u64) -> Value {
-        json!({
+        Self::doc(group, counter, deletions_from, None)
+    }
+
+    /// This document with `counter` and `deletions_from`, its view kept.
+    pub fn with_counter(&self, group: &GroupName, counter: u64, deletions_from: u64) -> Value {
+        Self::doc(group, counter, deletions_from, self.view.as_ref())
+    }
+
+    /// This document with `view` in place of its view, the counter kept.
+    pub fn with_view(&self, group: &GroupName, view: &ViewHead) -> Value {
+        Self::doc(group, self.counter, self.deletions_from, Some(view))
+    }
+
+    fn doc(group: &GroupName, counter: u64, deletions_from: u64, view: Option<&ViewHead>) -> Value {
+        let mut doc = json!({
             "id": COUNTER_ID,
             "group": group.as_str(),
             "counter": counter,
             "deletions_from": deletions_from,
-        })
+        });
+        if let (Some(v), Some(map)) = (view, doc.as_object_mut()) {
+            map.insert("view_version".into(), v.version.into());
+            map.insert("view_leader".into(), v.leader.as_str().into());
+            map.insert("view_incarnation".into(), v.incarnation.as_str().into());
+            map.insert("view_leader_heartbeat".into(), v.leader_heartbeat.0.into());
+            map.insert("view_body".into(), v.body.as_str().into());
+            map.insert("view_parts".into(), v.parts.into());
+        }
+        doc
     }
 
-    /// Reads the counter document of `group` with its ETag.
+    /// Reads the counter document of `group` with its ETag. A document without
+    /// `view_version` (no view yet, or written by a version of this crate without views)
+    /// has no view.
     pub fn parse(group: &GroupName, doc: &Value, etag: String) -> Result<Self, LeaseError> {
         let bad = |reason: String| LeaseError::Malformed {
             key: format!("{group}/{COUNTER_ID}"),
             reason,
+        };
+        let view = match doc.get("view_version") {
+            None | Some(Value::Null) => None,
+            Some(_) => {
+                let required = |field: &str| -> Result<String, LeaseError> {
+                    text(doc, field)
+                        .map_err(bad)?
+                        .ok_or_else(|| bad(format!("no {field}")))
+                };
+                Some(ViewHead {
+                    version: number(doc, "view_version").map_err(bad)?,
+                    leader: HostName::new(required("view_leader")?)
+                        .map_err(|e| bad(format!("view_leader: {e}")))?,
+                    incarnation: required("view_incarnation")?,
+                    leader_heartbeat: Version(number(doc, "view_leader_heartbeat").map_err(bad)?),
+                    body: required("view_body")?,
+                    parts: number(doc, "view_parts").map_err(bad)?,
+                })
+            }
         };
         Ok(Self {
             counter: number(doc, "counter").map_err(bad)?,
@@ -245,6 +321,7 @@ impl CounterDoc {
                 None | Some(Value::Null) => 0,
                 Some(_) => number(doc, "deletions_from").map_err(bad)?,
             },
+            view,
             etag: Some(etag),
         })
     }

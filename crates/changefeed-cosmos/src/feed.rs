@@ -15,6 +15,10 @@
 //!   range with `x-ms-start-epk` / `x-ms-end-epk`; a 410/1002 there places it again (the
 //!   .NET processor's redirect); spanning several ranges it ends, and its parts cut at the
 //!   range boundaries are its children, from its continuation.
+//! - **A merge of ranges read by id** ends each old range at its 410 as a split does; its
+//!   child is the EPK range of its span, from its final continuation, read on the merged
+//!   range (`map::merged_away`), where this process listed the old ranges before the merge
+//!   (their spans are remembered, not stored); otherwise the merged range is a merge child.
 //! - **Reading** is the incremental change feed of one range (`GET …/docs` with `A-IM:
 //!   Incremental feed` and `x-ms-documentdb-partitionkeyrangeid`): `Beginning` sends no
 //!   precondition, `Now` `If-None-Match: *` (once, when the reader opens, so `Now` is the
@@ -65,6 +69,9 @@ pub struct CosmosFeed {
     /// The key range of every partition key range listed so far, for the closed ancestors of
     /// later listings.
     seen: Arc<Mutex<BTreeMap<String, KeyRange>>>,
+    /// The EPK bounds `(min, max)` of every partition key range listed so far: a range a
+    /// merge took away is read on as the EPK range of its span (`map::merged_away`).
+    spans: Arc<Mutex<BTreeMap<String, (String, String)>>>,
 }
 
 impl std::fmt::Debug for CosmosFeed {
@@ -174,6 +181,7 @@ impl CosmosFeed {
             rest,
             key_paths: Arc::new(key_paths),
             seen: Arc::new(Mutex::new(BTreeMap::new())),
+            spans: Arc::new(Mutex::new(BTreeMap::new())),
         })
     }
 
@@ -278,7 +286,9 @@ impl CosmosFeed {
                         reason,
                     }
                 })?;
-                reader.from = ReadFrom::After(cursor.in_range(partition.as_str()));
+                let spans = lock(&self.spans).clone();
+                reader.from =
+                    ReadFrom::After(map::start_cursor(cursor, partition.as_str(), &spans));
             }
             Position::Now => {
                 // Fix "now" at opening: the range's current ETag.
@@ -429,10 +439,19 @@ impl FeedSource for CosmosFeed {
             }
             seen.clone()
         };
-        let epks: Vec<EpkRange> = leased
+        let spans = {
+            let mut spans = lock(&self.spans);
+            for r in &ranges {
+                spans.insert(r.id.clone(), (r.min.clone(), r.max.clone()));
+            }
+            spans.clone()
+        };
+        let mut epks: Vec<EpkRange> = leased
             .iter()
             .filter_map(|p| EpkRange::parse(p.as_str()).and_then(Result::ok))
             .collect();
+        let ids: Vec<&str> = leased.iter().map(PartitionId::as_str).collect();
+        epks.extend(map::merged_away(&ranges, &spans, &ids));
         map::partitions_for(&ranges, &seen, &epks).map_err(|reason| SourceError::Corrupt {
             partition: "(partition key ranges)".into(),
             reason,

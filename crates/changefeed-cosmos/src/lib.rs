@@ -18,8 +18,9 @@
 //! |---|---|---|
 //! | lease | `lease.` + the partition id, escaped | `partition`, `state`, `owner`, `next_owner`, `continuation`, `start`, `parents`, `properties`, `version`, `changed_at` |
 //! | heartbeat | `host.` + the host name, escaped | `host`, `incarnation`, `version`, `written_at` |
-//! | change counter | `counter` | `counter`, `deletions_from` |
+//! | change counter | `counter` | `counter`, `deletions_from`, and the membership view's small fields (`view_version`, `view_leader`, `view_incarnation`, `view_leader_heartbeat`, `view_body`, `view_parts`) |
 //! | deletion record | `deleted.` + the counter value (20 digits) | `partition`, `deleted_at` |
+//! | view body | `view.` + the body id + `.` + the part | `data`: a slice of the view's host lists as JSON |
 //!
 //! `changed_at` is the counter value of the lease's last change of hands, which lets
 //! [`list_changes`](changefeed::lease::LeaseStore::list_changes) answer with one query on it

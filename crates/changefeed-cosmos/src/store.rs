@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use changefeed::clock::{Clock, SystemClock};
 use changefeed::lease::{BackendError, Changes, LeaseRow, LeaseStore, Listing};
 use changefeed::model::{
-    GroupName, Heartbeat, HostName, Lease, LeaseKey, LeaseState, Membership, PartitionId,
-    Timestamp, Version,
+    GroupHead, GroupName, Heartbeat, HostName, Lease, LeaseKey, LeaseState, Membership,
+    MembershipView, PartitionId, Timestamp, Version,
 };
 use changefeed::LeaseError;
 use rand::rngs::SmallRng;
@@ -23,6 +23,8 @@ use crate::doc::{
 };
 use crate::error::CosmosError;
 use crate::rest::{etag_of, lock, BatchOp, OpResult, Rest, Usage};
+
+mod view;
 
 /// The primary key of the Azure Cosmos DB emulator, published by Microsoft for local use: the
 /// default key of [`CosmosOptions`], which the local test server accepts (it checks none).
@@ -217,6 +219,8 @@ struct Inner {
     /// read after every counter document observed at `n - 1` or earlier.
     seq: AtomicU64,
     rng: Mutex<SmallRng>,
+    /// The membership view bodies this handle last read or wrote, by group.
+    views: Mutex<HashMap<GroupName, view::CachedBody>>,
 }
 
 /// A lease row as this handle last saw it.
@@ -296,6 +300,7 @@ impl CosmosLeaseStore {
                 counters: Mutex::new(HashMap::new()),
                 seq: AtomicU64::new(0),
                 rng: Mutex::new(SmallRng::seed_from_u64(seed)),
+                views: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -662,7 +667,8 @@ impl CosmosLeaseStore {
                 }
                 _ => counter.deletions_from,
             };
-            let body = CounterDoc::body(group, stamp, deletions_from);
+            // The view's fields ride along as read: the If-Match pins them.
+            let body = counter.with_counter(group, stamp, deletions_from);
             let mut ops = vec![match &counter.etag {
                 None => BatchOp::Create(body),
                 Some(etag) => BatchOp::Replace {
@@ -703,6 +709,7 @@ impl CosmosLeaseStore {
                 let next = CounterDoc {
                     counter: stamp,
                     deletions_from,
+                    view: counter.view.clone(),
                     etag: results[0].etag.clone(),
                 };
                 if next.etag.is_some() {
@@ -1272,6 +1279,31 @@ impl LeaseStore for CosmosLeaseStore {
         }
         membership.hosts.sort_by(|a, b| a.host.cmp(&b.host));
         Ok(membership)
+    }
+
+    async fn lead_heartbeat(
+        &self,
+        group: &GroupName,
+        host: &HostName,
+        incarnation: &str,
+        written_at: Timestamp,
+        expected: Option<Version>,
+    ) -> Result<Heartbeat, LeaseError> {
+        self.put_lead_heartbeat(group, host, incarnation, written_at, expected)
+            .await
+    }
+
+    async fn head(&self, group: &GroupName) -> Result<Option<GroupHead>, LeaseError> {
+        self.read_head(group).await.map(Some)
+    }
+
+    async fn write_view(
+        &self,
+        group: &GroupName,
+        view: &MembershipView,
+        expected: u64,
+    ) -> Result<MembershipView, LeaseError> {
+        self.put_view(group, view, expected).await
     }
 
     async fn list_changes(

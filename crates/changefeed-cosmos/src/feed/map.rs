@@ -238,6 +238,9 @@ pub(crate) struct EpkRange {
     pub min: String,
     pub max: String,
     pub range: KeyRange,
+    /// The partition id when it is not `"{min}-{max}"`: a partition key range read by its id
+    /// that a merge took away, standing for its span ([`merged_away`]).
+    pub name: Option<String>,
 }
 
 impl EpkRange {
@@ -265,12 +268,17 @@ impl EpkRange {
             range: epk_range(min, max)?,
             min: min.to_string(),
             max: max.to_string(),
+            name: None,
         })
     }
 
-    /// The partition id (and .NET lease token), `"{min}-{max}"`.
+    /// The partition id: `"{min}-{max}"` (the .NET lease token), or the range id it stands
+    /// for.
     pub fn id(&self) -> String {
-        format!("{}{EPK_SEPARATOR}{}", self.min, self.max)
+        match &self.name {
+            Some(name) => name.clone(),
+            None => format!("{}{EPK_SEPARATOR}{}", self.min, self.max),
+        }
     }
 
     fn partition(&self, parents: Vec<PartitionId>, closed: bool) -> Result<Partition, String> {
@@ -376,6 +384,7 @@ fn cut(epk: &EpkRange, found: &[(&PkRange, KeyRange)]) -> Vec<EpkRange> {
                 min,
                 max,
                 range: KeyRange { start, end },
+                name: None,
             }
         })
         .collect()
@@ -402,6 +411,7 @@ fn gaps(outer: &EpkRange, inner: &[&EpkRange]) -> Vec<EpkRange> {
                     start: s,
                     end: e.range.start - 1,
                 },
+                name: None,
             });
         }
         let after = e.range.end.checked_add(1);
@@ -417,6 +427,7 @@ fn gaps(outer: &EpkRange, inner: &[&EpkRange]) -> Vec<EpkRange> {
                 start: s,
                 end: outer.range.end,
             },
+            name: None,
         });
     }
     out
@@ -450,15 +461,23 @@ pub(crate) fn partitions_for(
         return partitions(listed, seen);
     }
     let mut leased: Vec<&EpkRange> = leased.iter().collect();
-    leased.sort_by(|a, b| (a.range.start, b.range.end).cmp(&(b.range.start, a.range.end)));
-    leased.dedup_by(|a, b| a.range == b.range);
-    // The smallest other leased range holding each one.
+    // By start, the larger first, a range read by id before an EPK range of its span.
+    leased.sort_by(|a, b| {
+        (a.range.start, b.range.end, a.name.is_none()).cmp(&(
+            b.range.start,
+            a.range.end,
+            b.name.is_none(),
+        ))
+    });
+    leased.dedup_by(|a, b| a.range == b.range && a.name == b.name);
+    // The smallest other leased range holding each one; a merged-away range read by id
+    // holds the EPK range of its own span (its child).
     let parent_of = |e: &EpkRange| {
         leased
             .iter()
-            .filter(|o| o.range != e.range)
+            .filter(|o| o.range != e.range || (o.name.is_some() && e.name.is_none()))
             .filter(|o| o.range.start <= e.range.start && e.range.end <= o.range.end)
-            .min_by_key(|o| o.range.end - o.range.start)
+            .min_by_key(|o| (o.range.end - o.range.start, o.name.is_none()))
             .copied()
     };
     let mut out = Vec::new();
@@ -471,13 +490,14 @@ pub(crate) fn partitions_for(
         let parts: Vec<&EpkRange> = leased
             .iter()
             .copied()
-            .filter(|c| parent_of(c).is_some_and(|p| p.range == e.range))
+            .filter(|c| parent_of(c).is_some_and(|p| std::ptr::eq(p, *e)))
             .collect();
         let rest: Vec<EpkRange> = match place(listed, e)? {
-            Placement::On(_) if parts.is_empty() => Vec::new(),
+            // A merged-away range read by id ended at its 410: its span goes on in its parts.
+            Placement::On(_) if parts.is_empty() && e.name.is_none() => Vec::new(),
             _ => gaps(e, &parts),
         };
-        let closed = !parts.is_empty() || !rest.is_empty();
+        let closed = e.name.is_some() || !parts.is_empty() || !rest.is_empty();
         out.push(e.partition(parent, closed)?);
         let me = vec![partition_id(&e.id())?];
         for gap in &rest {
@@ -508,6 +528,7 @@ pub(crate) fn partitions_for(
             min: r.min.clone(),
             max: r.max.clone(),
             range,
+            name: None,
         };
         let rest = gaps(&whole, &roots);
         if !rest.is_empty() {
@@ -515,7 +536,11 @@ pub(crate) fn partitions_for(
             partly.insert(r.id.as_str(), rest);
         }
     }
+    let named: BTreeSet<&str> = leased.iter().filter_map(|e| e.name.as_deref()).collect();
     for p in partitions(&physical, seen)? {
+        if named.contains(p.id.as_str()) {
+            continue;
+        }
         match partly.get(p.id.as_str()) {
             None => out.push(p),
             Some(rest) => {
@@ -527,6 +552,51 @@ pub(crate) fn partitions_for(
     }
     out.sort_by(|a, b| a.id.cmp(&b.id));
     Ok(out)
+}
+
+/// The partitions among `leased` (partition key range ids, as leased) that a merge took
+/// away, each as the EPK range of its span named by its id: not listed any more, its span
+/// known from an earlier listing (`spans`: id to `(min, max)`), and some listed range
+/// overlapping that span reaching beyond it (a split leaves only ranges inside it: those are
+/// its children as listed), none of them leased (a merged range that has a lease is read as
+/// the merge child it was planned as). [`partitions_for`] lists each closed, its children the pieces of
+/// its span cut at the listed ranges (`"{min}-{max}"` EPK partitions), which start at its
+/// final continuation as a split's children do: the .NET processor's merge, where the lease
+/// keeps its continuation and reads its span of the merged range.
+pub(crate) fn merged_away(
+    listed: &[PkRange],
+    spans: &BTreeMap<String, (String, String)>,
+    leased: &[&str],
+) -> Vec<EpkRange> {
+    let listed_ids: BTreeSet<&str> = listed.iter().map(|r| r.id.as_str()).collect();
+    let mut out = Vec::new();
+    for id in leased {
+        if listed_ids.contains(id) || EpkRange::parse(id).is_some() {
+            continue;
+        }
+        let Some(mut span) = spans
+            .get(*id)
+            .and_then(|(min, max)| EpkRange::new(min, max))
+        else {
+            continue;
+        };
+        let over: Vec<(&PkRange, KeyRange)> = listed
+            .iter()
+            .filter_map(|r| epk_range(&r.min, &r.max).map(|range| (r, range)))
+            .filter(|(_, range)| overlaps(*range, span.range))
+            .collect();
+        let beyond = over
+            .iter()
+            .any(|(_, range)| range.start < span.range.start || range.end > span.range.end);
+        // A merged range that already has a lease (planned as a merge child by a host that
+        // did not know the spans) is read as such: its span is not read a second time.
+        let merged_leased = over.iter().any(|(r, _)| leased.contains(&r.id.as_str()));
+        if beyond && !merged_leased {
+            span.name = Some((*id).to_string());
+            out.push(span);
+        }
+    }
+    out
 }
 
 /// Where a reader stands: after the change feed ETag `etag` (`"42"`, the LSN the next read
@@ -620,6 +690,27 @@ impl Cursor {
                 self.etag, self.skip, self.range
             ))
         }
+    }
+}
+
+/// Where a reader of `partition` starts from `cursor`: [`Cursor::in_range`], except that a
+/// skip counted in a range read by id holds in the EPK range of that range's whole span (a
+/// merged-away range's child, [`merged_away`]): it reads exactly the same keys, so the same
+/// documents of the transaction, and nothing of it is read twice. `spans` are the ranges'
+/// bounds as listed (unknown: the skip is dropped, and the transaction read again).
+pub(crate) fn start_cursor(
+    cursor: Cursor,
+    partition: &str,
+    spans: &BTreeMap<String, (String, String)>,
+) -> Cursor {
+    let same_span = EpkRange::parse(partition)
+        .and_then(Result::ok)
+        .zip(spans.get(&cursor.range))
+        .is_some_and(|(e, (min, max))| e.min == *min && e.max == *max);
+    if same_span {
+        cursor
+    } else {
+        cursor.in_range(partition)
     }
 }
 

@@ -340,6 +340,7 @@ fn reader(from: ReadFrom) -> CosmosReader {
             rest,
             key_paths: Arc::new(vec!["/tenant".into()]),
             seen: Arc::default(),
+            spans: Arc::default(),
         },
         partition: id("0"),
         target: Some(Target {
@@ -893,5 +894,174 @@ fn a_merge_of_an_epk_read_range_with_another_reads_the_rest_as_a_merge_child() {
     assert_eq!(
         planned(&parts, &leases, &Position::Now),
         vec![("-40".into(), Position::Beginning)]
+    );
+}
+
+/// The spans `(min, max)` of a listing, as the source remembers them.
+fn spans_of(ranges: &[map::PkRange]) -> BTreeMap<String, (String, String)> {
+    ranges
+        .iter()
+        .map(|r| (r.id.clone(), (r.min.clone(), r.max.clone())))
+        .collect()
+}
+
+#[test]
+fn a_merge_of_ranges_read_by_id_goes_on_at_their_continuations_in_their_spans() {
+    // Ranges 1 [, 80) and 2 [80, FF), read by id, merge into 3. As the .NET processor keeps
+    // each old lease at its continuation and reads its span of 3, each goes on as the EPK
+    // range of its span ("-80", "80-FF"), its child from its final continuation: nothing is
+    // read again, nothing skipped, and 3 itself is never opened.
+    let before = map::parse_pkranges(&split_listing()).expect("listing");
+    let spans = spans_of(&before);
+    let after = listing(&[("3", "", "FF", &["0", "1", "2"])]);
+    let merged = map::merged_away(&after, &spans, &["1", "2"]);
+    assert_eq!(
+        merged.iter().map(EpkRange::id).collect::<Vec<_>>(),
+        vec!["1", "2"]
+    );
+    let parts = map::partitions_for(&after, &BTreeMap::new(), &merged).expect("parts");
+    assert_eq!(
+        shape(&parts),
+        vec![
+            row("-80", &["1"], false),
+            row("1", &[], true),
+            row("2", &[], true),
+            row("80-FF", &["2"], false),
+        ],
+        "3 is read through the old ranges' spans only"
+    );
+    assert_eq!(parts[1].key_range, map::epk_range("", "80"));
+    // While 1 and 2 are read (their readers end at the 410 of their next read), nothing
+    // starts; each span starts at its own range's final continuation, whatever the start.
+    let reading = [
+        lease("1", LeaseState::Owned, Some("\"42\"")),
+        lease("2", LeaseState::Owned, Some("\"57\"")),
+    ];
+    assert_eq!(planned(&parts, &reading, &Position::Beginning), vec![]);
+    let one_done = [
+        lease("1", LeaseState::Finished, Some("\"42\"")),
+        lease("2", LeaseState::Owned, Some("\"57\"")),
+    ];
+    let at = |c: &str| Position::Continuation(Continuation::new(c));
+    assert_eq!(
+        planned(&parts, &one_done, &Position::Beginning),
+        vec![("-80".into(), at("\"42\""))]
+    );
+    let both_done = [
+        lease("1", LeaseState::Finished, Some("\"42\"")),
+        lease("2", LeaseState::Finished, Some("\"57\"")),
+    ];
+    assert_eq!(
+        planned(&parts, &both_done, &Position::Now),
+        vec![("-80".into(), at("\"42\"")), ("80-FF".into(), at("\"57\""))]
+    );
+    // With their leases they stay 1's and 2's children until those are deleted; then they
+    // are EPK leases like imported .NET ones, standing in for 3.
+    let mut all = merged.clone();
+    all.extend([epk("-80"), epk("80-FF")]);
+    let later = map::partitions_for(&after, &BTreeMap::new(), &all).expect("parts");
+    assert_eq!(shape(&later), shape(&parts));
+    let children = [epk("-80"), epk("80-FF")];
+    let last = map::partitions_for(&after, &BTreeMap::new(), &children).expect("parts");
+    assert_eq!(
+        shape(&last),
+        vec![row("-80", &[], false), row("80-FF", &[], false)]
+    );
+    // "-80" is read on 3 with its bounds, from 1's continuation.
+    let Ok(Placement::On(target)) = map::place(&after, &epk("-80")) else {
+        panic!("-80 lies in 3")
+    };
+    let from = ReadFrom::After(
+        Cursor::parse("\"42\"")
+            .expect("continuation")
+            .in_range("-80"),
+    );
+    let headers = read_headers(&target, Some(&from), 10);
+    assert!(headers.contains(&("x-ms-documentdb-partitionkeyrangeid", "3".into())));
+    assert!(headers.contains(&("x-ms-start-epk", "".into())));
+    assert!(headers.contains(&("x-ms-end-epk", "80".into())));
+    assert!(headers.contains(&("if-none-match", "\"42\"".into())));
+}
+
+#[test]
+fn a_span_continuing_a_merged_range_keeps_its_place_inside_a_transaction() {
+    // 1 stopped inside a transaction (two of its documents done). Its span "-80" reads the
+    // same keys, so the same documents of that transaction: it skips the same two. A piece
+    // of the span (a split too), or a span this process never listed, reads the transaction
+    // again (at least once, never a gap).
+    let spans = spans_of(&map::parse_pkranges(&split_listing()).expect("listing"));
+    let inside = Cursor::parse("\"41\";skip=2;range=1").expect("continuation");
+    assert_eq!(
+        map::start_cursor(inside.clone(), "-80", &spans),
+        inside,
+        "the same span"
+    );
+    assert_eq!(
+        map::start_cursor(inside.clone(), "-40", &spans),
+        Cursor::after("\"41\"")
+    );
+    assert_eq!(
+        map::start_cursor(inside.clone(), "80-FF", &spans),
+        Cursor::after("\"41\"")
+    );
+    assert_eq!(
+        map::start_cursor(inside.clone(), "-80", &BTreeMap::new()),
+        Cursor::after("\"41\"")
+    );
+    assert_eq!(map::start_cursor(inside.clone(), "1", &spans), inside);
+}
+
+#[test]
+fn only_a_merge_turns_a_range_read_by_id_into_its_span() {
+    // A split leaves only ranges inside the parent's span: its children are the listed
+    // ranges, as before. A range not leased, or whose span this process never listed, is
+    // not one: without the span the merge child reads from the beginning (README).
+    let before = map::parse_pkranges(&split_listing()).expect("listing");
+    let spans = spans_of(&before);
+    let split = listing(&[("4", "", "40", &["0", "1"]), ("5", "40", "80", &["0", "1"])]);
+    assert_eq!(map::merged_away(&split, &spans, &["1"]), vec![]);
+    let merged = listing(&[("3", "", "FF", &["0", "1", "2"])]);
+    assert_eq!(
+        map::merged_away(&merged, &BTreeMap::new(), &["1", "2"]),
+        vec![]
+    );
+    assert_eq!(
+        map::merged_away(&merged, &spans, &["3", "-80"]),
+        vec![],
+        "listed ids and EPK ranges are not merged-away ranges"
+    );
+    // 3 already has a lease (planned as a merge child by a host that did not know the spans):
+    // it is read as planned, and the old spans are not read a second time.
+    assert_eq!(map::merged_away(&merged, &spans, &["1", "2", "3"]), vec![]);
+    // One span known: that one goes on in its span; the rest of 3 is a merge child.
+    let one = map::merged_away(&merged, &spans, &["1"]);
+    let parts = map::partitions_for(&merged, &BTreeMap::new(), &one).expect("parts");
+    assert_eq!(
+        shape(&parts),
+        vec![
+            row("-80", &["1"], false),
+            row("0", &[], true),
+            row("1", &[], true),
+            row("2", &[], true),
+            row("80-FF", &["0", "1", "2"], false),
+        ]
+    );
+    // A merge after a split of the merged range: 3 split again at 40 into 6 and 7; 1's span
+    // is cut at 40, both pieces its children.
+    let resplit = listing(&[
+        ("6", "", "40", &["0", "1", "2", "3"]),
+        ("7", "40", "FF", &["0", "1", "2", "3"]),
+    ]);
+    let both = map::merged_away(&resplit, &spans, &["1", "2"]);
+    let parts = map::partitions_for(&resplit, &BTreeMap::new(), &both).expect("parts");
+    assert_eq!(
+        shape(&parts),
+        vec![
+            row("-40", &["1"], false),
+            row("1", &[], true),
+            row("2", &[], true),
+            row("40-80", &["1"], false),
+            row("80-FF", &["2"], false),
+        ]
     );
 }

@@ -4,7 +4,10 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use changefeed::lease::LeaseStore;
-use changefeed::model::{GroupName, HostName, Lease, LeaseKey, LeaseState, PartitionId, Position};
+use changefeed::model::{
+    GroupName, HostName, Lease, LeaseKey, LeaseState, MembershipView, PartitionId, Position,
+    Timestamp, Version, ViewHost,
+};
 use changefeed::testkit::{lease_store_conformance, Corruption, LeaseStoreFixture};
 use changefeed::LeaseError;
 use changefeed_cosmos::doc::{lease_id, DELETION_PREFIX};
@@ -48,6 +51,10 @@ impl LeaseStoreFixture for Fixture {
     }
 
     fn answers_changes(&self) -> bool {
+        true
+    }
+
+    fn keeps_view(&self) -> bool {
         true
     }
 
@@ -306,4 +313,142 @@ async fn a_malformed_row_is_deleted_at_its_stored_version() {
             .change_counter,
         before + 1
     );
+}
+
+fn view_of(leader: &str, heartbeat: u64, live: &[&str]) -> MembershipView {
+    MembershipView {
+        version: 0,
+        leader: HostName::new(leader).expect("valid"),
+        leader_incarnation: format!("inc-{leader}").into(),
+        leader_heartbeat: Version(heartbeat),
+        live: live
+            .iter()
+            .map(|h| ViewHost {
+                host: HostName::new(*h).expect("valid"),
+                incarnation: format!("inc-{h}").into(),
+            })
+            .collect(),
+        dead: Vec::new(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_counter_document_of_a_version_without_views_reads_as_no_view_and_takes_one() {
+    // A group written before the view existed (its counter document holds only the counter)
+    // reads as "no view yet"; the first view goes in beside the counter, ownership batches
+    // keep it, and it is in the documented fields.
+    let store = fresh_store("view-old").await;
+    let g = group("view-old");
+    store
+        .create(&Lease::new(key("view-old", "p"), Position::Beginning))
+        .await
+        .expect("create")
+        .expect("new");
+    let old = serde_json::json!({"id": "counter", "group": "view-old", "counter": 1, "deletions_from": 0});
+    store.overwrite_document(&g, &old).await.expect("old shape");
+    let other = store.handle();
+    let head = other
+        .head(&g)
+        .await
+        .expect("head")
+        .expect("a store with views");
+    assert_eq!((head.change_counter, head.view), (1, None), "no view yet");
+
+    let written = other
+        .write_view(&g, &view_of("a", 3, &["a", "b"]), 0)
+        .await
+        .expect("first view");
+    assert_eq!(written.version, 1);
+    let lease = store.list(&g).await.expect("list").leases[0].clone();
+    let mut taken = Lease::clone(&lease);
+    taken.state = LeaseState::Owned;
+    taken.owner = Some(HostName::new("b").expect("valid"));
+    store.replace(&taken, lease.version).await.expect("take");
+    let head = store.handle().head(&g).await.expect("head").expect("view");
+    assert_eq!(head.change_counter, 2, "the take moved the counter");
+    assert_eq!(head.view, Some(written), "and kept the view");
+
+    let counter = store
+        .read_document(&g, "counter")
+        .await
+        .expect("read")
+        .expect("present");
+    assert_eq!(counter["counter"], 2);
+    assert_eq!(counter["view_version"], 1);
+    assert_eq!(counter["view_leader"], "a");
+    assert_eq!(counter["view_incarnation"], "inc-a");
+    assert_eq!(counter["view_leader_heartbeat"], 3);
+    assert_eq!(counter["view_parts"], 1);
+    let body = counter["view_body"].as_str().expect("a body id");
+    assert_eq!(
+        store.document_ids(&g, "view.").await.expect("ids"),
+        vec![format!("view.{body}.0")],
+        "one body document"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn head_is_one_read_and_a_leaders_renewal_one_batch() {
+    // What the view costs on Cosmos DB: a follower's head is one point read once it has the
+    // body; the leader's renewal with the copy is one transactional batch; a new judgment
+    // leaves one body behind it (the one just replaced) and removes older ones.
+    let store = fresh_store("view-cost").await;
+    let g = group("view-cost");
+    let a = HostName::new("a").expect("valid");
+    let hb = store
+        .heartbeat(&g, &a, "inc-a", Timestamp(1), None)
+        .await
+        .expect("register");
+    let v1 = store
+        .write_view(&g, &view_of("a", hb.version.0, &["a"]), 0)
+        .await
+        .expect("view");
+    let follower = store.handle();
+    follower.head(&g).await.expect("head");
+    let before = follower.usage();
+    let head = follower.head(&g).await.expect("head").expect("view");
+    assert_eq!(
+        follower.usage().requests - before.requests,
+        1,
+        "a head whose body the handle has is one point read"
+    );
+    assert_eq!(head.view.as_ref().map(|v| v.version), Some(v1.version));
+
+    let before = store.usage();
+    let renewed = store
+        .lead_heartbeat(&g, &a, "inc-a", Timestamp(2), Some(hb.version))
+        .await
+        .expect("lead renewal");
+    assert_eq!(
+        store.usage().requests - before.requests,
+        1,
+        "the renewal and the copy are one batch"
+    );
+    let head = follower.head(&g).await.expect("head").expect("view");
+    assert_eq!(head.view.map(|v| v.leader_heartbeat), Some(renewed.version));
+
+    let v2 = store
+        .write_view(
+            &g,
+            &view_of("a", renewed.version.0, &["a", "b"]),
+            v1.version,
+        )
+        .await
+        .expect("second");
+    let v3 = store
+        .write_view(
+            &g,
+            &view_of("a", renewed.version.0, &["a", "c"]),
+            v2.version,
+        )
+        .await
+        .expect("third");
+    let bodies = store.document_ids(&g, "view.").await.expect("ids");
+    assert_eq!(
+        bodies.len(),
+        2,
+        "the current body and the one it replaced: {bodies:?}"
+    );
+    let head = store.handle().head(&g).await.expect("head").expect("view");
+    assert_eq!(head.view, Some(v3));
 }

@@ -632,6 +632,31 @@ impl LeaseStore for SqliteLeaseStore {
         let row = LeaseRow::encode(lease)?;
         let lease = lease.clone();
         self.run("replace", lease.key.to_string(), move |conn| {
+            let new_version = to_sql_version(expected.next())?;
+            let expected_sql = to_sql_version(expected)?;
+            // A checkpoint (every column but the continuation as written, at the expected
+            // version) is one statement in its own transaction: no counter to move, and no
+            // read first. The stored columns it compares are then exactly the valid text it
+            // would write, and a continuation is any text, so the row it overwrites was well
+            // formed. Anything else (a conflict, a missing or malformed row, a change of hands
+            // or of properties) takes the transaction below, which reads the row and says why.
+            let checkpointed = conn
+                .prepare_cached(
+                    "UPDATE changefeed_leases SET continuation = ?6, version = ?10
+                     WHERE group_name = ?1 AND partition = ?2 AND version = ?11
+                     AND state = ?3 AND owner IS ?4 AND next_owner IS ?5 AND start = ?7
+                     AND parents = ?8 AND properties = ?9",
+                )?
+                .execute(&*lease_params(
+                    &lease.key.group.as_str(),
+                    &row.sql_text(),
+                    &[&new_version, &expected_sql],
+                ))?;
+            if checkpointed == 1 {
+                let mut stored = lease;
+                stored.version = expected.next();
+                return Ok(stored);
+            }
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let current = match read_lease(&tx, &lease.key)? {
                 Stored::Absent => return Err(not_found(&lease.key).into()),

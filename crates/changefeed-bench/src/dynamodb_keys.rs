@@ -15,7 +15,11 @@
 //!
 //! The per-key rates are extrapolated per host to 1,000 and 10,000 hosts (rate × N / hosts):
 //! every key's traffic here comes from per-host calls (heartbeats spread over the shards,
-//! head reads of the counter item), so the linear figure bounds it.
+//! head reads of the counter item), so the linear figure bounds it. The counter item's reads
+//! are head reads, which the fleet paces to the store's `head_reads_per_second` (the acquire
+//! cycle stretches to `live hosts ÷ limit`, up to 0.45 × (`handoff_timeout −
+//! safety_margin`)): they are extrapolated with the cycle each fleet size gets, computed by
+//! that rule (`× cycle(hosts) ÷ cycle(N)`).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -65,6 +69,10 @@ pub struct Args {
     /// 127.0.0.1:8000).
     #[arg(long)]
     endpoint: Option<String>,
+    /// The stores' limit on the fleet's head reads per second (default: the DynamoDB store's,
+    /// 2,400). A low one shows the pacing at this machine's fleet size.
+    #[arg(long)]
+    head_reads_per_second: Option<f64>,
 }
 
 #[derive(Debug)]
@@ -280,7 +288,10 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
     }
     let mut hosts = Vec::new();
     for h in 0..args.hosts {
-        let store = DynamoLeaseStore::with_seed(client.clone(), &table, u64::from(h));
+        let mut store = DynamoLeaseStore::with_seed(client.clone(), &table, u64::from(h));
+        if let Some(limit) = args.head_reads_per_second {
+            store = store.with_head_reads_per_second(limit)?;
+        }
         hosts.push(
             Processor::builder()
                 .host(format!("host-{h:03}"))
@@ -331,16 +342,34 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
         "RCU/s@10k"
     );
     let hosts = f64::from(args.hosts);
+    let limit = args
+        .head_reads_per_second
+        .unwrap_or(changefeed_dynamodb::DEFAULT_HEAD_READS_PER_SECOND);
+    // The acquire cycle a fleet of `n` hosts gets (the processor's pacing rule).
+    let cycle = |n: f64| {
+        let base = settings.acquire_interval.as_secs_f64();
+        let cap = 0.45 * (settings.handoff_timeout - settings.safety_margin).as_secs_f64();
+        base.max((n / limit).min(cap))
+    };
+    let counter_key = changefeed_dynamodb::heartbeat_pk(&group);
+    // Per-key units at `n` hosts: linear in the hosts, the counter item's reads paced.
+    let at = |key: &str, write: f64, read: f64, n: f64| {
+        let pace = if key == counter_key {
+            cycle(hosts) / cycle(n)
+        } else {
+            1.0
+        };
+        (write * n / hosts, read * n / hosts * pace)
+    };
     let (mut max_w, mut max_r) = ((String::new(), 0.0f64), (String::new(), 0.0f64));
+    let (mut max_w_at, mut max_r_at) = ([0.0f64; 2], [0.0f64; 2]);
     for (key, u) in &by_key {
         let (w, r) = (u.write / elapsed, u.read / elapsed);
+        let (w1k, r1k) = at(key, w, r, 1_000.0);
+        let (w10k, r10k) = at(key, w, r, 10_000.0);
         println!(
-            "{key:<24} {:>8.1} {w:>10.2} {r:>10.2} {:>12.0} {:>12.0} {:>12.0} {:>12.0}",
+            "{key:<24} {:>8.1} {w:>10.2} {r:>10.2} {w1k:>12.0} {r1k:>12.0} {w10k:>12.0} {r10k:>12.0}",
             u.calls as f64 / elapsed,
-            w * 1_000.0 / hosts,
-            r * 1_000.0 / hosts,
-            w * 10_000.0 / hosts,
-            r * 10_000.0 / hosts,
         );
         if w > max_w.1 {
             max_w = (key.clone(), w);
@@ -348,20 +377,27 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
         if r > max_r.1 {
             max_r = (key.clone(), r);
         }
+        max_w_at = [max_w_at[0].max(w1k), max_w_at[1].max(w10k)];
+        max_r_at = [max_r_at[0].max(r1k), max_r_at[1].max(r10k)];
     }
-    let at = |v: f64, n: f64| v * n / hosts;
-    let over_10k = at(max_w.1, 10_000.0) > WCU_LIMIT || at(max_r.1, 10_000.0) > RCU_LIMIT;
+    let over_10k = max_w_at[1] > WCU_LIMIT || max_r_at[1] > RCU_LIMIT;
     println!(
-        "RESULT hosts={} max_key_wcu_per_s={:.2} max_key_rcu_per_s={:.2} hottest_write_key={} hottest_read_key={} max_key_wcu_per_s_at_1000={:.0} max_key_rcu_per_s_at_1000={:.0} max_key_wcu_per_s_at_10000={:.0} max_key_rcu_per_s_at_10000={:.0} over_limit_at_10000={over_10k}",
+        "head reads paced to {limit} per second: acquire cycle {:.2} s at {hosts} hosts, {:.2} s at 1,000, {:.2} s at 10,000",
+        cycle(hosts),
+        cycle(1_000.0),
+        cycle(10_000.0),
+    );
+    println!(
+        "RESULT hosts={} max_key_wcu_per_s={:.2} max_key_rcu_per_s={:.2} hottest_write_key={} hottest_read_key={} max_key_wcu_per_s_at_1000={:.0} max_key_rcu_per_s_at_1000={:.0} max_key_wcu_per_s_at_10000={:.0} max_key_rcu_per_s_at_10000={:.0} over_limit_at_10000={over_10k} head_reads_per_second_limit={limit}",
         args.hosts,
         max_w.1,
         max_r.1,
         max_w.0,
         max_r.0,
-        at(max_w.1, 1_000.0),
-        at(max_r.1, 1_000.0),
-        at(max_w.1, 10_000.0),
-        at(max_r.1, 10_000.0),
+        max_w_at[0],
+        max_r_at[0],
+        max_w_at[1],
+        max_r_at[1],
     );
     Ok(())
 }

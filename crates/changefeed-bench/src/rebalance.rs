@@ -139,6 +139,7 @@ async fn fleet(
         anchor_costs: anchor,
         trace: TraceMode::Off,
         history: false,
+        head_reads_per_second: None,
     })
     .await;
     conditions.apply(&fleet);

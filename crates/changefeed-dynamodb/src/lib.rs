@@ -45,7 +45,10 @@ pub use aws::AwsOptions;
 pub use error::DynamoError;
 pub use kcl::{import_kcl, ImportReport};
 pub use shards::{heartbeat_shard_pk, A_SHARDS, DEFAULT_HEARTBEAT_SHARDS, MAX_HEARTBEAT_SHARDS};
-pub use store::{heartbeat_pk, lease_pk, Capacity, DynamoLeaseStore, COUNTER_SK, PK, SK};
+pub use store::{
+    heartbeat_pk, lease_pk, Capacity, DynamoLeaseStore, COUNTER_SK, DEFAULT_HEAD_READS_PER_SECOND,
+    PK, SK,
+};
 pub use view::view_pk;
 
 /// The AWS SDK's DynamoDB client, re-exported so callers need not depend on it.

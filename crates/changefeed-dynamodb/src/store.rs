@@ -101,8 +101,15 @@ pub struct DynamoLeaseStore {
     client: Client,
     table: String,
     new_group_shards: u32,
+    head_reads_per_second: f64,
     inner: Arc<Inner>,
 }
+
+/// The default of [`DynamoLeaseStore::with_head_reads_per_second`]: DynamoDB serves about
+/// 3,000 read units a second on one partition key, and a head read is one strongly
+/// consistent read of the counter item (under 4 KB: one unit); a fifth is left for the
+/// leader's reads and the ownership transactions on the same item.
+pub const DEFAULT_HEAD_READS_PER_SECOND: f64 = 2_400.0;
 
 #[derive(Debug)]
 pub(crate) struct Inner {
@@ -158,6 +165,7 @@ impl DynamoLeaseStore {
             client,
             table: table.into(),
             new_group_shards: DEFAULT_HEARTBEAT_SHARDS,
+            head_reads_per_second: DEFAULT_HEAD_READS_PER_SECOND,
             inner: Arc::new(Inner {
                 seen: Mutex::new(HashMap::new()),
                 capacity: Mutex::new(Capacity::default()),
@@ -179,6 +187,32 @@ impl DynamoLeaseStore {
     /// 1..=[`MAX_HEARTBEAT_SHARDS`](crate::MAX_HEARTBEAT_SHARDS).
     pub fn with_heartbeat_shards(mut self, shards: u32) -> Result<Self, LeaseError> {
         self.new_group_shards = check_shards(shards)?;
+        Ok(self)
+    }
+
+    /// The most head reads per second (one read of a group's counter item each) this handle
+    /// asks a fleet to make ([`LeaseStore::head_reads_per_second`]; default
+    /// [`DEFAULT_HEAD_READS_PER_SECOND`]): hosts stretch their acquire cycle to `live hosts ÷
+    /// limit` when that is longer, so a fleet of 10,000 keeps the counter item's key within
+    /// DynamoDB's per-partition read limit. A table with more provisioned or on-demand
+    /// headroom cannot raise one key's limit, so lower it only to leave room for other
+    /// readers of the item.
+    ///
+    /// # Errors
+    /// [`LeaseError::Store`] naming `head_reads_per_second` if it is not a positive finite
+    /// number.
+    pub fn with_head_reads_per_second(mut self, limit: f64) -> Result<Self, LeaseError> {
+        if !(limit.is_finite() && limit > 0.0) {
+            return Err(LeaseError::store(
+                "head_reads_per_second",
+                None,
+                false,
+                DynamoError::other(format!(
+                    "head_reads_per_second must be a positive finite number (got {limit})"
+                )),
+            ));
+        }
+        self.head_reads_per_second = limit;
         Ok(self)
     }
 
@@ -751,6 +785,10 @@ impl DynamoLeaseStore {
 
 #[async_trait]
 impl LeaseStore for DynamoLeaseStore {
+    fn head_reads_per_second(&self) -> Option<f64> {
+        Some(self.head_reads_per_second)
+    }
+
     async fn list(&self, group: &GroupName) -> Result<Listing, LeaseError> {
         let mut listing = Listing::default();
         let mut start: Option<Item> = None;

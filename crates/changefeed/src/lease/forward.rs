@@ -64,6 +64,11 @@ macro_rules! forwarding {
                 Ok(())
             }
 
+            /// [`LeaseStore::head_reads_per_second`] of [`ForwardingStore::inner`].
+            fn head_reads_per_second(&self) -> Option<f64> {
+                self.inner().head_reads_per_second()
+            }
+
             $(
                 #[doc = concat!(
                     "[`LeaseStore::", stringify!($name), "`] on [`ForwardingStore::inner`], ",
@@ -79,6 +84,10 @@ macro_rules! forwarding {
 
         #[async_trait]
         impl<T: ForwardingStore> LeaseStore for T {
+            fn head_reads_per_second(&self) -> Option<f64> {
+                ForwardingStore::head_reads_per_second(self)
+            }
+
             $(
                 async fn $name(&self, $($arg: $ty),*) -> Result<$ret, LeaseError> {
                     ForwardingStore::$name(self, $($arg),*).await

@@ -57,12 +57,21 @@ enum Row {
 #[derive(Debug, Clone, Default)]
 pub struct MemoryLeaseStore {
     groups: Arc<Mutex<HashMap<GroupName, Group>>>,
+    head_reads_per_second: Option<f64>,
 }
 
 impl MemoryLeaseStore {
     /// An empty store.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// This handle declares `limit` as its [`LeaseStore::head_reads_per_second`], as a store
+    /// with a per-key read limit does (the simulator and benchmarks play such a store so).
+    #[must_use]
+    pub fn with_head_reads_per_second(mut self, limit: f64) -> Self {
+        self.head_reads_per_second = Some(limit);
+        self
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<GroupName, Group>> {
@@ -142,6 +151,10 @@ fn malformed(key: &LeaseKey, reason: &str) -> LeaseError {
 
 #[async_trait]
 impl LeaseStore for MemoryLeaseStore {
+    fn head_reads_per_second(&self) -> Option<f64> {
+        self.head_reads_per_second
+    }
+
     async fn list(&self, group: &GroupName) -> Result<Listing, LeaseError> {
         let groups = self.lock();
         let mut listing = Listing::default();

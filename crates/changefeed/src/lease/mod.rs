@@ -198,6 +198,15 @@ pub trait LeaseStore: Send + Sync + std::fmt::Debug {
         Ok(None)
     }
 
+    /// The most [`LeaseStore::head`] reads per second a whole fleet should make of one group,
+    /// for a store whose head is one item under a per-key limit (DynamoDB: about 3,000 read
+    /// units per second on one partition key). Hosts then stretch their acquire cycle to
+    /// `live hosts ÷ this` when that is longer, up to a bound the hand-off protocol allows
+    /// (`docs/protocol.md`, "Pacing the head"). `None` (the default): no limit.
+    fn head_reads_per_second(&self) -> Option<f64> {
+        None
+    }
+
     /// Writes `view` as the group's membership view if the stored one is at `expected` (0: no
     /// view yet); returns it as stored, at version `expected + 1` (`view.version` is ignored).
     /// The change counter does not move.

@@ -122,6 +122,9 @@ impl Host {
             } else {
                 ParentsRule::Wait
             },
+            acquire_interval: p.settings.acquire_interval,
+            safety_margin: p.settings.safety_margin,
+            head_reads_per_second: p.store.head_reads_per_second(),
         };
         let fence_deadline = heartbeat::FenceDeadline::new(fence_at);
         // Registered: from now on the host's health reads its fence record.
@@ -197,7 +200,7 @@ impl Host {
                         _ = cancel.cancelled() => break,
                         _ = self.cycle() => {}
                     }
-                    next_cycle = self.p.clock.now() + self.p.settings.acquire_interval;
+                    next_cycle = self.p.clock.now() + self.state.cycle_interval();
                 }
             }
         }

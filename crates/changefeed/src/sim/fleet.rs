@@ -51,6 +51,9 @@ pub struct FleetConfig {
     pub trace: super::TraceMode,
     /// Keep the delivery ledger and write history (needed by the checker and the timeline).
     pub history: bool,
+    /// The store's limit on the fleet's head reads per second (see
+    /// [`LeaseStore::head_reads_per_second`]): hosts pace their cycles to it. `None`: no limit.
+    pub head_reads_per_second: Option<f64>,
 }
 
 /// The simulator's [`HostKit`]: each host behind fault-injecting seams, whose switches it
@@ -169,7 +172,10 @@ impl Fleet<SimKit> {
         ));
         let clock = Arc::new(VirtualClock::new(WALL_ORIGIN));
         let feed = MemoryFeed::with_clock(cfg.partitions, clock);
-        let store = MemoryLeaseStore::new();
+        let store = match cfg.head_reads_per_second {
+            Some(limit) => MemoryLeaseStore::new().with_head_reads_per_second(limit),
+            None => MemoryLeaseStore::new(),
+        };
         let shared = store.clone();
         let stores: StoreFactory =
             Arc::new(move || Arc::new(shared.clone()) as Arc<dyn LeaseStore>);

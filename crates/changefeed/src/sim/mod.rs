@@ -448,6 +448,15 @@ async fn scenario(mut cfg: SimConfig) -> SimOutcome {
         cfg.settings.checkpoint_mode =
             CheckpointMode::Interval(Duration::from_secs(3 + u64::from(checkpoint_draw) * 5));
     }
+    // The seed's store: with faults on, 3 seeds in 10 (a draw of a generator of its own) play
+    // a store that limits the fleet's head reads, at a rate that stretches every cycle to 1.5
+    // acquire intervals once all hosts are live (`docs/protocol.md`, "Pacing the head").
+    let pacing_draw = {
+        use rand::SeedableRng;
+        rand::rngs::SmallRng::seed_from_u64(cfg.seed ^ 0x7A7A_7A7A).gen_range(0u32..10)
+    };
+    let head_reads_per_second = (!faults.set.is_empty() && pacing_draw < 3)
+        .then(|| cfg.hosts.max(1) as f64 / (1.5 * cfg.settings.acquire_interval.as_secs_f64()));
     let max_duplicates = match cfg.settings.checkpoint_mode {
         CheckpointMode::EveryBatch => Some(cfg.settings.max_batch_size),
         _ => None,
@@ -460,6 +469,7 @@ async fn scenario(mut cfg: SimConfig) -> SimOutcome {
         anchor_costs: false,
         trace: cfg.trace,
         history: true,
+        head_reads_per_second,
     })
     .await;
     #[cfg(feature = "sim-broken")]

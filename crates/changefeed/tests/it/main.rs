@@ -11,6 +11,7 @@ mod limits;
 mod lineage;
 mod multistream;
 mod options;
+mod pacing;
 mod processor;
 mod sim;
 mod worker;

@@ -189,6 +189,7 @@ async fn stall_inside_a_slow_call(broken: Broken) -> Vec<Violation> {
         anchor_costs: false,
         trace: TraceMode::Hash,
         history: true,
+        head_reads_per_second: None,
     })
     .await;
     fleet.set_broken(broken);
@@ -352,6 +353,7 @@ async fn under_conditions(
         anchor_costs: false,
         trace: TraceMode::Off,
         history: true,
+        head_reads_per_second: None,
     })
     .await;
     fleet.store_conditions(latency, counter);
@@ -390,6 +392,7 @@ fn store_latency_delays_every_call() {
                 anchor_costs: false,
                 trace: TraceMode::Off,
                 history: false,
+                head_reads_per_second: None,
             })
             .await;
             fleet.store_conditions(latency, false);

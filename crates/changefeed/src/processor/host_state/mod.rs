@@ -79,6 +79,12 @@ pub(crate) struct StateConfig {
     /// only in the simulator's broken variant `no-admission`).
     pub admission: bool,
     pub parents: ParentsRule,
+    pub acquire_interval: Duration,
+    pub safety_margin: Duration,
+    /// The store's limit on the fleet's head reads ([`LeaseStore::head_reads_per_second`]).
+    ///
+    /// [`LeaseStore::head_reads_per_second`]: crate::lease::LeaseStore::head_reads_per_second
+    pub head_reads_per_second: Option<f64>,
 }
 
 /// What the plan asks of this host now, to carry out in this order.
@@ -336,6 +342,35 @@ impl HostState {
             }
         }
         live.into_iter().collect()
+    }
+
+    /// How long until the next acquire cycle: the acquire interval, stretched when the store
+    /// limits the fleet's head reads ([`StateConfig::head_reads_per_second`]) to the live
+    /// hosts of the view divided by that limit, but never past 0.45 × (`handoff_timeout −
+    /// safety_margin`): a worker delivers only within half of that horizon of the host's
+    /// last confirmation that it knows every hand-off request, which each cycle renews
+    /// (`docs/protocol.md`, "Pacing the head"). Only hosts of a store that keeps a view read
+    /// the head, so only they are paced.
+    pub(crate) fn cycle_interval(&self) -> Duration {
+        let base = self.config.acquire_interval;
+        let Some(limit) = self
+            .config
+            .head_reads_per_second
+            .filter(|l| l.is_finite() && *l > 0.0)
+        else {
+            return base;
+        };
+        if !self.views {
+            return base;
+        }
+        let paced =
+            Duration::try_from_secs_f64(self.live.len() as f64 / limit).unwrap_or(Duration::MAX);
+        let cap = self
+            .config
+            .handoff_timeout
+            .saturating_sub(self.config.safety_margin)
+            .mul_f64(0.45);
+        base.max(paced.min(cap))
     }
 
     /// What to read after a membership read at `now` showing `counter`.

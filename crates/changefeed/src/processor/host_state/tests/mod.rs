@@ -100,6 +100,9 @@ fn config() -> StateConfig {
         grace: 2 * SECOND,
         admission: true,
         parents: ParentsRule::Wait,
+        acquire_interval: 2 * SECOND,
+        safety_margin: 2 * SECOND,
+        head_reads_per_second: None,
     }
 }
 

@@ -104,12 +104,17 @@ impl Script {
 
     /// Renews `h`'s heartbeat as the view's leader: the store copies it into the view.
     async fn lead(&self, h: &str, last: &Heartbeat) -> Heartbeat {
+        self.lead_at(h, last, Timestamp(0)).await
+    }
+
+    /// [`Script::lead`], written at `at` (wall clock).
+    async fn lead_at(&self, h: &str, last: &Heartbeat, at: Timestamp) -> Heartbeat {
         self.store
             .lead_heartbeat(
                 &self.group,
                 &host(h),
                 &format!("inc-{h}"),
-                Timestamp(0),
+                at,
                 Some(last.version),
             )
             .await
@@ -529,6 +534,7 @@ async fn the_hosts_api_gives_the_views_judgment_and_the_age_of_the_heartbeat_rea
             .unwrap_or_else(|| panic!("{n} missing from {v}"))
     };
     let (ha, hb, hc) = (by_name("a"), by_name("b"), by_name("c"));
+    assert_eq!(ha["heartbeat_age_ms"], hb["heartbeat_age_ms"], "{v}");
     assert_eq!(
         (&ha["status"], &ha["leader"], &ha["in_view"]),
         (&json!("live"), &json!(true), &json!("live"))
@@ -549,5 +555,21 @@ async fn the_hosts_api_gives_the_views_judgment_and_the_age_of_the_heartbeat_rea
         (&json!(2), &json!(1)),
         "the newest version seen: the leader's from the view's copy"
     );
-    let _ = a;
+
+    // The leader's row read at the version its copy showed first: its write time as read.
+    tokio::time::advance(settings().heartbeats_every).await;
+    let now = Timestamp(w.wall_ms());
+    s.lead_at("a", &a, now).await;
+    w.refresh().await.expect("refresh");
+    let v = api::hosts(&w, w.wall_ms());
+    assert_eq!(v["heartbeats_read_age_ms"], 0, "{v}");
+    assert_eq!(v["hosts"][0]["name"], "a");
+    assert_eq!(
+        (
+            &v["hosts"][0]["heartbeat_version"],
+            &v["hosts"][0]["heartbeat_age_ms"]
+        ),
+        (&json!(3), &json!(0)),
+        "{v}"
+    );
 }

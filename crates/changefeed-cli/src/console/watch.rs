@@ -423,13 +423,25 @@ impl Watch {
         for host in new.live.iter().map(|h| &h.host).chain(&new.dead) {
             self.see_host(host);
         }
+        // Hosts the console already judged expired itself (the view had gone stale): the new
+        // view listing them dead is not a second expiry.
+        let expired: BTreeSet<HostName> = new
+            .dead
+            .iter()
+            .filter(|h| self.hosts.get(*h).is_some_and(|r| r.expired))
+            .cloned()
+            .collect();
         let old = self.view.replace(new.clone());
         self.expire_the_views_dead();
         if first {
             return;
         }
         for change in view_changes(old.as_ref(), new) {
-            self.record(at, change);
+            let known = change.kind == Kind::Expire
+                && change.host.as_ref().is_some_and(|h| expired.contains(h));
+            if !known {
+                self.record(at, change);
+            }
         }
     }
 
@@ -507,6 +519,9 @@ impl Watch {
                     }
                 }
                 Some(view) => {
+                    // The version seen already (perhaps first from the view's copy of the
+                    // leader's): the row as read, for its write time.
+                    view.heartbeat = row;
                     let still = now.saturating_duration_since(view.since);
                     if !view.expired && still >= self.settings.expire_after {
                         view.expired = true;

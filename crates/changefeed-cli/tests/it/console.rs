@@ -161,6 +161,28 @@ async fn until_page(
     }
 }
 
+/// Polls the page (every 100 ms, up to `limit`) until its hosts table marks a leader that
+/// `accept` accepts; returns it.
+async fn page_leader(client: &Client, limit: Duration, accept: impl Fn(&str) -> bool) -> String {
+    const LEADER: &str = "const r = document.querySelector('#hosts tbody tr:has(.leader)');
+        return r ? r.dataset.host : null;";
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let shown = client
+            .execute(LEADER, vec![])
+            .await
+            .expect("reading the page's hosts table");
+        if let Some(leader) = shown.as_str().filter(|l| accept(l)) {
+            return leader.to_string();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {limit:?} waiting for the page to mark a leader; it marks {shown}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// A 3-host fleet on a 6-partition SQLite feed (each host also gets `host_args(host)`), and
 /// the console on it, refreshing every 200 ms like the hosts' acquire cycle, with
 /// `console_args`; returns the processes, the partitions and the console's port.
@@ -222,7 +244,8 @@ fn port_of(addr: &str) -> u16 {
 #[test]
 fn the_page_shows_a_killed_hosts_partitions_change_owner() {
     // Issue 22: a real browser sees every partition, then, without reloading, the partitions
-    // of a host killed with SIGKILL taken by the others.
+    // of a host killed with SIGKILL (the membership view's leader) taken by the others, the
+    // kill as one expiry in the events, and the fleet's new leader.
     let fx = Fixture::new();
     let (mut procs, partitions, port) = fleet(&fx, |_| Vec::new(), &["--list-every", "2s"]);
     let (driver, driver_port) = chromedriver();
@@ -254,7 +277,10 @@ fn the_page_shows_a_killed_hosts_partitions_change_owner() {
             .execute("window.consoleProbe = 'same page'; return null;", vec![])
             .await
             .expect("marking the page");
-        let victim = before["0"].clone();
+        // The victim is the membership view's leader as the page marks it: its view goes
+        // stale, the console judges the heartbeats itself until the fleet elects another
+        // leader, whose view lists the victim dead.
+        let victim = page_leader(&client, Duration::from_secs(30), |_| true).await;
         let lost: Vec<&String> = before
             .iter()
             .filter(|(_, h)| **h == victim)
@@ -269,6 +295,8 @@ fn the_page_shows_a_killed_hosts_partitions_change_owner() {
         )
         .await;
         assert!(lost.iter().all(|p| after[*p] != victim), "{after:?}");
+        let leader = page_leader(&client, Duration::from_secs(30), |l| l != victim).await;
+        assert_ne!(leader, victim, "the page names the new leader");
         let probe = client
             .execute("return window.consoleProbe || null;", vec![])
             .await
@@ -293,6 +321,14 @@ fn the_page_shows_a_killed_hosts_partitions_change_owner() {
         );
         let taken = format!("from {victim} (expired)");
         assert!(events.contains(&taken), "events feed: {events}");
+        // The kill itself: judged dead by the membership view (or, if the victim led it, by
+        // the console from the heartbeats until a new leader's view lists it dead).
+        let expired = format!("{victim} expired: ");
+        assert_eq!(
+            events.matches(&expired).count(),
+            1,
+            "one expiry of {victim} in the events feed: {events}"
+        );
         assert!(
             timeline.contains(&taken) && timeline.contains("<svg"),
             "timeline: {timeline}"

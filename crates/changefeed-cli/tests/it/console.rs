@@ -471,6 +471,12 @@ fn bad_flags_are_refused_with_the_flag_named() {
         err.contains("--refresh: \"soon\" is not a duration"),
         "{err}"
     );
+    let (code, err) = console(&["--heartbeats-every", "often"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("--heartbeats-every: \"often\" is not a duration"),
+        "{err}"
+    );
     let (code, err) = console(&["--group", "a/b"]);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("--group"), "{err}");

@@ -1,23 +1,27 @@
 //! The console's JSON API, rendered from a [`Watch`] after each refresh:
 //!
-//! - `/api/hosts`: every heartbeat row (and every owner without one): name, heartbeat age,
-//!   leases owned, fenced or expired;
+//! - `/api/hosts`: every host with a heartbeat row, listed in the membership view, or owning
+//!   a lease: name, status (from the view while a leader keeps it fresh: `live`, `dead`,
+//!   `unknown`; otherwise from the heartbeats: `live`, `fenced`, `expired`, `no heartbeat`),
+//!   leader, heartbeat age as of the last heartbeat read (and how old that read is), leases
+//!   owned;
 //! - `/api/leases`: every lease (and every partition without one yet): owner, state,
 //!   checkpoint, lag in records and in seconds, hand-off requested;
 //! - `/api/events`: the events derived from successive reads, oldest first;
 //! - `/api/stats`: what the console's own reads have cost the store;
 //! - `/api/timeline.svg`: the ownership timeline.
 //!
-//! Heartbeat ages are the writer's wall clock against the console's, for display only;
-//! whether a host is fenced or expired is judged, as a host judges, by how long the console
-//! has seen its heartbeat stand still on its own clock (design rule 2).
+//! Heartbeat ages are the writer's wall clock against the console's at the heartbeat read, for
+//! display only. Liveness is the view's judgment while it is fresh (each a rule-2 judgment of
+//! its leader); otherwise whether a host is fenced or expired is judged, as a host judges, by
+//! how long the console has seen its heartbeat stand still on its own clock (design rule 2).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use changefeed::model::{Continuation, HostName, PartitionId};
 use serde_json::{json, Value};
 
-use super::watch::Watch;
+use super::watch::{Judged, Watch};
 
 /// Every document the API serves, rendered at one refresh.
 #[derive(Debug, Default)]
@@ -52,49 +56,76 @@ pub fn hosts(watch: &Watch, now: i64) -> Value {
             *owned.entry(owner).or_default() += 1;
         }
     }
-    let mono = watch.now();
-    let mut out: Vec<Value> = watch
-        .hosts
-        .iter()
-        .map(|(name, view)| {
-            let status = if view.expired {
-                "expired"
-            } else if view.fenced {
-                "fenced"
-            } else {
-                "live"
+    let judged = watch.judged(watch.now());
+    let view = watch.view.as_ref();
+    // Every host with a row, listed in the view, or owning a lease.
+    let mut names: BTreeSet<&HostName> = watch.hosts.keys().collect();
+    names.extend(owned.keys().copied());
+    if let Some(v) = view {
+        names.extend(v.live.iter().map(|h| &h.host));
+        names.extend(&v.dead);
+    }
+    let read_at = watch.heartbeats_read_at();
+    let out: Vec<Value> = names
+        .into_iter()
+        .map(|name| {
+            let row = watch.hosts.get(name);
+            let live = view.and_then(|v| v.live.iter().find(|h| h.host == *name));
+            let in_view = view.map(|v| {
+                if live.is_some() {
+                    "live"
+                } else if v.dead.contains(name) {
+                    "dead"
+                } else {
+                    "unknown"
+                }
+            });
+            let status = match (judged, in_view, row) {
+                (Judged::View, Some(listed), _) => listed,
+                (_, _, Some(r)) if r.expired => "expired",
+                (_, _, Some(r)) if r.fenced => "fenced",
+                (_, _, Some(_)) => "live",
+                (_, _, None) => "no heartbeat",
             };
+            let (fenced, expired) = match (judged, row) {
+                (Judged::View, _) => (status == "dead", status == "dead"),
+                (Judged::Heartbeats, Some(r)) => (r.fenced, r.expired),
+                (Judged::Heartbeats, None) => (true, true),
+            };
+            let incarnation = live
+                .map(|h| &*h.incarnation)
+                .or(row.map(|r| &*r.heartbeat.incarnation));
             json!({
                 "name": name.as_str(),
                 "status": status,
-                "fenced": view.fenced,
-                "expired": view.expired,
-                "heartbeat_age_ms": now.saturating_sub(view.heartbeat.written_at.millis()),
-                "unchanged_ms": mono.saturating_duration_since(view.since).as_millis() as u64,
-                "heartbeat_version": view.heartbeat.version.0,
-                "incarnation": &*view.heartbeat.incarnation,
+                "leader": view.is_some_and(|v| v.leader == *name && live.is_some()),
+                "in_view": in_view,
+                "fenced": fenced,
+                "expired": expired,
+                "heartbeat_age_ms": row.map(|r| watch.heartbeats_at_ms.saturating_sub(r.heartbeat.written_at.millis())),
+                "unchanged_ms": row.zip(read_at).map(|(r, at)| at.saturating_duration_since(r.since).as_millis() as u64),
+                "heartbeat_version": row.map(|r| r.heartbeat.version.0),
+                "incarnation": incarnation,
                 "leases_owned": owned.get(name).copied().unwrap_or(0),
                 "colour": watch.colour(name),
             })
         })
         .collect();
-    for (name, n) in &owned {
-        if !watch.hosts.contains_key(*name) {
-            out.push(json!({
-                "name": name.as_str(),
-                "status": "no heartbeat",
-                "fenced": true,
-                "expired": true,
-                "heartbeat_age_ms": null,
-                "unchanged_ms": null,
-                "heartbeat_version": null,
-                "incarnation": null,
-                "leases_owned": n,
-                "colour": watch.colour(name),
-            }));
-        }
-    }
-    json!({"group": watch.group.as_str(), "now_ms": now, "hosts": out, "error": watch.error})
+    json!({
+        "group": watch.group.as_str(),
+        "now_ms": now,
+        "judged_by": judged.as_str(),
+        "view": view.map(|v| json!({
+            "version": v.version,
+            "leader": v.leader.as_str(),
+            "live": v.live.len(),
+            "dead": v.dead.len(),
+        })),
+        "heartbeats_as_of_ms": watch.heartbeats_at_ms,
+        "heartbeats_read_age_ms": now.saturating_sub(watch.heartbeats_at_ms),
+        "hosts": out,
+        "error": watch.error,
+    })
 }
 
 /// `/api/leases`.
@@ -191,10 +222,15 @@ pub fn stats(watch: &Watch) -> Value {
         "lists": c.lists,
         "lease_rows_read": c.lease_rows_read,
         "heartbeat_rows_read": c.heartbeat_rows_read,
+        "head_rows_read": c.head_rows_read,
+        "heartbeat_reads": watch.heartbeat_reads,
+        "rows_read": c.lease_rows_read + c.heartbeat_rows_read + c.head_rows_read,
         "per_refresh": {
             "reads": c.reads as f64 / n,
             "lease_rows_read": c.lease_rows_read as f64 / n,
             "heartbeat_rows_read": c.heartbeat_rows_read as f64 / n,
+            "head_rows_read": c.head_rows_read as f64 / n,
+            "rows_read": (c.lease_rows_read + c.heartbeat_rows_read + c.head_rows_read) as f64 / n,
         },
     })
 }

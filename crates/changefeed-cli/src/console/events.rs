@@ -60,8 +60,10 @@ pub enum Kind {
     Fence,
     /// A host's heartbeat stood still past `lease_expiry`: its leases are free to take.
     Expire,
-    /// A fenced or expired host's heartbeat moved again.
+    /// A fenced or expired host's heartbeat moved again (or the view lists it live again).
     Resume,
+    /// A host leads the membership view (it wrote a view naming itself leader).
+    Lead,
 }
 
 impl Kind {
@@ -84,6 +86,7 @@ impl Kind {
             Kind::Fence => "fence",
             Kind::Expire => "expire",
             Kind::Resume => "resume",
+            Kind::Lead => "lead",
         }
     }
 

@@ -8,10 +8,13 @@
 //! more. The page (`page.html`) is one self-contained document whose small script polls the
 //! API; nothing is fetched from elsewhere.
 //!
-//! What it costs the store per refresh: one membership read (a row per host); a
-//! `list_changes` when the change counter moved (a row per lease that changed hands); a full
-//! list every `--list-every` (for checkpoints and lag, which do not move the counter). A host
-//! reads the same way each acquire cycle (`docs/operations.md` has the measured figures).
+//! What it costs the store per refresh, from a store that keeps a membership view: the head
+//! row (the change counter and the view); a `list_changes` when the counter moved (a row per
+//! lease that changed hands); every heartbeat row only when the view's version moved, every
+//! `--heartbeats-every`, or while no fresh view is kept; a full list every `--list-every`
+//! (for checkpoints and lag, which do not move the counter). A host that does not lead reads
+//! the same way each acquire cycle (`docs/operations.md` has the measured figures). From a
+//! store without a view, every heartbeat each refresh instead of the head.
 
 mod api;
 mod events;
@@ -59,6 +62,11 @@ pub struct Args {
     /// How often the whole lease table is read, for checkpoints and lag.
     #[arg(long, value_name = "DURATION", default_value = "30s")]
     list_every: String,
+    /// With a membership view, how often every heartbeat row is read for the heartbeat ages
+    /// shown (they are read too whenever the view's version moves, and every refresh while no
+    /// leader keeps the view fresh).
+    #[arg(long, value_name = "DURATION", default_value = "20s")]
+    heartbeats_every: String,
     /// The fleet's lease expiry: a host whose heartbeat stands still this long is expired.
     #[arg(long, value_name = "DURATION", default_value = "10s")]
     lease_expiry: String,
@@ -91,6 +99,7 @@ impl Args {
         }
         let settings = Settings {
             list_every: parse_duration("--list-every", &self.list_every)?,
+            heartbeats_every: parse_duration("--heartbeats-every", &self.heartbeats_every)?,
             fence_after: lease_expiry - safety_margin,
             expire_after: lease_expiry,
             handoff_timeout: parse_duration("--handoff-timeout", &self.handoff_timeout)?,
@@ -217,8 +226,8 @@ impl Console {
 
     /// The console of `changefeed demo --console`: the demo's SQLite file as store and source,
     /// hosts judged by the demo's timing settings (`lease_expiry` 3s, `safety_margin` 1s,
-    /// `handoff_timeout` 3s), refreshed every second (the hosts' acquire interval), lag every
-    /// 5 s, and the whole run in the timeline.
+    /// `handoff_timeout` 3s), refreshed every second (the hosts' acquire interval), lag and
+    /// heartbeat ages every 5 s, and the whole run in the timeline.
     ///
     /// # Errors
     /// As for [`Console::start`], and if the file cannot be opened.
@@ -231,6 +240,7 @@ impl Console {
     ) -> anyhow::Result<Self> {
         let settings = Settings {
             list_every: Duration::from_secs(5),
+            heartbeats_every: Duration::from_secs(5),
             fence_after: Duration::from_secs(2),
             expire_after: Duration::from_secs(3),
             handoff_timeout: Duration::from_secs(3),
@@ -266,9 +276,11 @@ impl Console {
 fn cost_line(refreshes: u64, c: &StoreCounts) -> String {
     let n = refreshes.max(1) as f64;
     format!(
-        "console store cost: {refreshes} refreshes, {} reads ({:.2}/refresh), {} lease rows ({:.2}/refresh), {} heartbeat rows ({:.2}/refresh), {} full lists",
+        "console store cost: {refreshes} refreshes, {} reads ({:.2}/refresh), {} head rows ({:.2}/refresh), {} lease rows ({:.2}/refresh), {} heartbeat rows ({:.2}/refresh), {} full lists",
         c.reads,
         c.reads as f64 / n,
+        c.head_rows_read,
+        c.head_rows_read as f64 / n,
         c.lease_rows_read,
         c.lease_rows_read as f64 / n,
         c.heartbeat_rows_read,

@@ -3,10 +3,27 @@
 use super::*;
 use crate::http::tests::body;
 use changefeed::clock::VirtualClock;
-use changefeed::lease::MemoryLeaseStore;
+use changefeed::lease::{ForwardingStore, MemoryLeaseStore};
 use changefeed::model::{
-    Heartbeat, HostName, Lease, LeaseKey, LeaseState, PartitionId, Position, Timestamp,
+    GroupHead, Heartbeat, HostName, Lease, LeaseKey, LeaseState, MembershipView, PartitionId,
+    Position, Timestamp, ViewHost,
 };
+use serde_json::{json, Value};
+
+/// The memory store as a store that keeps no membership view: `head` answers `None`.
+#[derive(Debug)]
+struct NoView(Arc<MemoryLeaseStore>);
+
+#[async_trait::async_trait]
+impl ForwardingStore for NoView {
+    fn inner(&self) -> &dyn LeaseStore {
+        &*self.0
+    }
+
+    async fn head(&self, _: &GroupName) -> Result<Option<GroupHead>, changefeed::LeaseError> {
+        Ok(None)
+    }
+}
 
 fn settings() -> Settings {
     Settings {
@@ -15,6 +32,7 @@ fn settings() -> Settings {
         expire_after: Duration::from_secs(3),
         handoff_timeout: Duration::from_secs(5),
         window: Duration::from_secs(120),
+        heartbeats_every: Duration::from_secs(10),
     }
 }
 
@@ -84,9 +102,61 @@ impl Script {
             .expect("heartbeat")
     }
 
+    /// Renews `h`'s heartbeat as the view's leader: the store copies it into the view.
+    async fn lead(&self, h: &str, last: &Heartbeat) -> Heartbeat {
+        self.lead_at(h, last, Timestamp(0)).await
+    }
+
+    /// [`Script::lead`], written at `at` (wall clock).
+    async fn lead_at(&self, h: &str, last: &Heartbeat, at: Timestamp) -> Heartbeat {
+        self.store
+            .lead_heartbeat(
+                &self.group,
+                &host(h),
+                &format!("inc-{h}"),
+                at,
+                Some(last.version),
+            )
+            .await
+            .expect("lead heartbeat")
+    }
+
+    /// Writes a view led by `leader` (whose heartbeat is `beat`) listing `live` and `dead`.
+    async fn view(&self, beat: &Heartbeat, live: &[&str], dead: &[&str]) -> MembershipView {
+        let current = self
+            .store
+            .head(&self.group)
+            .await
+            .expect("head")
+            .and_then(|h| h.view)
+            .map_or(0, |v| v.version);
+        let view = MembershipView {
+            version: 0,
+            leader: beat.host.clone(),
+            leader_incarnation: beat.incarnation.clone(),
+            leader_heartbeat: beat.version,
+            live: live
+                .iter()
+                .map(|h| ViewHost {
+                    host: host(h),
+                    incarnation: format!("inc-{h}").into(),
+                })
+                .collect(),
+            dead: dead.iter().map(|h| host(h)).collect(),
+        };
+        self.store
+            .write_view(&self.group, &view, current)
+            .await
+            .expect("write view")
+    }
+
     fn watch(&self) -> Watch {
+        self.watch_of(self.store.clone())
+    }
+
+    fn watch_of(&self, store: Arc<dyn LeaseStore>) -> Watch {
         Watch::new(
-            self.store.clone(),
+            store,
             None,
             self.group.clone(),
             settings(),
@@ -227,15 +297,16 @@ async fn events_are_derived_from_successive_reads_of_the_store() {
 
 #[tokio::test(start_paused = true)]
 async fn a_refresh_reads_the_membership_and_only_the_leases_that_changed_hands() {
-    // Issue 22: the console costs the store no more than a host: a membership read per
-    // refresh, the changed rows when the change counter moved, a full list every list_every.
+    // Issue 22, from a store without a membership view: the console costs the store no more
+    // than a host: a membership read per refresh, the changed rows when the change counter
+    // moved, a full list every list_every.
     let s = Script::new();
     for i in 0..100 {
         s.create(&i.to_string(), &[]).await;
         s.own(&i.to_string(), Some("a"), None).await;
     }
     s.beat("a", None).await;
-    let mut w = s.watch();
+    let mut w = s.watch_of(Arc::new(NoView(s.store.clone())));
     w.refresh().await.expect("refresh");
     let first = w.cost();
     assert_eq!(
@@ -344,5 +415,161 @@ async fn the_api_serves_hosts_leases_events_and_the_timeline_as_documented() {
     assert_eq!(
         answer(&p, &Method::POST, "/api/hosts").status(),
         StatusCode::METHOD_NOT_ALLOWED
+    );
+}
+
+/// The reads of one refresh: (calls, head rows, heartbeat rows, lease rows).
+async fn one_refresh(w: &mut Watch) -> (u64, u64, u64, u64) {
+    let before = w.cost();
+    w.refresh().await.expect("refresh");
+    let c = w.cost().since(&before);
+    (
+        c.reads,
+        c.head_rows_read,
+        c.heartbeat_rows_read,
+        c.lease_rows_read,
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_a_view_a_refresh_reads_the_head_and_the_heartbeats_only_when_it_must() {
+    // The console reads as a host that does not lead: one head row per refresh. Every
+    // heartbeat is read at the first refresh, when the view's version moves, every
+    // heartbeats_every, and every refresh while no leader keeps the view fresh.
+    let s = Script::new();
+    for i in 0..10 {
+        s.create(&i.to_string(), &[]).await;
+        s.own(
+            &i.to_string(),
+            Some(if i % 2 == 0 { "a" } else { "b" }),
+            None,
+        )
+        .await;
+    }
+    let mut a = s.beat("a", None).await;
+    let mut b = s.beat("b", None).await;
+    s.view(&a, &["a", "b"], &[]).await;
+    let mut w = s.watch();
+    assert_eq!(
+        one_refresh(&mut w).await,
+        (3, 1, 2, 10),
+        "head, heartbeats, list"
+    );
+    assert_eq!(w.judged(w.now()), super::watch::Judged::View);
+
+    // Steady state: the leader's renewals keep the view fresh; one head row a refresh, and
+    // the heartbeats once every heartbeats_every (10 s here).
+    let mut rows = Vec::new();
+    for _ in 0..12 {
+        tokio::time::advance(Duration::from_secs(1)).await;
+        a = s.lead("a", &a).await;
+        b = s.beat("b", Some(&b)).await;
+        rows.push(one_refresh(&mut w).await);
+    }
+    let heartbeat_reads: Vec<usize> = (0..12).filter(|i| rows[*i].2 > 0).collect();
+    assert_eq!(heartbeat_reads, [9], "{rows:?}");
+    assert!(rows.iter().all(|r| r.1 == 1 && r.3 == 0), "{rows:?}");
+    assert_eq!(rows[0], (1, 1, 0, 0));
+
+    // A new judgment (b dead) moves the version: the rows are read at once, and b's lease
+    // taken by a is a take of an expired lease.
+    s.view(&a, &["a"], &["b"]).await;
+    let mut seen = w.events.len();
+    assert_eq!(one_refresh(&mut w).await, (2, 1, 2, 0));
+    assert_eq!(
+        new_events(&w, &mut seen),
+        ["expire b expired: judged dead by a's membership view"]
+    );
+    s.own("1", Some("a"), None).await;
+    assert_eq!(one_refresh(&mut w).await, (2, 1, 0, 1));
+    assert_eq!(
+        new_events(&w, &mut seen),
+        ["take a took 1 from b (expired)"]
+    );
+
+    // The leader stops renewing: once the view has stood still for lease_expiry, no leader
+    // keeps it and the console judges the heartbeats itself, reading them every refresh.
+    tokio::time::advance(settings().expire_after).await;
+    assert_eq!(one_refresh(&mut w).await, (2, 1, 2, 0));
+    assert_eq!(w.judged(w.now()), super::watch::Judged::Heartbeats);
+    assert_eq!(one_refresh(&mut w).await, (2, 1, 2, 0));
+    assert_eq!(
+        new_events(&w, &mut seen),
+        ["expire a expired: heartbeat unchanged for 3.0s"],
+        "a's copy in the view counts as a sighting of its heartbeat"
+    );
+    assert_eq!(w.cost().writes, 0, "the console never writes");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_hosts_api_gives_the_views_judgment_and_the_age_of_the_heartbeat_read() {
+    // /api/hosts with a fresh view: each host live, dead or unknown as the view lists it, the
+    // leader marked, heartbeat ages as of the last heartbeat read, and how old that read is.
+    let s = Script::new();
+    for p in ["0", "1", "2"] {
+        s.create(p, &[]).await;
+    }
+    let mut a = s.beat("a", None).await;
+    s.beat("b", None).await;
+    s.own("0", Some("a"), None).await;
+    s.own("1", Some("b"), None).await;
+    s.own("2", Some("c"), None).await;
+    s.view(&a, &["a"], &["b"]).await;
+    let mut w = s.watch();
+    w.refresh().await.expect("refresh");
+    tokio::time::advance(Duration::from_secs(4)).await;
+    a = s.lead("a", &a).await;
+    w.refresh().await.expect("refresh");
+    let v = api::hosts(&w, w.wall_ms());
+    assert_eq!(v["judged_by"], "view");
+    assert_eq!(v["view"]["leader"], "a");
+    assert_eq!(v["heartbeats_read_age_ms"], 4000, "{v}");
+    let by_name = |n: &str| {
+        v["hosts"]
+            .as_array()
+            .expect("hosts")
+            .iter()
+            .find(|h| h["name"] == n)
+            .cloned()
+            .unwrap_or_else(|| panic!("{n} missing from {v}"))
+    };
+    let (ha, hb, hc) = (by_name("a"), by_name("b"), by_name("c"));
+    assert_eq!(ha["heartbeat_age_ms"], hb["heartbeat_age_ms"], "{v}");
+    assert_eq!(
+        (&ha["status"], &ha["leader"], &ha["in_view"]),
+        (&json!("live"), &json!(true), &json!("live"))
+    );
+    assert_eq!(
+        (&hb["status"], &hb["expired"]),
+        (&json!("dead"), &json!(true))
+    );
+    assert_eq!(
+        (&hc["status"], &hc["leader"]),
+        (&json!("unknown"), &json!(false))
+    );
+    assert_eq!(hc["heartbeat_age_ms"], Value::Null, "c has no row");
+    // Heartbeats written at wall 0, read at the console's wall clock at the first refresh.
+    assert_eq!(ha["heartbeat_age_ms"], json!(v["heartbeats_as_of_ms"]));
+    assert_eq!(
+        (&ha["heartbeat_version"], &hb["heartbeat_version"]),
+        (&json!(2), &json!(1)),
+        "the newest version seen: the leader's from the view's copy"
+    );
+
+    // The leader's row read at the version its copy showed first: its write time as read.
+    tokio::time::advance(settings().heartbeats_every).await;
+    let now = Timestamp(w.wall_ms());
+    s.lead_at("a", &a, now).await;
+    w.refresh().await.expect("refresh");
+    let v = api::hosts(&w, w.wall_ms());
+    assert_eq!(v["heartbeats_read_age_ms"], 0, "{v}");
+    assert_eq!(v["hosts"][0]["name"], "a");
+    assert_eq!(
+        (
+            &v["hosts"][0]["heartbeat_version"],
+            &v["hosts"][0]["heartbeat_age_ms"]
+        ),
+        (&json!(3), &json!(0)),
+        "{v}"
     );
 }

@@ -1,7 +1,16 @@
-//! The console's view of one group, kept up to date from the store the way a host keeps its
-//! own: a membership read per refresh, the leases that changed hands when the change counter
-//! moved ([`LeaseStore::list_changes`]), and a full list only every `list_every` (for the
+//! The console's view of one group, kept up to date from the store the way a host that does
+//! not lead keeps its own: the head row per refresh (the change counter and the membership
+//! view, [`LeaseStore::head`]), the leases that changed hands when the counter moved
+//! ([`LeaseStore::list_changes`]), and a full list only every `list_every` (for the
 //! checkpoints, which do not move the counter, and so for the lag).
+//!
+//! Liveness comes from the view while a leader keeps it fresh: live, judged dead, or unknown
+//! (in neither list), and who leads. The heartbeat rows are read only when they must be: when
+//! the view's version moved (a new judgment: someone joined, died or came back), every
+//! `heartbeats_every` (so the heartbeat ages shown stay roughly fresh), and every refresh while
+//! there is no fresh view (the fleet elects a leader, and the console judges each heartbeat on
+//! its own clock as the hosts then do). A store that keeps no view is read as before the view:
+//! every heartbeat each refresh, judged on the console's clock.
 //!
 //! It owns the leases and heartbeats last read, the events derived by comparing them
 //! ([`super::events`]) and the [`Timeline`]. It writes nothing. Every store call goes
@@ -13,7 +22,9 @@ use std::time::Duration;
 
 use changefeed::clock::{Clock, Instant};
 use changefeed::lease::{CountingStore, LeaseStore, StoreCounts, StoreStats};
-use changefeed::model::{GroupName, Heartbeat, HostName, Lease, LeaseKey, PartitionId};
+use changefeed::model::{
+    GroupName, Heartbeat, HostName, Lease, LeaseKey, MembershipView, PartitionId, Version,
+};
 use changefeed::source::FeedSource;
 use changefeed::LeaseError;
 
@@ -37,6 +48,29 @@ pub struct Settings {
     pub handoff_timeout: Duration,
     /// How much history the timeline keeps.
     pub window: Duration,
+    /// With a membership view, the heartbeat rows are read at least this often (and whenever
+    /// the view's version moves), for the heartbeat ages shown.
+    pub heartbeats_every: Duration,
+}
+
+/// How a host's liveness is judged at a refresh.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Judged {
+    /// From the membership view, which its leader keeps fresh.
+    View,
+    /// From the heartbeat rows, on the console's clock: the store keeps no view, or no leader
+    /// keeps it fresh.
+    Heartbeats,
+}
+
+impl Judged {
+    /// The name the API uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Judged::View => "view",
+            Judged::Heartbeats => "heartbeats",
+        }
+    }
 }
 
 /// A host as the console last saw it.
@@ -88,6 +122,18 @@ pub struct Watch {
     pub(super) unleased: Vec<PartitionId>,
     pub(super) lag: HashMap<PartitionId, Lag>,
     pub(super) hosts: BTreeMap<HostName, HostView>,
+    /// The store answered the last head read: it keeps a membership view.
+    pub(super) views: bool,
+    /// The last membership view read.
+    pub(super) view: Option<MembershipView>,
+    /// When the view's version or its copy of the leader's heartbeat last moved.
+    view_moved_at: Option<Instant>,
+    /// When the heartbeat rows were last read, and the view's version then.
+    heartbeats_read_at: Option<(Instant, u64)>,
+    /// Wall time of the last heartbeat read: the age of the heartbeat ages shown.
+    pub(super) heartbeats_at_ms: i64,
+    /// Heartbeat reads (calls) so far.
+    pub(super) heartbeat_reads: u64,
     /// The colour index of every host ever seen, in order of first sight.
     colours: BTreeMap<HostName, usize>,
     /// When each pending hand-off request was first seen.
@@ -105,7 +151,11 @@ pub struct Watch {
 
 impl Judge for Watch {
     fn alive(&self, host: &HostName) -> bool {
-        self.hosts.get(host).is_some_and(|h| !h.expired)
+        match (self.judged(self.clock.now()), &self.view) {
+            // An owner the view does not list dead counts as live, as the hosts count it.
+            (Judged::View, Some(view)) => !view.dead.contains(host),
+            _ => self.hosts.get(host).is_some_and(|h| !h.expired),
+        }
     }
 
     fn request_overdue(&self, partition: &PartitionId) -> bool {
@@ -138,6 +188,12 @@ impl Watch {
             unleased: Vec::new(),
             lag: HashMap::new(),
             hosts: BTreeMap::new(),
+            views: false,
+            view: None,
+            view_moved_at: None,
+            heartbeats_read_at: None,
+            heartbeats_at_ms: 0,
+            heartbeat_reads: 0,
             colours: BTreeMap::new(),
             requests: HashMap::new(),
             counter: None,
@@ -165,6 +221,11 @@ impl Watch {
     fn see_host(&mut self, host: &HostName) {
         let next = self.colours.len();
         self.colours.entry(host.clone()).or_insert(next);
+    }
+
+    /// When the heartbeat rows were last read, on the console's clock.
+    pub fn heartbeats_read_at(&self) -> Option<Instant> {
+        self.heartbeats_read_at.map(|(at, _)| at)
     }
 
     /// The console's monotonic time now.
@@ -196,24 +257,64 @@ impl Watch {
         result
     }
 
+    /// How liveness is judged at `now`: by the view while one is fresh (its version or its
+    /// copy of the leader's heartbeat moved within `expire_after`) and lists its leader live,
+    /// as a host goes by it; otherwise from the heartbeat rows.
+    pub fn judged(&self, now: Instant) -> Judged {
+        let fresh = self
+            .view_moved_at
+            .is_some_and(|at| now.saturating_duration_since(at) < self.settings.expire_after);
+        match &self.view {
+            Some(v) if fresh && v.admits(&v.leader, &v.leader_incarnation) => Judged::View,
+            _ => Judged::Heartbeats,
+        }
+    }
+
+    /// Whether this refresh reads the heartbeat rows (a store with a view, read at `now`).
+    fn heartbeats_due(&self, now: Instant) -> bool {
+        let version = self.view.as_ref().map_or(0, |v| v.version);
+        self.judged(now) == Judged::Heartbeats
+            || self.heartbeats_read_at.is_none_or(|(at, seen)| {
+                seen != version
+                    || now.saturating_duration_since(at) >= self.settings.heartbeats_every
+            })
+    }
+
     async fn read(&mut self) -> anyhow::Result<()> {
         use anyhow::Context as _;
         let first = self.refreshes == 0;
-        let membership = self
+        let head = self
             .store
-            .membership(&self.group)
+            .head(&self.group)
             .await
-            .context("reading the heartbeats")?;
+            .context("reading the group's head row")?;
         let now = self.clock.now();
         let at = self.wall_ms();
-        self.observe_hosts(membership.hosts, now, at, first);
+        self.views = head.is_some();
+        let counter = match head {
+            Some(head) => {
+                self.take_view(head.view.as_ref(), now, at, first);
+                if self.heartbeats_due(now) {
+                    let membership = self.read_heartbeats().await?;
+                    let now = self.clock.now();
+                    let judge = self.judged(now) == Judged::Heartbeats;
+                    self.observe_hosts(membership.hosts, now, at, first, judge);
+                }
+                head.change_counter
+            }
+            None => {
+                let membership = self.read_heartbeats().await?;
+                self.observe_hosts(membership.hosts, now, at, first, true);
+                membership.change_counter
+            }
+        };
         let full_due = self
             .last_full
             .is_none_or(|t| now.saturating_duration_since(t) >= self.settings.list_every);
         let mut changed: Vec<PartitionId> = Vec::new();
         if full_due {
-            self.full_list(membership.change_counter, at, first).await?;
-        } else if self.counter != Some(membership.change_counter) {
+            self.full_list(counter, at, first).await?;
+        } else if self.counter != Some(counter) {
             let since = self.counter.unwrap_or(0);
             let changes = self
                 .store
@@ -222,6 +323,12 @@ impl Watch {
                 .context("reading the leases that changed hands")?;
             match changes {
                 Some(changes) => {
+                    if changes.counter != counter {
+                        // Leases changed hands after the head was read: a take among them was
+                        // made under a view at least as new as the head holding its counter,
+                        // so read that before naming the takes (as a host re-reads it).
+                        self.reread_head(at).await?;
+                    }
                     for bad in &changes.malformed {
                         let text = bad.to_string();
                         if !self.malformed.contains(&text) {
@@ -239,7 +346,7 @@ impl Watch {
                     self.apply(changes.leases, at, first);
                     self.counter = Some(changes.counter);
                 }
-                None => self.full_list(membership.change_counter, at, first).await?,
+                None => self.full_list(counter, at, first).await?,
             }
         }
         self.track_requests(now);
@@ -253,7 +360,102 @@ impl Watch {
         Ok(())
     }
 
-    fn observe_hosts(&mut self, rows: Vec<Heartbeat>, now: Instant, at: i64, first: bool) {
+    /// Every heartbeat row and the change counter, in one read.
+    async fn read_heartbeats(&mut self) -> anyhow::Result<changefeed::model::Membership> {
+        use anyhow::Context as _;
+        let membership = self
+            .store
+            .membership(&self.group)
+            .await
+            .context("reading the heartbeats")?;
+        let version = self.view.as_ref().map_or(0, |v| v.version);
+        self.heartbeats_read_at = Some((self.clock.now(), version));
+        self.heartbeats_at_ms = self.wall_ms();
+        self.heartbeat_reads += 1;
+        Ok(membership)
+    }
+
+    /// Reads the head again, for its view only (a store with a view; nothing otherwise).
+    async fn reread_head(&mut self, at: i64) -> anyhow::Result<()> {
+        use anyhow::Context as _;
+        if !self.views {
+            return Ok(());
+        }
+        let head = self
+            .store
+            .head(&self.group)
+            .await
+            .context("reading the group's head row")?;
+        if let Some(head) = head {
+            let now = self.clock.now();
+            self.take_view(head.view.as_ref(), now, at, false);
+        }
+        Ok(())
+    }
+
+    /// Takes in the view of a head read that returned at `now`: a newer one (by version, or
+    /// by its copy of the leader's heartbeat) replaces the one known, and the hosts whose
+    /// judgment it changed are events (none at the first read, the baseline).
+    fn take_view(&mut self, view: Option<&MembershipView>, now: Instant, at: i64, first: bool) {
+        let Some(new) = view else {
+            return;
+        };
+        let known = self
+            .view
+            .as_ref()
+            .map_or((0, Version(0)), |v| (v.version, v.leader_heartbeat));
+        if (new.version, new.leader_heartbeat) <= known {
+            return;
+        }
+        self.view_moved_at = Some(now);
+        // The copy of the leader's heartbeat is a sighting of its row at that version, as a
+        // host takes it: should the view go stale, the leader is judged from it at once.
+        if let Some(row) = self.hosts.get_mut(&new.leader) {
+            if *row.heartbeat.incarnation == *new.leader_incarnation
+                && row.heartbeat.version < new.leader_heartbeat
+            {
+                row.heartbeat.version = new.leader_heartbeat;
+                row.since = now;
+                row.fenced = false;
+                row.expired = false;
+            }
+        }
+        for host in new.live.iter().map(|h| &h.host).chain(&new.dead) {
+            self.see_host(host);
+        }
+        // Hosts the console already judged expired itself (the view had gone stale): the new
+        // view listing them dead is not a second expiry.
+        let expired: BTreeSet<HostName> = new
+            .dead
+            .iter()
+            .filter(|h| self.hosts.get(*h).is_some_and(|r| r.expired))
+            .cloned()
+            .collect();
+        let old = self.view.replace(new.clone());
+        self.expire_the_views_dead();
+        if first {
+            return;
+        }
+        for change in view_changes(old.as_ref(), new) {
+            let known = change.kind == Kind::Expire
+                && change.host.as_ref().is_some_and(|h| expired.contains(h));
+            if !known {
+                self.record(at, change);
+            }
+        }
+    }
+
+    /// Takes in the heartbeat rows read at `now`. With `judge`, the console judges the hosts
+    /// from them (fence, expiry) and tells what changed as events; without (the view judges),
+    /// the rows are only kept, for their ages.
+    fn observe_hosts(
+        &mut self,
+        rows: Vec<Heartbeat>,
+        now: Instant,
+        at: i64,
+        first: bool,
+        judge: bool,
+    ) {
         let present: BTreeSet<HostName> = rows.iter().map(|h| h.host.clone()).collect();
         let gone: Vec<HostName> = self
             .hosts
@@ -263,14 +465,16 @@ impl Watch {
             .collect();
         for host in gone {
             self.hosts.remove(&host);
-            self.record(
-                at,
-                Change::host(
-                    Kind::Leave,
-                    &host,
-                    format!("{host} left (heartbeat row removed)"),
-                ),
-            );
+            if judge {
+                self.record(
+                    at,
+                    Change::host(
+                        Kind::Leave,
+                        &host,
+                        format!("{host} left (heartbeat row removed)"),
+                    ),
+                );
+            }
         }
         for row in rows {
             let host = row.host.clone();
@@ -315,6 +519,9 @@ impl Watch {
                     }
                 }
                 Some(view) => {
+                    // The version seen already (perhaps first from the view's copy of the
+                    // leader's): the row as read, for its write time.
+                    view.heartbeat = row;
                     let still = now.saturating_duration_since(view.since);
                     if !view.expired && still >= self.settings.expire_after {
                         view.expired = true;
@@ -342,8 +549,26 @@ impl Watch {
                     }
                 }
             };
-            if let Some(change) = change {
+            if let Some(change) = change.filter(|_| judge) {
                 self.record(at, change);
+            }
+        }
+        if !judge {
+            self.expire_the_views_dead();
+        }
+    }
+
+    /// A host the view judges dead is expired to the console's own judgment too, should it
+    /// have to judge (the view goes stale): not announced twice, and its heartbeat moving
+    /// after that is a `resume`.
+    fn expire_the_views_dead(&mut self) {
+        let Some(view) = &self.view else {
+            return;
+        };
+        for host in &view.dead {
+            if let Some(row) = self.hosts.get_mut(host) {
+                row.fenced = true;
+                row.expired = true;
             }
         }
     }
@@ -479,6 +704,65 @@ impl Watch {
             self.lag.insert(p.clone(), lag_of(records, age));
         }
     }
+}
+
+/// The events between two views: a host the new one lists live that the old did not is a
+/// `join` (a `resume` if it was listed dead, a `restart` if in another incarnation); one it
+/// newly lists dead is an `expire`; one it no longer lists at all is a `leave`; a new leader is
+/// a `lead`. Without an old view (the first one written), only the leader.
+fn view_changes(old: Option<&MembershipView>, new: &MembershipView) -> Vec<Change> {
+    let mut out = Vec::new();
+    let leader = &new.leader;
+    if old.is_none_or(|o| o.leader != new.leader || o.leader_incarnation != new.leader_incarnation)
+    {
+        out.push(Change::host(
+            Kind::Lead,
+            leader,
+            format!("{leader} leads the membership view"),
+        ));
+    }
+    let Some(old) = old else {
+        return out;
+    };
+    for h in &new.live {
+        let host = &h.host;
+        let before = old.live.iter().find(|o| o.host == *host);
+        let change = match before {
+            Some(o) if o.incarnation == h.incarnation => None,
+            Some(_) => Some((Kind::Restart, format!("{host} restarted (new incarnation)"))),
+            None if old.dead.contains(host) => Some((
+                Kind::Resume,
+                format!("{host} is live again ({leader}'s membership view)"),
+            )),
+            None => Some((
+                Kind::Join,
+                format!("{host} joined ({leader}'s membership view lists it live)"),
+            )),
+        };
+        if let Some((kind, text)) = change {
+            out.push(Change::host(kind, host, text));
+        }
+    }
+    for host in new.dead.iter().filter(|h| !old.dead.contains(h)) {
+        out.push(Change::host(
+            Kind::Expire,
+            host,
+            format!("{host} expired: judged dead by {leader}'s membership view"),
+        ));
+    }
+    let listed = |v: &MembershipView, h: &HostName| {
+        v.dead.contains(h) || v.live.iter().any(|l| l.host == *h)
+    };
+    for host in old.live.iter().map(|h| &h.host).chain(&old.dead) {
+        if !listed(new, host) {
+            out.push(Change::host(
+                Kind::Leave,
+                host,
+                format!("{host} left ({leader}'s membership view lists it no more)"),
+            ));
+        }
+    }
+    out
 }
 
 fn lag_of(

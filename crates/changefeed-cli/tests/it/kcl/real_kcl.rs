@@ -308,10 +308,12 @@ fn a_kcl_checkpoint_inside_a_kpl_aggregate_is_imported_and_user_records_outside_
     // One shard of a two-shard stream gets KPL-aggregated records (awslabs' `aws_kinesis_agg`)
     // whose user records carry hash keys: aggregate B holds a user record whose explicit hash
     // key is in the other shard's range. The real KCL 2.5.8 MultiLangDaemon runs the amazon_kclpy
-    // processor, which checkpoints at r-9, sub-sequence 1 of aggregate C; it is killed there.
-    // `changefeed import-kcl` and `changefeed run` resume right after that user record, and our
-    // source treats aggregate F (a user record whose partition key hashes into the other shard)
-    // as the KCL treated B. A plain read of the shard by our source gives what the KCL gave.
+    // processor, which checkpoints at r-9, sub-sequence 1 of aggregate C; on the other shard at
+    // r-18, sub-sequence 0 of aggregate G (r-18..r-20). It is killed there. `changefeed
+    // import-kcl` and `changefeed run` resume right after those user records (r-10; r-19, where
+    // a checkpoint read as "after the whole record" would lose r-19 and r-20), and our source
+    // treats aggregate F (a user record whose partition key hashes into the other shard) as the
+    // KCL treated B. A plain read of each shard by our source gives what the KCL gave.
     let python = kclpy_python();
     let jars = jars(&python);
     let kinesis = endpoint("CHANGEFEED_TEST_KINESIS_URL");
@@ -332,6 +334,7 @@ fn a_kcl_checkpoint_inside_a_kpl_aggregate_is_imported_and_user_records_outside_
     };
     let (inside, outside) = if range(0).0 == "0" { (0, 1) } else { (1, 0) };
     let shard = shards[inside].shard_id().to_string();
+    let other_shard = shards[outside].shard_id().to_string();
     let (lo, hi) = range(inside);
     let (out_lo, out_hi) = range(outside);
     let user = |n: usize, how: &str, out: bool| {
@@ -355,17 +358,22 @@ fn a_kcl_checkpoint_inside_a_kpl_aggregate_is_imported_and_user_records_outside_
                 user(7, "pk", false),
             ],
             (8..11).map(|n| user(n, "ehk", false)).collect(),
+            // G, on the other shard.
+            (18..21).map(|n| user(n, "ehk", true)).collect(),
         ]),
     );
     let jvm = start_kcl(&jars, dir.path(), &properties, &ledger_path);
     let kcl_log = dir.path().join("kcl.log");
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    while !delivered(&ledger(&ledger_path)).contains("r-10") {
+    while !["r-10", "r-20"]
+        .iter()
+        .all(|r| delivered(&ledger(&ledger_path)).contains(*r))
+    {
         if std::time::Instant::now() > deadline {
             let log = read(&kcl_log);
             let tail: Vec<&str> = log.lines().rev().take(40).collect();
             panic!(
-                "the KCL did not deliver r-10 in 120 s; ledger: {:?}\nkcl.log (last lines first):\n{}",
+                "the KCL did not deliver r-10 and r-20 in 120 s; ledger: {:?}\nkcl.log (last lines first):\n{}",
                 ledger(&ledger_path),
                 tail.join("\n")
             );
@@ -377,6 +385,9 @@ fn a_kcl_checkpoint_inside_a_kpl_aggregate_is_imported_and_user_records_outside_
     stop_kcl(jvm, &ledger_path);
     let kcl_entries = ledger(&ledger_path);
     let kcl = user_records(&kcl_entries, "?", &shard);
+    let kcl_other = user_records(&kcl_entries, "?", &other_shard);
+    assert_eq!(names(&kcl_other), ["r-18", "r-19", "r-20"]);
+    let seq_g = kcl_other[0].1.clone();
     // What the KCL does: an aggregated record with a user record outside the shard's hash key
     // range is dropped whole (AggregatorUtil.deaggregate), silently.
     assert_eq!(
@@ -412,34 +423,46 @@ fn a_kcl_checkpoint_inside_a_kpl_aggregate_is_imported_and_user_records_outside_
         "--group",
         &app,
     ]);
-    let row = rt().block_on(async {
-        use changefeed_dynamodb::sdk::types::AttributeValue;
-        let ours = changefeed_dynamodb::DynamoLeaseStore::connect(
-            &changefeed_dynamodb::AwsOptions::local(dynamodb.clone()),
-            format!("{app}-cf"),
-        )
-        .await
-        .expect("our table");
-        ours.client()
-            .get_item()
-            .table_name(&app)
-            .key("leaseKey", AttributeValue::S(shard.clone()))
-            .consistent_read(true)
-            .send()
+    let row = |lease_key: &str| {
+        rt().block_on(async {
+            use changefeed_dynamodb::sdk::types::AttributeValue;
+            let ours = changefeed_dynamodb::DynamoLeaseStore::connect(
+                &changefeed_dynamodb::AwsOptions::local(dynamodb.clone()),
+                format!("{app}-cf"),
+            )
             .await
-            .expect("read the KCL's lease row")
-            .item
-            .expect("the KCL's lease row")
-    });
-    assert_eq!(
+            .expect("our table");
+            ours.client()
+                .get_item()
+                .table_name(&app)
+                .key("leaseKey", AttributeValue::S(lease_key.to_string()))
+                .consistent_read(true)
+                .send()
+                .await
+                .expect("read the KCL's lease row")
+                .item
+                .expect("the KCL's lease row")
+        })
+    };
+    let checkpoint = |lease_key: &str| {
+        let row = row(lease_key);
         (
-            row["checkpoint"].as_s().map(String::as_str),
+            row["checkpoint"].as_s().cloned().expect("checkpoint"),
             row["checkpointSubSequenceNumber"]
                 .as_n()
-                .map(String::as_str)
-        ),
-        (Ok(seq_c.as_str()), Ok("1")),
-        "the KCL stored the checkpoint inside the aggregate: {row:?}"
+                .cloned()
+                .expect("checkpointSubSequenceNumber"),
+        )
+    };
+    assert_eq!(
+        checkpoint(&shard),
+        (seq_c.clone(), "1".to_string()),
+        "the KCL stored the checkpoint inside aggregate C"
+    );
+    assert_eq!(
+        checkpoint(&other_shard),
+        (seq_g.clone(), "0".to_string()),
+        "the KCL stored the checkpoint at the first user record of aggregate G"
     );
 
     // D: r-11..r-13; F: r-14, r-15 (partition key hashing into the other shard), r-16; then r-17
@@ -462,11 +485,15 @@ fn a_kcl_checkpoint_inside_a_kpl_aggregate_is_imported_and_user_records_outside_
     let mut host = start_host(&properties, &ledger_path, "c", &["--store", &store]);
     wait_for(
         Duration::from_secs(60),
-        "changefeed to deliver r-17",
+        "changefeed to deliver r-17 and r-20",
         || {
-            delivered(&ledger(&ledger_path))
-                .contains("r-17")
-                .then_some(())
+            let entries = ledger(&ledger_path);
+            let done = |s: &str, last: &str| {
+                user_records(&entries, "c", s)
+                    .iter()
+                    .any(|(d, _, _)| d == last)
+            };
+            (done(&shard, "r-17") && done(&other_shard, "r-20")).then_some(())
         },
     );
     checkpoints_answered(&ledger_path);
@@ -494,42 +521,50 @@ fn a_kcl_checkpoint_inside_a_kpl_aggregate_is_imported_and_user_records_outside_
         (seq_c.as_str(), 2),
         "r-10 is C/2"
     );
+    let ours_other = user_records(&entries, "c", &other_shard);
+    assert_eq!(
+        ours_other,
+        kcl_other[1..],
+        "right after r-18, G/0: the rest of aggregate G, at its places"
+    );
 
     // The same shard read from its start by our source: what the KCL delivered, at the same
     // places, then the rest.
-    let read_all = rt().block_on(async {
-        use changefeed::source::FeedSource as _;
-        let id = PartitionId::new(shard.as_str()).expect("shard id");
-        let mut reader = feed
-            .open(&id, &changefeed::model::Position::Beginning)
-            .await
-            .expect("open");
-        let mut out = Vec::new();
-        loop {
-            let batch = reader.next_batch(100).await.expect("read");
-            if batch.records.is_empty() {
-                break;
+    let read_all = |shard: &str| {
+        rt().block_on(async {
+            use changefeed::source::FeedSource as _;
+            let id = PartitionId::new(shard).expect("shard id");
+            let mut reader = feed
+                .open(&id, &changefeed::model::Position::Beginning)
+                .await
+                .expect("open");
+            let mut out = Vec::new();
+            loop {
+                let batch = reader.next_batch(100).await.expect("read");
+                if batch.records.is_empty() {
+                    break;
+                }
+                for r in batch.records {
+                    let e =
+                        changefeed_kinesis::ExtendedSequenceNumber::parse(r.continuation.as_str())
+                            .expect("a Kinesis continuation");
+                    out.push((
+                        String::from_utf8(r.data.to_vec()).expect("utf-8"),
+                        e.sequence_number.to_string(),
+                        e.sub(),
+                    ));
+                }
             }
-            for r in batch.records {
-                let e = changefeed_kinesis::ExtendedSequenceNumber::parse(r.continuation.as_str())
-                    .expect("a Kinesis continuation");
-                out.push((
-                    String::from_utf8(r.data.to_vec()).expect("utf-8"),
-                    e.sequence_number.to_string(),
-                    e.sub(),
-                ));
-            }
-        }
-        out
-    });
+            out
+        })
+    };
+    let all = read_all(&shard);
     assert_eq!(
-        read_all[..kcl.len()],
+        all[..kcl.len()],
         kcl[..],
         "our source gives what the KCL gave"
     );
-    assert_eq!(
-        names(&read_all[kcl.len()..]),
-        ["r-11", "r-12", "r-13", "r-17"]
-    );
+    assert_eq!(names(&all[kcl.len()..]), ["r-11", "r-12", "r-13", "r-17"]);
+    assert_eq!(read_all(&other_shard), kcl_other);
     rt().block_on(feed.delete_stream()).expect("delete stream");
 }

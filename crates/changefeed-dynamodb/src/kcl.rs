@@ -46,9 +46,8 @@ fn text(item: &HashMap<String, AttributeValue>, attr: &str) -> Option<String> {
 /// [`MultiFeed`]'s `stream:shardId`, the identifier kept in the property
 /// `kcl.streamIdentifier`), same parents (converted alike), starting after the KCL checkpoint. A checkpoint of
 /// `TRIM_HORIZON`/`LATEST` becomes the start position `Beginning`/`Now`; `SHARD_END` becomes
-/// a finished lease. A sub-sequence number other than 0 (a KPL-aggregated record in the middle
-/// of its parent) is refused, naming the lease: this crate does not de-aggregate, and resuming
-/// after the whole parent record would skip the rest of it.
+/// a finished lease. A checkpoint at a sequence number becomes the continuation that resumes
+/// right after it, `SEQ/SUB` (see `checkpoint_continuation`).
 ///
 /// # Errors
 /// [`LeaseError::Store`] if a table cannot be read or written.
@@ -121,6 +120,25 @@ fn partition_for(stream: Option<&str>, shard: &str) -> Result<PartitionId, Strin
     id.map_err(|e| e.to_string())
 }
 
+/// The continuation of the Kinesis source for the KCL checkpoint `seq` with
+/// `checkpointSubSequenceNumber` `sub`: `SEQ/SUB`, which reads `AT_SEQUENCE_NUMBER` `SEQ` and
+/// skips the user records up to `SUB` of the record there (all of it when it was not
+/// aggregated), as the KCL resumes from that checkpoint (it reads `AT_SEQUENCE_NUMBER` and
+/// drops every user record at or before `(SEQ, SUB)`). So nothing at or before the checkpoint
+/// is delivered again and nothing after it is lost, whether the record at `SEQ` is a KPL
+/// aggregate or not, which the lease row does not say: sub-sequence 0 is also where the KCL
+/// checkpoints the first user record of an aggregate, and a plain `SEQ` (after the whole
+/// record) would lose the rest of it.
+///
+/// # Errors
+/// A message naming the sub-sequence number when it is not a whole number.
+fn checkpoint_continuation(seq: &str, sub: &str) -> Result<Continuation, String> {
+    let sub: u64 = sub.parse().map_err(|_| {
+        format!("checkpoint {seq} has checkpointSubSequenceNumber {sub:?}, not a whole number")
+    })?;
+    Ok(Continuation::new(format!("{seq}/{sub}")))
+}
+
 fn kcl_lease(
     group: &GroupName,
     lease_key: &str,
@@ -151,12 +169,7 @@ fn kcl_lease(
             return Err("checkpoint AT_TIMESTAMP: KCL does not store the timestamp in the lease; create this lease with an explicit start".into())
         }
         seq if !seq.is_empty() && seq.bytes().all(|b| b.is_ascii_digit()) => {
-            if sub != "0" {
-                return Err(format!(
-                    "checkpoint {seq} has sub-sequence number {sub} (KPL aggregation), which this importer does not support"
-                ));
-            }
-            lease.continuation = Some(Continuation::new(seq));
+            lease.continuation = Some(checkpoint_continuation(seq, &sub)?);
         }
         other => return Err(format!("unknown checkpoint {other:?}")),
     }
@@ -170,4 +183,20 @@ fn kcl_lease(
             .insert("kcl.streamIdentifier".into(), identifier.into());
     }
     Ok(lease)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_checkpoint_resumes_after_its_user_record() {
+        let c = |seq, sub| checkpoint_continuation(seq, sub).map(|c| c.as_str().to_string());
+        assert_eq!(c("4960", "3"), Ok("4960/3".to_string()));
+        // Sub-sequence 0: the record itself when it was not aggregated, the first user record
+        // of an aggregate (the rest of which is still to come) when it was.
+        assert_eq!(c("4960", "0"), Ok("4960/0".to_string()));
+        let err = c("4960", "-1").expect_err("not a whole number");
+        assert!(err.contains("checkpointSubSequenceNumber"), "{err}");
+    }
 }

@@ -15,7 +15,7 @@ use changefeed::model::{
 use changefeed::source::{FeedSource, OldestUnread, PartitionReader};
 use changefeed::SourceError;
 use rand::rngs::SmallRng;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 use crate::kpl::{self, ExtendedSequenceNumber};
 use rand::{Rng, SeedableRng};
@@ -35,6 +35,10 @@ pub struct ReadOptions {
     pub empty_polls: u32,
     /// Seed of the RNG that jitters back-off.
     pub seed: u64,
+    /// Deliver the user records of a KPL-aggregated record even when one of them has a hash key
+    /// outside the shard's range (a producer with a stale shard map). `false` (the default)
+    /// drops such an aggregated record whole, as the KCL 2.5.8 does ([`crate::kpl`]).
+    pub deliver_outside_shard: bool,
 }
 
 impl Default for ReadOptions {
@@ -45,6 +49,7 @@ impl Default for ReadOptions {
             max_backoff: Duration::from_secs(5),
             empty_polls: 5,
             seed: 0,
+            deliver_outside_shard: false,
         }
     }
 }
@@ -66,13 +71,18 @@ impl Default for ReadOptions {
 ///   number, and the continuation `SEQ/SUB` ([`ExtendedSequenceNumber`]). Opening after such a
 ///   continuation reads `AT_SEQUENCE_NUMBER` `SEQ` and skips the user records up to `SUB`, as
 ///   the KCL resumes from a checkpoint at a sub-sequence number. A batch holds at most `max`
-///   user records; the rest of an aggregated record waits for the next batch.
+///   user records; the rest of an aggregated record waits for the next batch. An aggregated
+///   record with a user record whose hash key lies outside the shard's range is dropped whole,
+///   as by the KCL (unless [`ReadOptions::deliver_outside_shard`]); the shard's range comes
+///   from `ListShards` (kept per shard: a shard's range never changes).
 #[derive(Debug, Clone)]
 pub struct KinesisFeed {
     client: Client,
     stream: String,
     options: ReadOptions,
     rng: Arc<Mutex<SmallRng>>,
+    /// The hash key range of each shard `ListShards` listed.
+    ranges: Arc<Mutex<HashMap<PartitionId, KeyRange>>>,
 }
 
 /// Error codes for throttling and transient trouble, retried with back-off.
@@ -160,6 +170,16 @@ where
     )
 }
 
+/// A shard's hash key range, if `ListShards` gave one that reads.
+fn key_range(shard: &Shard) -> Option<KeyRange> {
+    shard.hash_key_range().and_then(|r| {
+        Some(KeyRange {
+            start: r.starting_hash_key().parse().ok()?,
+            end: r.ending_hash_key().parse().ok()?,
+        })
+    })
+}
+
 fn to_partition(shard: &Shard) -> Result<Partition, SourceError> {
     let id = PartitionId::new(shard.shard_id()).map_err(|e| SourceError::Corrupt {
         partition: shard.shard_id().to_string(),
@@ -175,12 +195,7 @@ fn to_partition(shard: &Shard) -> Result<Partition, SourceError> {
             reason: format!("parent: {e}"),
         })?);
     }
-    let key_range = shard.hash_key_range().and_then(|r| {
-        Some(KeyRange {
-            start: r.starting_hash_key().parse().ok()?,
-            end: r.ending_hash_key().parse().ok()?,
-        })
-    });
+    let key_range = key_range(shard);
     let closed = shard
         .sequence_number_range()
         .and_then(|r| r.ending_sequence_number())
@@ -207,6 +222,7 @@ impl KinesisFeed {
             stream: stream.into(),
             options,
             rng: Arc::new(Mutex::new(rng)),
+            ranges: Arc::default(),
         }
     }
 
@@ -247,9 +263,33 @@ impl KinesisFeed {
             shards.extend(out.shards().iter().cloned());
             match out.next_token() {
                 Some(t) if !t.is_empty() => token = Some(t.to_string()),
-                _ => return Ok(shards),
+                _ => break,
             }
         }
+        let mut ranges = self.ranges.lock().unwrap_or_else(|p| p.into_inner());
+        for shard in &shards {
+            if let (Ok(id), Some(range)) = (PartitionId::new(shard.shard_id()), key_range(shard)) {
+                ranges.insert(id, range);
+            }
+        }
+        Ok(shards)
+    }
+
+    /// The hash key range of `partition`: known from an earlier listing, else from
+    /// `ListShards`; `None` when the shard is not listed (any more) or has no range.
+    async fn range_of(&self, partition: &PartitionId) -> Result<Option<KeyRange>, SourceError> {
+        let known = |feed: &Self| {
+            feed.ranges
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(partition)
+                .copied()
+        };
+        if let Some(range) = known(self) {
+            return Ok(Some(range));
+        }
+        self.shards().await?;
+        Ok(known(self))
     }
 
     async fn backoff(&self, attempt: u32) {
@@ -486,6 +526,9 @@ pub struct KinesisReader {
     /// Opened after part of an aggregated record: its sequence number and the last
     /// sub-sequence number done, skipped when that record is read.
     skip: Option<(String, u64)>,
+    /// The shard's hash key range, once looked up (at the first record that may be an
+    /// aggregated one, unless `deliver_outside_shard`); `Some(None)` when it is unknown.
+    range: Option<Option<KeyRange>>,
 }
 
 impl KinesisReader {
@@ -510,6 +553,7 @@ impl KinesisReader {
             millis_behind_latest: None,
             pending: VecDeque::new(),
             skip,
+            range: None,
         }
     }
 
@@ -537,6 +581,23 @@ impl KinesisReader {
             }
             return;
         };
+        if let Some(range) = self.range.flatten() {
+            if let Some(user) = kpl::outside(&users, range) {
+                metrics::counter!("changefeed_kinesis_user_records_dropped_total")
+                    .increment(users.len() as u64);
+                tracing::warn!(
+                    shard = %self.partition,
+                    sequence_number = seq,
+                    user_records = users.len(),
+                    partition_key = %user.key,
+                    hash_key = ?user.hash_key,
+                    shard_hash_keys = %format_args!("{}..={}", range.start, range.end),
+                    "a KPL-aggregated record holds a user record whose hash key is outside the \
+                     shard: dropped whole, as the KCL does (a producer with a stale shard map)"
+                );
+                return;
+            }
+        }
         for (sub, user) in (0u64..).zip(users) {
             if done.is_some_and(|d| sub <= d) {
                 continue;
@@ -623,6 +684,25 @@ impl PartitionReader for KinesisReader {
                 }
                 Err(e) => return Err(source_error("read", Some(&self.partition), e)),
             };
+            if self.range.is_none()
+                && !self.feed.options.deliver_outside_shard
+                && out
+                    .records()
+                    .iter()
+                    .any(|r| kpl::maybe_aggregated(r.data().as_ref()))
+            {
+                // Before anything of this answer is kept: on an error the same iterator reads
+                // it again.
+                let range = self.feed.range_of(&self.partition).await?;
+                if range.is_none() {
+                    tracing::warn!(
+                        shard = %self.partition,
+                        "the shard's hash key range is unknown (not listed by ListShards): \
+                         KPL user records outside it are delivered"
+                    );
+                }
+                self.range = Some(range);
+            }
             self.millis_behind_latest = out.millis_behind_latest();
             if let Some(ms) = out.millis_behind_latest() {
                 metrics::gauge!("changefeed_kinesis_millis_behind_latest").set(ms as f64);

@@ -7,9 +7,17 @@
 //! share the Kinesis record's sequence number and are numbered by their place in it, the
 //! *sub-sequence number* 0..n-1. As the KCL does (`AggregatorUtil.deaggregate`), data without
 //! the magic, with a digest that does not match, or with a protobuf that does not decode is
-//! passed on as the one record it is. Unlike the KCL, user records whose hash key falls
-//! outside the shard's range (a KPL that aggregated with a stale shard map) are delivered too,
-//! not dropped.
+//! passed on as the one record it is.
+//!
+//! Each user record has a hash key: its explicit hash key (a decimal number) when the
+//! aggregate's table gives one, else the MD5 of its partition key, as Kinesis routes a record.
+//! A KPL that aggregated with a stale shard map (the stream was resharded since) can put user
+//! records whose hash key lies outside the shard the aggregate landed in; the KCL 2.5.8
+//! (`AggregatorUtil.deaggregate` with the shard's `HashKeyRange`) then drops the whole
+//! aggregated record, the user records inside the range too, silently. By default the source
+//! does the same ([`outside`]), counting the user records in
+//! `changefeed_kinesis_user_records_dropped_total` and logging a warning naming the shard and
+//! sequence number; `ReadOptions::deliver_outside_shard` delivers them instead.
 //!
 //! The continuation of a user record is its [`ExtendedSequenceNumber`] written `SEQ/SUB`; a
 //! Kinesis record that was not aggregated keeps its plain sequence number as before.
@@ -18,7 +26,7 @@ use bytes::Bytes;
 use md5::{Digest as _, Md5};
 use prost::Message as _;
 
-use changefeed::model::Continuation;
+use changefeed::model::{Continuation, KeyRange};
 
 /// The four bytes an aggregated record's data starts with.
 const MAGIC: [u8; 4] = [0xF3, 0x89, 0x9A, 0xC2];
@@ -64,6 +72,33 @@ pub(crate) struct UserRecord {
     /// Its own partition key (from the table).
     pub key: String,
     pub data: Bytes,
+    /// Its hash key: the explicit hash key, or the MD5 of the partition key; `None` for an
+    /// explicit hash key that is not a number in `0..=2^128-1` (in no shard).
+    pub hash_key: Option<u128>,
+}
+
+/// The hash key of a user record: `explicit` read as a decimal number, or the MD5 of
+/// `partition_key` as a big-endian number (as Kinesis and the KCL's `effectiveHashKey`).
+fn hash_key(partition_key: &str, explicit: Option<&str>) -> Option<u128> {
+    match explicit {
+        Some(h) => h.parse().ok(),
+        None => Some(u128::from_be_bytes(
+            Md5::digest(partition_key.as_bytes()).into(),
+        )),
+    }
+}
+
+/// The first user record whose hash key lies outside `range` (the shard's): when there is one,
+/// the KCL drops the whole aggregated record.
+pub(crate) fn outside(users: &[UserRecord], range: KeyRange) -> Option<&UserRecord> {
+    users
+        .iter()
+        .find(|u| u.hash_key.is_none_or(|h| h < range.start || h > range.end))
+}
+
+/// Whether `data` starts with the KPL magic (it may be an aggregated record).
+pub(crate) fn maybe_aggregated(data: &[u8]) -> bool {
+    data.starts_with(&MAGIC)
 }
 
 /// The user records of `data` in order (their sub-sequence numbers are their indexes), or
@@ -79,6 +114,7 @@ pub(crate) fn deaggregate(data: &Bytes) -> Option<Vec<UserRecord>> {
     }
     let aggregated = AggregatedRecord::decode(body).ok()?;
     let table = &aggregated.partition_key_table;
+    let hash_keys = &aggregated.explicit_hash_key_table;
     aggregated
         .records
         .into_iter()
@@ -86,7 +122,12 @@ pub(crate) fn deaggregate(data: &Bytes) -> Option<Vec<UserRecord>> {
             let key = usize::try_from(r.partition_key_index)
                 .ok()
                 .and_then(|i| table.get(i))?;
+            let explicit = match r.explicit_hash_key_index {
+                Some(i) => Some(usize::try_from(i).ok().and_then(|i| hash_keys.get(i))?),
+                None => None,
+            };
             Some(UserRecord {
+                hash_key: hash_key(key, explicit.map(String::as_str)),
                 key: key.clone(),
                 data: r.data,
             })
@@ -156,25 +197,38 @@ mod tests {
     /// An aggregated record's data as the KPL writes it, with `digest` in place of its MD5
     /// when given.
     fn aggregated(records: &[(&str, &[u8])], digest: Option<[u8; 16]>) -> Bytes {
-        let mut table: Vec<String> = Vec::new();
+        let records: Vec<(&str, Option<&str>, &[u8])> =
+            records.iter().map(|(k, d)| (*k, None, *d)).collect();
+        with_hash_keys(&records, digest)
+    }
+
+    /// The index of `value` in `table`, added at the end if absent (the KPL's key tables).
+    fn index(table: &mut Vec<String>, value: &str) -> u64 {
+        let i = table.iter().position(|k| k == value).unwrap_or_else(|| {
+            table.push(value.to_string());
+            table.len() - 1
+        });
+        i as u64
+    }
+
+    /// As [`aggregated`], each user record with its explicit hash key if given.
+    fn with_hash_keys(records: &[(&str, Option<&str>, &[u8])], digest: Option<[u8; 16]>) -> Bytes {
         let mut out = AggregatedRecord {
             partition_key_table: Vec::new(),
             explicit_hash_key_table: Vec::new(),
             records: Vec::new(),
         };
-        for (key, data) in records {
-            let index = table.iter().position(|k| k == key).unwrap_or_else(|| {
-                table.push((*key).to_string());
-                table.len() - 1
-            });
+        for (key, hash_key, data) in records {
+            let partition_key_index = index(&mut out.partition_key_table, key);
+            let explicit_hash_key_index =
+                hash_key.map(|h| index(&mut out.explicit_hash_key_table, h));
             out.records.push(AggregatedUserRecord {
-                partition_key_index: index as u64,
-                explicit_hash_key_index: None,
+                partition_key_index,
+                explicit_hash_key_index,
                 data: Bytes::copy_from_slice(data),
                 tags: Vec::new(),
             });
         }
-        out.partition_key_table = table;
         let body = out.encode_to_vec();
         let mut bytes = MAGIC.to_vec();
         bytes.extend_from_slice(&body);
@@ -221,6 +275,65 @@ mod tests {
         let mut bytes = MAGIC.to_vec();
         bytes.extend_from_slice(&body);
         bytes.extend_from_slice(&Md5::digest(&body));
+        assert_eq!(deaggregate(&Bytes::from(bytes)), None);
+    }
+
+    #[test]
+    fn a_user_record_has_its_explicit_hash_key_or_the_md5_of_its_partition_key() {
+        let half = 1u128 << 127;
+        let data = with_hash_keys(
+            &[
+                ("a", Some("5"), b"one"),
+                ("a", None, b"two"),
+                ("b", Some(&half.to_string()), b"three"),
+                ("c", Some("not a number"), b"four"),
+            ],
+            None,
+        );
+        let got = deaggregate(&data).expect("aggregated");
+        let md5_a = u128::from_str_radix("0cc175b9c0f1b6a831c399e269772661", 16).expect("hex");
+        assert_eq!(
+            got.iter().map(|u| u.hash_key).collect::<Vec<_>>(),
+            [Some(5), Some(md5_a), Some(half), None]
+        );
+        let lower = KeyRange {
+            start: 0,
+            end: half - 1,
+        };
+        let upper = KeyRange {
+            start: half,
+            end: u128::MAX,
+        };
+        // MD5("a") = 0x0cc1…: in the lower half.
+        assert_eq!(outside(&got[..2], lower), None);
+        assert_eq!(outside(&got[..2], upper), Some(&got[0]));
+        assert_eq!(outside(&got[2..3], lower), Some(&got[2]));
+        assert_eq!(outside(&got[2..3], upper), None);
+        assert_eq!(
+            outside(&got[3..], KeyRange::FULL),
+            Some(&got[3]),
+            "in no shard"
+        );
+    }
+
+    #[test]
+    fn an_explicit_hash_key_index_out_of_the_table_is_delivered_as_is() {
+        let mut record = AggregatedRecord {
+            partition_key_table: vec!["a".into()],
+            explicit_hash_key_table: Vec::new(),
+            records: Vec::new(),
+        };
+        record.records.push(AggregatedUserRecord {
+            partition_key_index: 0,
+            explicit_hash_key_index: Some(3),
+            data: Bytes::from_static(b"x"),
+            tags: Vec::new(),
+        });
+        let body = record.encode_to_vec();
+        let mut bytes = MAGIC.to_vec();
+        bytes.extend_from_slice(&body);
+        bytes.extend_from_slice(&Md5::digest(&body));
+        assert!(maybe_aggregated(&bytes));
         assert_eq!(deaggregate(&Bytes::from(bytes)), None);
     }
 

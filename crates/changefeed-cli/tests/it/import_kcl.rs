@@ -146,7 +146,11 @@ fn import_kcl_creates_our_leases_at_the_kcl_checkpoints() {
     };
     assert_eq!(by("shardId-000000000000").state, LeaseState::Finished);
     let l1 = by("shardId-000000000001");
-    assert_eq!(l1.continuation, Some(Continuation::new(SEQ)));
+    assert_eq!(
+        l1.continuation,
+        Some(Continuation::new(format!("{SEQ}/0"))),
+        "at SEQ, skipping its user record 0 (the whole record unless KPL-aggregated)"
+    );
     assert_eq!(
         l1.state,
         LeaseState::Available,
@@ -176,12 +180,15 @@ fn import_kcl_creates_our_leases_at_the_kcl_checkpoints() {
 
 #[test]
 fn import_kcl_exits_1_naming_skipped_leases_and_2_on_bad_usage() {
-    // A KPL-aggregated checkpoint cannot be imported: the rest is, and the exit says so.
+    // An AT_TIMESTAMP checkpoint cannot be imported (the KCL does not store the time): the
+    // rest is (a checkpoint inside a KPL aggregate at its sub-sequence number), and the exit
+    // says so.
     let ours = fresh_table("cli-kcl-ours2");
     let kcl = fresh_table("cli-kcl-app2");
     let rows: &[(&str, &str, u64, &[&str])] = &[
         ("shardId-000000000001", SEQ, 0, &[]),
         ("shardId-000000000004", SEQ, 7, &[]),
+        ("shardId-000000000005", "AT_TIMESTAMP", 0, &[]),
     ];
     rt().block_on(async {
         let store = connect(&ours).await;
@@ -203,10 +210,22 @@ fn import_kcl_exits_1_naming_skipped_leases_and_2_on_bad_usage() {
     let (stdout, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
     assert!(
-        stdout.contains("shardId-000000000004") && stdout.contains("sub-sequence"),
+        stdout.contains("shardId-000000000005") && stdout.contains("AT_TIMESTAMP"),
         "{stdout}"
     );
-    assert!(stdout.contains("1 created"), "{stdout}");
+    assert!(stdout.contains("2 created"), "{stdout}");
+    let group = GroupName::new("default").expect("valid");
+    let leases = rt().block_on(async { connect(&ours).await.list(&group).await.expect("list") });
+    let l4 = leases
+        .leases
+        .iter()
+        .find(|l| l.key.partition.as_str() == "shardId-000000000004")
+        .unwrap_or_else(|| panic!("the sub-sequence checkpoint imported: {leases:?}"));
+    assert_eq!(
+        l4.continuation,
+        Some(Continuation::new(format!("{SEQ}/7"))),
+        "right after user record 7 of the aggregate at SEQ"
+    );
 
     let out = bin()
         .args(["import-kcl", "--table", &kcl, "--store", "sqlite://x.db"])

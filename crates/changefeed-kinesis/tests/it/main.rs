@@ -5,6 +5,7 @@
 
 mod e2e;
 mod feed;
+mod kpl;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

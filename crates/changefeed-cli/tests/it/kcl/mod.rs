@@ -520,25 +520,32 @@ fn a_start_time_in_the_properties_file_skips_the_records_before_it() {
 /// `a < b` the KPL-aggregated record of `r-a`..=`r-b` made by the official aggregator
 /// (`aggregate.py`, PyPI `aws_kinesis_agg`), for `(a, a)` the plain record `r-a`.
 fn put_aggregated(python: &str, feed: &KinesisFeed, groups: &[(usize, usize)]) {
-    use base64::Engine as _;
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/kcl/aggregate.py");
     for &(first, last) in groups {
         if first == last {
             put(feed, first..first + 1);
-            continue;
+        } else {
+            put_from_aggregator(python, feed, &[format!("{first}-{last}")]);
         }
-        let out = std::process::Command::new(python)
-            .arg(&script)
-            .arg(format!("{first}-{last}"))
-            .output()
-            .expect("run aggregate.py");
-        assert!(
-            out.status.success(),
-            "aggregate.py failed (the PyPI package aws_kinesis_agg is needed in the amazon_kclpy \
-             venv; `bash .ci/run` installs it): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let line: Value = serde_json::from_slice(&out.stdout).expect("aggregate.py's JSON line");
+    }
+}
+
+/// Runs `aggregate.py` with `args` and puts the aggregated records it prints, in order.
+fn put_from_aggregator(python: &str, feed: &KinesisFeed, args: &[String]) {
+    use base64::Engine as _;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/kcl/aggregate.py");
+    let out = std::process::Command::new(python)
+        .arg(&script)
+        .args(args)
+        .output()
+        .expect("run aggregate.py");
+    assert!(
+        out.status.success(),
+        "aggregate.py failed (the PyPI package aws_kinesis_agg is needed in the amazon_kclpy \
+         venv; `bash .ci/run` installs it): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let line: Value = serde_json::from_str(line).expect("aggregate.py's JSON line");
         let data = base64::engine::general_purpose::STANDARD
             .decode(line["data"].as_str().expect("data"))
             .expect("base64");

@@ -18,8 +18,8 @@ use nix::unistd::Pid;
 use serde_json::Value;
 
 use super::{
-    checkpoints_answered, delivered, endpoint, kclpy_python, ledger, put, rand_suffix, seq,
-    start_host, stream, write_properties,
+    checkpoints_answered, delivered, endpoint, kclpy_python, ledger, put, put_from_aggregator,
+    rand_suffix, seq, start_host, stream, write_properties,
 };
 use crate::support::{process_alive, read, rt, run_ok, terminate, wait_exit, wait_for};
 
@@ -54,39 +54,40 @@ fn jars(python: &str) -> String {
     dir
 }
 
-#[test]
-fn changefeed_resumes_a_real_kcl_fleet_from_its_lease_table() {
-    let python = kclpy_python();
-    let jars = jars(&python);
-    let kinesis = endpoint("CHANGEFEED_TEST_KINESIS_URL");
-    let dynamodb = endpoint("CHANGEFEED_TEST_DYNAMODB_URL");
+/// Java, checked.
+fn java() {
     let java = Command::new("java").arg("-version").output();
     assert!(
         java.is_ok_and(|o| o.status.success()),
         "java not found: apt-get install openjdk-17-jre-headless"
     );
-    let app = format!("realkcl-{}-{}", std::process::id(), rand_suffix());
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let ledger_path = dir.path().join("ledger.jsonl");
-    // The application's one properties file, with the KCL's own settings for a local run.
-    let properties = write_properties(
-        dir.path(),
-        &python,
-        &app,
-        &kinesis,
-        &dynamodb,
+}
+
+/// The application's one properties file, with the KCL's own settings for a local run.
+fn kcl_properties(
+    dir: &Path,
+    python: &str,
+    app: &str,
+    kinesis: &str,
+    dynamodb: &str,
+) -> std::path::PathBuf {
+    write_properties(
+        dir,
+        python,
+        app,
+        kinesis,
+        dynamodb,
         "workerId = java-worker\nAWSCredentialsProvider = EnvironmentVariableCredentialsProvider\n\
          metricsLevel = NONE\ncloudWatchClient.endpointOverride = http://127.0.0.1:9\n\
          retrievalMode = POLLING\nidleTimeBetweenReadsInMillis = 250\n\
          parentShardPollIntervalMillis = 500\nshardSyncIntervalMillis = 1000\n",
-    );
-    let feed = stream(&kinesis, &app);
-    // Records on both shards, a split, records on the children: the KCL finishes the parent.
-    put(&feed, 0..20);
-    let shards = rt().block_on(feed.shards()).expect("shards");
-    let parent = PartitionId::new(shards[0].shard_id()).expect("id");
-    let other = shards[1].shard_id().to_string();
-    let logback = dir.path().join("logback.xml");
+    )
+}
+
+/// Starts the Java KCL MultiLangDaemon on `properties` in `dir` (its log in `dir/kcl.log`), its
+/// record processors writing to `ledger`.
+fn start_kcl(jars: &str, dir: &Path, properties: &Path, ledger: &Path) -> Jvm {
+    let logback = dir.join("logback.xml");
     std::fs::write(
         &logback,
         "<configuration><appender name=\"F\" class=\"ch.qos.logback.core.FileAppender\">\
@@ -94,17 +95,17 @@ fn changefeed_resumes_a_real_kcl_fleet_from_its_lease_table() {
          </appender><root level=\"INFO\"><appender-ref ref=\"F\"/></root></configuration>",
     )
     .expect("logback");
-    let jvm = Jvm(Command::new("java")
+    Jvm(Command::new("java")
         .arg("-Xmx256m")
         .arg("-cp")
         .arg(format!("{jars}/*"))
         .arg("software.amazon.kinesis.multilang.MultiLangDaemon")
         .arg("--properties-file")
-        .arg(&properties)
+        .arg(properties)
         .arg("--log-configuration")
         .arg(&logback)
-        .current_dir(dir.path())
-        .env("KCL_TEST_LEDGER", &ledger_path)
+        .current_dir(dir)
+        .env("KCL_TEST_LEDGER", ledger)
         .env("AWS_ACCESS_KEY_ID", "test")
         .env("AWS_SECRET_ACCESS_KEY", "test")
         .env("AWS_REGION", "us-east-1")
@@ -114,7 +115,42 @@ fn changefeed_resumes_a_real_kcl_fleet_from_its_lease_table() {
         .stderr(Stdio::null())
         .process_group(0)
         .spawn()
-        .expect("start the KCL MultiLangDaemon"));
+        .expect("start the KCL MultiLangDaemon"))
+}
+
+/// Kills the daemon and waits until every record processor it started (by the ledger's pids) is
+/// gone, so that nothing more is checkpointed.
+fn stop_kcl(jvm: Jvm, ledger_path: &Path) {
+    drop(jvm);
+    let kcl_pids: BTreeSet<i64> = ledger(ledger_path)
+        .iter()
+        .filter_map(|e| e["pid"].as_i64())
+        .collect();
+    wait_for(
+        Duration::from_secs(20),
+        "the KCL's record processors gone",
+        || kcl_pids.iter().all(|p| !process_alive(*p)).then_some(()),
+    );
+}
+
+#[test]
+fn changefeed_resumes_a_real_kcl_fleet_from_its_lease_table() {
+    let python = kclpy_python();
+    let jars = jars(&python);
+    let kinesis = endpoint("CHANGEFEED_TEST_KINESIS_URL");
+    let dynamodb = endpoint("CHANGEFEED_TEST_DYNAMODB_URL");
+    java();
+    let app = format!("realkcl-{}-{}", std::process::id(), rand_suffix());
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let ledger_path = dir.path().join("ledger.jsonl");
+    let properties = kcl_properties(dir.path(), &python, &app, &kinesis, &dynamodb);
+    let feed = stream(&kinesis, &app);
+    // Records on both shards, a split, records on the children: the KCL finishes the parent.
+    put(&feed, 0..20);
+    let shards = rt().block_on(feed.shards()).expect("shards");
+    let parent = PartitionId::new(shards[0].shard_id()).expect("id");
+    let other = shards[1].shard_id().to_string();
+    let jvm = start_kcl(&jars, dir.path(), &properties, &ledger_path);
     // The KCL reads the first records, then the split happens under it (a KCL started on a
     // stream with a closed shard refuses kinesis-mock's shard list: "Hash range of shards …
     // was incomplete").
@@ -150,16 +186,7 @@ fn changefeed_resumes_a_real_kcl_fleet_from_its_lease_table() {
     // Part of each shard is checkpointed (every third record); kill the whole daemon so that
     // nothing more is (no shutdownRequested).
     checkpoints_answered(&ledger_path);
-    drop(jvm);
-    let kcl_pids: BTreeSet<i64> = ledger(&ledger_path)
-        .iter()
-        .filter_map(|e| e["pid"].as_i64())
-        .collect();
-    wait_for(
-        Duration::from_secs(20),
-        "the KCL's record processors gone",
-        || kcl_pids.iter().all(|p| !process_alive(*p)).then_some(()),
-    );
+    stop_kcl(jvm, &ledger_path);
     let kcl_entries = ledger(&ledger_path);
     let mut kcl_ckpt: BTreeMap<String, Value> = BTreeMap::new();
     for e in kcl_entries.iter().filter(|e| e["ev"] == "ckpt") {
@@ -252,5 +279,292 @@ fn changefeed_resumes_a_real_kcl_fleet_from_its_lease_table() {
         "what the KCL had not checkpointed, and only that"
     );
 
+    rt().block_on(feed.delete_stream()).expect("delete stream");
+}
+
+/// The user records one shard's reader delivered, in order: (data, sequence number,
+/// sub-sequence number), from the ledger entries of `host`.
+fn user_records(entries: &[Value], host: &str, shard: &str) -> Vec<(String, String, u64)> {
+    entries
+        .iter()
+        .filter(|e| e["ev"] == "rec" && e["host"] == host && e["shard"] == shard)
+        .map(|e| {
+            (
+                e["data"].as_str().expect("data").to_string(),
+                e["seq"].as_str().expect("seq").to_string(),
+                e["sub"].as_u64().expect("sub"),
+            )
+        })
+        .collect()
+}
+
+fn names(records: &[(String, String, u64)]) -> Vec<&str> {
+    records.iter().map(|(d, _, _)| d.as_str()).collect()
+}
+
+#[test]
+fn a_kcl_checkpoint_inside_a_kpl_aggregate_is_imported_and_user_records_outside_the_shard_are_dropped_as_by_the_kcl(
+) {
+    // One shard of a two-shard stream gets KPL-aggregated records (awslabs' `aws_kinesis_agg`)
+    // whose user records carry hash keys: aggregate B holds a user record whose explicit hash
+    // key is in the other shard's range. The real KCL 2.5.8 MultiLangDaemon runs the amazon_kclpy
+    // processor, which checkpoints at r-9, sub-sequence 1 of aggregate C; on the other shard at
+    // r-18, sub-sequence 0 of aggregate G (r-18..r-20). It is killed there. `changefeed
+    // import-kcl` and `changefeed run` resume right after those user records (r-10; r-19, where
+    // a checkpoint read as "after the whole record" would lose r-19 and r-20), and our source
+    // treats aggregate F (a user record whose partition key hashes into the other shard) as the
+    // KCL treated B. A plain read of each shard by our source gives what the KCL gave.
+    let python = kclpy_python();
+    let jars = jars(&python);
+    let kinesis = endpoint("CHANGEFEED_TEST_KINESIS_URL");
+    let dynamodb = endpoint("CHANGEFEED_TEST_DYNAMODB_URL");
+    java();
+    let app = format!("realkpl-{}-{}", std::process::id(), rand_suffix());
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let ledger_path = dir.path().join("ledger.jsonl");
+    let properties = kcl_properties(dir.path(), &python, &app, &kinesis, &dynamodb);
+    let feed = stream(&kinesis, &app);
+    let shards = rt().block_on(feed.shards()).expect("shards");
+    let range = |i: usize| {
+        let r = shards[i].hash_key_range().expect("hash key range");
+        (
+            r.starting_hash_key().to_string(),
+            r.ending_hash_key().to_string(),
+        )
+    };
+    let (inside, outside) = if range(0).0 == "0" { (0, 1) } else { (1, 0) };
+    let shard = shards[inside].shard_id().to_string();
+    let other_shard = shards[outside].shard_id().to_string();
+    let (lo, hi) = range(inside);
+    let (out_lo, out_hi) = range(outside);
+    let user = |n: usize, how: &str, out: bool| {
+        let (l, h) = if out { (&out_lo, &out_hi) } else { (&lo, &hi) };
+        serde_json::json!([n, how, l, h])
+    };
+    let aggregates =
+        |groups: Vec<Vec<Value>>| vec!["--hash".to_string(), serde_json::json!(groups).to_string()];
+    // A: r-0..r-4 in the shard (explicit hash keys and partition keys), B: r-5, r-6 (explicit
+    // hash key in the other shard), r-7; C: r-8..r-10.
+    put_from_aggregator(
+        &python,
+        &feed,
+        &aggregates(vec![
+            (0..5)
+                .map(|n| user(n, if n % 2 == 0 { "ehk" } else { "pk" }, false))
+                .collect(),
+            vec![
+                user(5, "ehk", false),
+                user(6, "ehk", true),
+                user(7, "pk", false),
+            ],
+            (8..11).map(|n| user(n, "ehk", false)).collect(),
+            // G, on the other shard.
+            (18..21).map(|n| user(n, "ehk", true)).collect(),
+        ]),
+    );
+    let jvm = start_kcl(&jars, dir.path(), &properties, &ledger_path);
+    let kcl_log = dir.path().join("kcl.log");
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !["r-10", "r-20"]
+        .iter()
+        .all(|r| delivered(&ledger(&ledger_path)).contains(*r))
+    {
+        if std::time::Instant::now() > deadline {
+            let log = read(&kcl_log);
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            panic!(
+                "the KCL did not deliver r-10 and r-20 in 120 s; ledger: {:?}\nkcl.log (last lines first):\n{}",
+                ledger(&ledger_path),
+                tail.join("\n")
+            );
+        }
+        // A bounded poll of the ledger file.
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    checkpoints_answered(&ledger_path);
+    stop_kcl(jvm, &ledger_path);
+    let kcl_entries = ledger(&ledger_path);
+    let kcl = user_records(&kcl_entries, "?", &shard);
+    let kcl_other = user_records(&kcl_entries, "?", &other_shard);
+    assert_eq!(names(&kcl_other), ["r-18", "r-19", "r-20"]);
+    let seq_g = kcl_other[0].1.clone();
+    // What the KCL does: an aggregated record with a user record outside the shard's hash key
+    // range is dropped whole (AggregatorUtil.deaggregate), silently.
+    assert_eq!(
+        names(&kcl),
+        ["r-0", "r-1", "r-2", "r-3", "r-4", "r-8", "r-9", "r-10"],
+        "the KCL drops aggregate B (r-5..r-7) whole"
+    );
+    let seq_c = kcl[5].1.clone();
+    assert_eq!(
+        (kcl[6].1.as_str(), kcl[6].2),
+        (seq_c.as_str(), 1),
+        "r-9 is C/1"
+    );
+    let last_ckpt = kcl_entries
+        .iter()
+        .rev()
+        .find(|e| e["ev"] == "ckpt" && e["shard"] == shard.as_str())
+        .expect("a KCL checkpoint");
+    assert_eq!(
+        (&last_ckpt["seq"], &last_ckpt["sub"]),
+        (&serde_json::json!(seq_c), &serde_json::json!(1)),
+        "the processor's last checkpoint is inside aggregate C"
+    );
+
+    // The row as the KCL wrote it.
+    let store = format!("dynamodb://{app}-cf?endpoint={dynamodb}&region=us-east-1");
+    run_ok(&[
+        "import-kcl",
+        "--table",
+        &app,
+        "--store",
+        &store,
+        "--group",
+        &app,
+    ]);
+    let row = |lease_key: &str| {
+        rt().block_on(async {
+            use changefeed_dynamodb::sdk::types::AttributeValue;
+            let ours = changefeed_dynamodb::DynamoLeaseStore::connect(
+                &changefeed_dynamodb::AwsOptions::local(dynamodb.clone()),
+                format!("{app}-cf"),
+            )
+            .await
+            .expect("our table");
+            ours.client()
+                .get_item()
+                .table_name(&app)
+                .key("leaseKey", AttributeValue::S(lease_key.to_string()))
+                .consistent_read(true)
+                .send()
+                .await
+                .expect("read the KCL's lease row")
+                .item
+                .expect("the KCL's lease row")
+        })
+    };
+    let checkpoint = |lease_key: &str| {
+        let row = row(lease_key);
+        (
+            row["checkpoint"].as_s().cloned().expect("checkpoint"),
+            row["checkpointSubSequenceNumber"]
+                .as_n()
+                .cloned()
+                .expect("checkpointSubSequenceNumber"),
+        )
+    };
+    assert_eq!(
+        checkpoint(&shard),
+        (seq_c.clone(), "1".to_string()),
+        "the KCL stored the checkpoint inside aggregate C"
+    );
+    assert_eq!(
+        checkpoint(&other_shard),
+        (seq_g.clone(), "0".to_string()),
+        "the KCL stored the checkpoint at the first user record of aggregate G"
+    );
+
+    // D: r-11..r-13; F: r-14, r-15 (partition key hashing into the other shard), r-16; then r-17
+    // plain.
+    put_from_aggregator(
+        &python,
+        &feed,
+        &aggregates(vec![
+            (11..14).map(|n| user(n, "pk", false)).collect(),
+            vec![
+                user(14, "ehk", false),
+                user(15, "pk", true),
+                user(16, "ehk", false),
+            ],
+        ]),
+    );
+    let lo_n: u128 = lo.parse().expect("hash key");
+    rt().block_on(feed.put("key-17", b"r-17".to_vec(), Some(lo_n + 17)))
+        .expect("put r-17");
+    let mut host = start_host(&properties, &ledger_path, "c", &["--store", &store]);
+    wait_for(
+        Duration::from_secs(60),
+        "changefeed to deliver r-17 and r-20",
+        || {
+            let entries = ledger(&ledger_path);
+            let done = |s: &str, last: &str| {
+                user_records(&entries, "c", s)
+                    .iter()
+                    .any(|(d, _, _)| d == last)
+            };
+            (done(&shard, "r-17") && done(&other_shard, "r-20")).then_some(())
+        },
+    );
+    checkpoints_answered(&ledger_path);
+    terminate(&host.0);
+    let status = wait_exit(&mut host.0, Duration::from_secs(30));
+    assert!(status.success(), "graceful stop: {status}");
+    let entries = ledger(&ledger_path);
+    let init = entries
+        .iter()
+        .find(|e| e["ev"] == "init" && e["host"] == "c" && e["shard"] == shard.as_str())
+        .expect("changefeed initialized the shard");
+    assert_eq!(
+        (&init["seq"], &init["sub"]),
+        (&serde_json::json!(seq_c), &serde_json::json!(1)),
+        "initialize names the KCL's checkpoint: {init}"
+    );
+    let ours = user_records(&entries, "c", &shard);
+    assert_eq!(
+        names(&ours),
+        ["r-10", "r-11", "r-12", "r-13", "r-17"],
+        "right after r-9 (nothing at or before it again, nothing after it lost); F dropped as the KCL drops B"
+    );
+    assert_eq!(
+        (ours[0].1.as_str(), ours[0].2),
+        (seq_c.as_str(), 2),
+        "r-10 is C/2"
+    );
+    let ours_other = user_records(&entries, "c", &other_shard);
+    assert_eq!(
+        ours_other,
+        kcl_other[1..],
+        "right after r-18, G/0: the rest of aggregate G, at its places"
+    );
+
+    // The same shard read from its start by our source: what the KCL delivered, at the same
+    // places, then the rest.
+    let read_all = |shard: &str| {
+        rt().block_on(async {
+            use changefeed::source::FeedSource as _;
+            let id = PartitionId::new(shard).expect("shard id");
+            let mut reader = feed
+                .open(&id, &changefeed::model::Position::Beginning)
+                .await
+                .expect("open");
+            let mut out = Vec::new();
+            loop {
+                let batch = reader.next_batch(100).await.expect("read");
+                if batch.records.is_empty() {
+                    break;
+                }
+                for r in batch.records {
+                    let e =
+                        changefeed_kinesis::ExtendedSequenceNumber::parse(r.continuation.as_str())
+                            .expect("a Kinesis continuation");
+                    out.push((
+                        String::from_utf8(r.data.to_vec()).expect("utf-8"),
+                        e.sequence_number.to_string(),
+                        e.sub(),
+                    ));
+                }
+            }
+            out
+        })
+    };
+    let all = read_all(&shard);
+    assert_eq!(
+        all[..kcl.len()],
+        kcl[..],
+        "our source gives what the KCL gave"
+    );
+    assert_eq!(names(&all[kcl.len()..]), ["r-11", "r-12", "r-13", "r-17"]);
+    assert_eq!(read_all(&other_shard), kcl_other);
     rt().block_on(feed.delete_stream()).expect("delete stream");
 }

@@ -95,13 +95,8 @@ async fn kcl_leases_are_imported_at_their_checkpoints() {
     }
     let group = GroupName::new("migrated").expect("valid");
     let report = import_kcl(&store, &kcl, &group).await.expect("import");
-    assert_eq!(report.created.len(), 6, "{report:?}");
-    assert_eq!(
-        report.skipped.len(),
-        1,
-        "the aggregated checkpoint is refused: {report:?}"
-    );
-    assert!(report.skipped[0].1.contains("sub-sequence"), "{report:?}");
+    assert_eq!(report.created.len(), 7, "{report:?}");
+    assert!(report.skipped.is_empty(), "{report:?}");
     let leases = store.list(&group).await.expect("list").leases;
     let by = |id: &str| {
         leases
@@ -114,9 +109,16 @@ async fn kcl_leases_are_imported_at_their_checkpoints() {
     assert_eq!(
         l1.continuation,
         Some(Continuation::new(
-            "49590338271490256608559692538361571095921575989136588898"
+            "49590338271490256608559692538361571095921575989136588898/0"
         )),
-        "the sequence-number checkpoint is kept exactly"
+        "the sequence-number checkpoint is kept exactly, at its first user record"
+    );
+    assert_eq!(
+        by("shardId-000000000004").continuation,
+        Some(Continuation::new(
+            "49590338271490256608559692538361571095921575989136588999/7"
+        )),
+        "a checkpoint inside a KPL aggregate resumes after its user record 7"
     );
     assert_eq!(
         l1.state,
@@ -144,11 +146,11 @@ async fn kcl_leases_are_imported_at_their_checkpoints() {
     assert_eq!(
         by("orders:shardId-000000000005").continuation,
         Some(Continuation::new(
-            "49590338271490256608559692538361571095921575989136589000"
+            "49590338271490256608559692538361571095921575989136589000/0"
         ))
     );
     // Importing again changes nothing.
     let again = import_kcl(&store, &kcl, &group).await.expect("import");
     assert!(again.created.is_empty());
-    assert_eq!(again.existing.len(), 6);
+    assert_eq!(again.existing.len(), 7);
 }

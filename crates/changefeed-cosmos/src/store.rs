@@ -803,39 +803,56 @@ impl CosmosLeaseStore {
         if cut == 0 {
             return;
         }
-        let old = self
+        self.delete_matching(
+            group,
+            "old deletion record",
+            "SELECT c.id FROM c WHERE c.group = @g AND STARTSWITH(c.id, @p) AND c.deleted_at <= @cut",
+            &[
+                ("@g", group.as_str().into()),
+                ("@p", DELETION_PREFIX.into()),
+                ("@cut", cut.into()),
+            ],
+        )
+        .await;
+    }
+
+    /// Deletes every document of `group` that `query` (selecting `c.id`) finds. Best effort,
+    /// for housekeeping (`what` names the documents in the log): a failure is logged, and
+    /// what is left is removed by a later call.
+    async fn delete_matching(
+        &self,
+        group: &GroupName,
+        what: &'static str,
+        query: &str,
+        parameters: &[(&str, Value)],
+    ) {
+        let found = self
             .rest
-            .query_all(
-                group.as_str(),
-                "SELECT c.id FROM c WHERE c.group = @g AND STARTSWITH(c.id, @p) AND c.deleted_at <= @cut",
-                &[
-                    ("@g", group.as_str().into()),
-                    ("@p", DELETION_PREFIX.into()),
-                    ("@cut", cut.into()),
-                ],
-                self.inner.page_size,
-            )
+            .query_all(group.as_str(), query, parameters, self.inner.page_size)
             .await;
-        let old = match old {
-            Ok(old) => old,
+        let found = match found {
+            Ok(found) => found,
             Err(error) => {
-                tracing::warn!(%group, %error, "listing old deletion records failed");
+                tracing::warn!(%group, %error, what, "listing documents to remove failed");
                 return;
             }
         };
-        for id in old
+        for id in found
             .iter()
             .filter_map(|d| d.get("id").and_then(Value::as_str))
         {
-            match self.rest.delete(group.as_str(), id, None).await {
-                Ok(answer) if matches!(answer.status, 204 | 200 | 404) => {}
-                Ok(answer) => {
-                    tracing::warn!(%group, id, error = %answer.into_error(), "removing an old deletion record failed")
-                }
-                Err(error) => {
-                    tracing::warn!(%group, id, %error, "removing an old deletion record failed")
-                }
+            self.delete_quietly(group, what, id).await;
+        }
+    }
+
+    /// Deletes the document `id` of `group`; gone already is fine, a failure is logged.
+    async fn delete_quietly(&self, group: &GroupName, what: &'static str, id: &str) {
+        match self.rest.delete(group.as_str(), id, None).await {
+            Ok(answer) if matches!(answer.status, 200 | 204 | 404) => {}
+            Ok(answer) => {
+                tracing::warn!(%group, id, what, error = %answer.into_error(), "removing a document failed")
             }
+            Err(error) => tracing::warn!(%group, id, what, %error, "removing a document failed"),
         }
     }
 

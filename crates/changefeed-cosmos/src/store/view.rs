@@ -333,47 +333,23 @@ impl CosmosLeaseStore {
     /// Deletes the body documents older than `kept` (the body just replaced, which a reader
     /// may still be about to read). Best effort: a leftover costs storage, never correctness.
     async fn collect_bodies(&self, group: &GroupName, kept: &str) {
-        let old = self
-            .rest
-            .query_all(
-                group.as_str(),
-                "SELECT c.id FROM c WHERE c.group = @g AND STARTSWITH(c.id, @p) AND c.id < @kept",
-                &[
-                    ("@g", group.as_str().into()),
-                    ("@p", VIEW_PREFIX.into()),
-                    ("@kept", view_body_id(kept, 0).into()),
-                ],
-                self.inner.page_size,
-            )
-            .await;
-        let old = match old {
-            Ok(old) => old,
-            Err(error) => {
-                tracing::debug!(%group, %error, "could not list old view bodies");
-                return;
-            }
-        };
-        for id in old
-            .iter()
-            .filter_map(|d| d.get("id").and_then(Value::as_str))
-        {
-            self.delete_quietly(group, id).await;
-        }
+        self.delete_matching(
+            group,
+            "old view body",
+            "SELECT c.id FROM c WHERE c.group = @g AND STARTSWITH(c.id, @p) AND c.id < @kept",
+            &[
+                ("@g", group.as_str().into()),
+                ("@p", VIEW_PREFIX.into()),
+                ("@kept", view_body_id(kept, 0).into()),
+            ],
+        )
+        .await;
     }
 
     async fn delete_body(&self, group: &GroupName, id: &str, parts: u64) {
         for part in 0..parts {
-            self.delete_quietly(group, &view_body_id(id, part)).await;
-        }
-    }
-
-    async fn delete_quietly(&self, group: &GroupName, id: &str) {
-        match self.rest.delete(group.as_str(), id, None).await {
-            Ok(answer) if matches!(answer.status, 200 | 204 | 404) => {}
-            Ok(answer) => {
-                tracing::debug!(%group, id, error = %answer.into_error(), "could not delete an old view body")
-            }
-            Err(error) => tracing::debug!(%group, id, %error, "could not delete an old view body"),
+            self.delete_quietly(group, "old view body", &view_body_id(id, part))
+                .await;
         }
     }
 

@@ -140,6 +140,7 @@ async fn fleet(
         trace: TraceMode::Off,
         history: false,
         head_reads_per_second: None,
+        share_tables: false,
     })
     .await;
     conditions.apply(&fleet);

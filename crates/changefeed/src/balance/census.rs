@@ -11,8 +11,10 @@
 
 use std::borrow::Borrow;
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
+
+use imbl::{OrdMap, OrdSet};
 
 use crate::model::{HostName, Lease, LeaseState, PartitionId};
 
@@ -69,11 +71,11 @@ pub struct Census {
     /// How many leases are counted.
     eligible: usize,
     /// Per holder: its counted leases.
-    pub(super) held: BTreeMap<HostName, BTreeSet<Row>>,
+    pub(super) held: OrdMap<HostName, OrdSet<Row>>,
     /// Counted leases with no holder.
-    pub(super) unheld: BTreeSet<Row>,
+    pub(super) unheld: OrdSet<Row>,
     /// Per host named as `next_owner`: the counted leases naming it (few: pending hand-offs).
-    pub(super) asked: BTreeMap<HostName, BTreeSet<Row>>,
+    pub(super) asked: OrdMap<HostName, OrdSet<Row>>,
 }
 
 impl Census {
@@ -110,7 +112,8 @@ impl Census {
                 self.held.entry(owner).or_default().insert(Row(lease))
             }
             None => self.unheld.insert(Row(lease)),
-        };
+        }
+        .is_none();
         self.eligible += usize::from(added);
     }
 
@@ -123,7 +126,7 @@ impl Census {
         }
         let removed = match holder(lease) {
             Some(owner) => remove_from(&mut self.held, owner, partition),
-            None => self.unheld.remove(partition),
+            None => self.unheld.remove(partition).is_some(),
         };
         self.eligible -= usize::from(removed);
         removed
@@ -144,12 +147,12 @@ impl Census {
 /// fresh count of the same table.
 impl PartialEq for Census {
     fn eq(&self, other: &Self) -> bool {
-        fn same(a: &BTreeSet<Row>, b: &BTreeSet<Row>) -> bool {
+        fn same(a: &OrdSet<Row>, b: &OrdSet<Row>) -> bool {
             a.len() == b.len() && a.iter().zip(b).all(|(x, y)| *x.0 == *y.0)
         }
         fn same_by_host(
-            a: &BTreeMap<HostName, BTreeSet<Row>>,
-            b: &BTreeMap<HostName, BTreeSet<Row>>,
+            a: &OrdMap<HostName, OrdSet<Row>>,
+            b: &OrdMap<HostName, OrdSet<Row>>,
         ) -> bool {
             a.len() == b.len() && a.iter().zip(b).all(|((h, x), (k, y))| h == k && same(x, y))
         }
@@ -164,14 +167,14 @@ impl Eq for Census {}
 
 /// Removes `partition` from `key`'s set, dropping the set when it empties.
 fn remove_from(
-    sets: &mut BTreeMap<HostName, BTreeSet<Row>>,
+    sets: &mut OrdMap<HostName, OrdSet<Row>>,
     key: &HostName,
     partition: &PartitionId,
 ) -> bool {
     let Some(set) = sets.get_mut(key) else {
         return false;
     };
-    let removed = set.remove(partition);
+    let removed = set.remove(partition).is_some();
     if set.is_empty() {
         sets.remove(key);
     }

@@ -10,7 +10,7 @@
 //! decides, and the loser plans again next cycle.
 
 use std::cmp::{Ordering, Reverse};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::census::{holder, CensusSnapshot, Row};
 use super::limits::{share, LeaseLimits};
@@ -277,7 +277,7 @@ impl EqualShare {
         };
         let mut owned = vec![0usize; hosts];
         let mut eligible = census.len();
-        let mut free_sets: Vec<&BTreeSet<Row>> = vec![&census.unheld];
+        let mut free_sets: Vec<&imbl::OrdSet<Row>> = vec![&census.unheld];
         for (owner, set) in &census.held {
             match class(owner) {
                 Holder::Live(h) => owned[h] = set.len(),

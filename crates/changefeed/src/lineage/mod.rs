@@ -62,7 +62,7 @@ use crate::model::{KeyRange, Lease, LeaseState, Partition, PartitionId, Position
 
 /// Whether a child waits for its parents (design rule 5). `Ignore` exists for the simulator's
 /// deliberately broken variant, to show its checker catches a child read too early.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum ParentsRule {
     /// A child is read only once every listed parent is finished.
     #[default]

@@ -19,6 +19,7 @@ use super::hooks;
 #[cfg(feature = "sim-broken")]
 use super::hooks::Broken;
 use super::host::Host;
+use super::host_state::TableShare;
 use crate::balance::{BalanceStrategy, EqualShare};
 use crate::clock::{Clock, SystemClock};
 use crate::lease::{CountingStore, LeaseStore};
@@ -40,6 +41,7 @@ pub struct ProcessorBuilder {
     settings: Settings,
     hooks: hooks::Hooks,
     callbacks: Callbacks,
+    share: Option<TableShare>,
 }
 
 impl std::fmt::Debug for ProcessorBuilder {
@@ -127,6 +129,15 @@ impl ProcessorBuilder {
     /// clock's wall time and the process id.
     pub fn seed(mut self, seed: u64) -> Self {
         self.seed = Some(seed);
+        self
+    }
+
+    /// Shares the lease tables this host lists with the other hosts of this process given
+    /// the same [`TableShare`]: hosts whose tables come to hold equal rows hold them once.
+    /// For many hosts in one process (the simulator's fleets, tests); a host alone in its
+    /// process gains nothing from it. Default: none.
+    pub fn share_tables(mut self, share: TableShare) -> Self {
+        self.share = Some(share);
         self
     }
 
@@ -344,6 +355,7 @@ impl ProcessorBuilder {
             hooks: self.hooks,
             callbacks: Arc::new(self.callbacks),
             health,
+            share: self.share,
         })
     }
 }
@@ -366,6 +378,8 @@ pub struct Processor {
     pub(super) callbacks: Arc<Callbacks>,
     /// What [`HealthProbe`] reads; the host and its heartbeat task write it.
     pub(super) health: Arc<HealthCell>,
+    /// The lease tables shared with other hosts of this process, if any.
+    pub(super) share: Option<TableShare>,
 }
 
 impl std::fmt::Debug for Processor {

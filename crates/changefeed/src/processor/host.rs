@@ -125,6 +125,7 @@ impl Host {
             acquire_interval: p.settings.acquire_interval,
             safety_margin: p.settings.safety_margin,
             head_reads_per_second: p.store.head_reads_per_second(),
+            share: p.share.clone(),
         };
         let fence_deadline = heartbeat::FenceDeadline::new(fence_at);
         // Registered: from now on the host's health reads its fence record.
@@ -610,7 +611,7 @@ impl Host {
                 self.p.source.as_ref(),
                 &self.p.group,
                 &self.p.settings,
-                self.state.rows(),
+                &self.state.rows(),
                 now,
                 self.state.listed_counter(),
             )
@@ -694,7 +695,7 @@ impl Host {
             })
             .collect();
         let source = self.p.source.clone();
-        match lag::unleased(source.as_ref(), rows, &BTreeSet::new()).await {
+        match lag::unleased(source.as_ref(), &rows, &BTreeSet::new()).await {
             Ok(more) => todo.extend(more.into_iter().map(|(p, start)| (p, None, start))),
             Err(err) => debug!(error = %err, "listing partitions for the lag estimate failed"),
         }
@@ -747,6 +748,8 @@ impl Host {
         self.state.listed_all(listing.leases, |p| {
             unreadable.contains(format!("{group}/{p}").as_str())
         });
+        // Listed after the counter was read: at least as new as the leases at `counter`.
+        self.state.listed_up_to(counter);
         self.flush();
         Ok(counter)
     }
@@ -767,6 +770,10 @@ impl Host {
     /// and the store can say. Returns the counter the table is now at, or `None` when nothing
     /// was read (the caller lists in full).
     async fn read_changes(&mut self) -> Result<Option<u64>, LeaseError> {
+        // A host sharing its tables starts from the most recent one another host listed.
+        if self.state.fast_forward() {
+            self.flush();
+        }
         let Some(since) = self.state.listed_counter() else {
             return Ok(None);
         };
@@ -790,6 +797,7 @@ impl Host {
             .map(|k| k.partition.clone())
             .collect();
         self.state.listed_changes(&deleted, changes.leases);
+        self.state.listed_up_to(changes.counter);
         self.flush();
         Ok(Some(changes.counter))
     }
@@ -803,9 +811,27 @@ impl Host {
                     info!(lease = %stored.key, "resuming a lease this host owns");
                     self.start_worker(stored);
                 }
+                Err(LeaseError::Conflict { current, .. })
+                    if current.is_owned_by(&self.p.host) && !current.ownership_differs(&lease) =>
+                {
+                    // Only its checkpoint moved since it was listed (our own, or the cached
+                    // row is older than the one listed): resume it at the current version.
+                    match self.p.store.replace(&current, current.version).await {
+                        Ok(stored) => {
+                            info!(lease = %stored.key, "resuming a lease this host owns");
+                            self.start_worker(stored);
+                        }
+                        Err(err) => {
+                            debug!(lease = %lease.key, error = %err, "could not resume lease");
+                            if let LeaseError::Conflict { current, .. } = err {
+                                self.state.keep_and_replan(*current);
+                                self.flush();
+                            }
+                        }
+                    }
+                }
                 Err(LeaseError::Conflict { current, .. }) => {
-                    // Our own checkpoints moved it since it was listed: retry next cycle
-                    // with the current row, if it is still ours.
+                    // It changed hands since it was listed: plan again with the current row.
                     debug!(lease = %lease.key, "could not resume lease: it changed");
                     self.state.keep_and_replan(*current);
                     self.flush();

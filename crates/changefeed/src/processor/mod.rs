@@ -54,3 +54,4 @@ pub use health::{Health, HealthProbe};
 pub use heartbeat::{Liveness, ProcessorError};
 #[cfg(feature = "sim-broken")]
 pub use hooks::Broken;
+pub use host_state::TableShare;

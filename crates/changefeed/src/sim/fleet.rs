@@ -24,7 +24,7 @@ use crate::lease::{CountingStore, LeaseStore, MemoryLeaseStore, StoreCounts, Sto
 use crate::model::{GroupName, HostName, Lease, LeaseKey, PartitionId, Position};
 #[cfg(feature = "sim-broken")]
 use crate::processor::Broken;
-use crate::processor::{ConfigError, ProcessorBuilder, Settings};
+use crate::processor::{ConfigError, ProcessorBuilder, Settings, TableShare};
 use crate::source::{FeedSource, MemoryFeed};
 use crate::testkit::fleet::{
     Companion, Fleet, HostKit, HostStart, StoreFactory, Timing, WALL_ORIGIN,
@@ -54,6 +54,8 @@ pub struct FleetConfig {
     /// The store's limit on the fleet's head reads per second (see
     /// [`LeaseStore::head_reads_per_second`]): hosts pace their cycles to it. `None`: no limit.
     pub head_reads_per_second: Option<f64>,
+    /// Whether the hosts share their lease tables (see [`super::SimConfig::share_tables`]).
+    pub share_tables: bool,
 }
 
 /// The simulator's [`HostKit`]: each host behind fault-injecting seams, whose switches it
@@ -68,6 +70,8 @@ pub struct SimKit {
     routes: Vec<(u128, PartitionId)>,
     strategy: StrategyKind,
     anchor_costs: bool,
+    /// The lease tables the hosts share, if they do (see [`super::SimConfig::share_tables`]).
+    tables: Option<TableShare>,
     #[cfg(feature = "sim-broken")]
     broken: Broken,
 }
@@ -136,6 +140,10 @@ impl HostKit for SimKit {
             })
             .strategy(self.strategy.strategy())
             .clock(Arc::new(clock));
+        let builder = match &self.tables {
+            Some(tables) => builder.share_tables(tables.clone()),
+            None => builder,
+        };
         #[cfg(feature = "sim-broken")]
         let builder = builder.broken(self.broken);
         let renewer = self.anchor_costs.then(|| {
@@ -186,6 +194,7 @@ impl Fleet<SimKit> {
             routes: Vec::new(),
             strategy: cfg.strategy,
             anchor_costs: cfg.anchor_costs,
+            tables: cfg.share_tables.then(TableShare::new),
             #[cfg(feature = "sim-broken")]
             broken: Broken::None,
         };

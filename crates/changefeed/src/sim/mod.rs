@@ -321,6 +321,16 @@ pub struct SimConfig {
     /// Every host's settings; [`SimConfig::new`] uses short intervals. With faults on, the
     /// checkpoint mode is chosen by the seed.
     pub settings: Settings,
+    /// With `Some(n)`, the timed host faults (crash, stop, pause, cut-off, latency) strike a
+    /// fleet of more than `n` hosts as often in all as they strike `n` hosts at their
+    /// per-host rates: each host's rate is scaled by `n / hosts`. `None`: per host.
+    pub timed_fault_hosts: Option<usize>,
+    /// Whether the hosts share their lease tables ([`crate::processor::TableShare`]): a host
+    /// then starts each list of changes from the most recent table any host listed, so a
+    /// fleet applies each change about once instead of once per host. The hosts' decisions
+    /// are those of hosts listing on their own, but they read fewer rows, so store costs are
+    /// not measured with it.
+    pub share_tables: bool,
 }
 
 impl SimConfig {
@@ -339,6 +349,8 @@ impl SimConfig {
             trace: TraceMode::Hash,
             drain_limit: Duration::from_secs(600),
             settings: sim_settings(),
+            timed_fault_hosts: None,
+            share_tables: false,
         }
     }
 }
@@ -470,6 +482,7 @@ async fn scenario(mut cfg: SimConfig) -> SimOutcome {
         trace: cfg.trace,
         history: true,
         head_reads_per_second,
+        share_tables: cfg.share_tables,
     })
     .await;
     #[cfg(feature = "sim-broken")]
@@ -533,6 +546,10 @@ async fn scenario(mut cfg: SimConfig) -> SimOutcome {
 
     let step = Duration::from_millis(500);
     let per_step = |r: f64| r * scale * step.as_secs_f64() / 60.0;
+    let host_scale = cfg
+        .timed_fault_hosts
+        .map_or(1.0, |n| (n as f64 / cfg.hosts.max(1) as f64).min(1.0));
+    let per_host_step = |r: f64| per_step(r) * host_scale;
     let keys = (cfg.partitions * 2).max(64);
     let mut restart_at: BTreeMap<String, Duration> = BTreeMap::new();
     let max_partitions = cfg.partitions as usize * 4;
@@ -545,18 +562,18 @@ async fn scenario(mut cfg: SimConfig) -> SimOutcome {
         let now = fleet.now();
         let states = fleet.states(&names);
         for (name, &(up, paused)) in names.iter().zip(&states) {
-            if up && on(Fault::Crash) && fleet.rng().gen_bool(per_step(rate::CRASH)) {
+            if up && on(Fault::Crash) && fleet.rng().gen_bool(per_host_step(rate::CRASH)) {
                 fleet.crash(name);
-            } else if up && on(Fault::Stop) && fleet.rng().gen_bool(per_step(rate::STOP)) {
+            } else if up && on(Fault::Stop) && fleet.rng().gen_bool(per_host_step(rate::STOP)) {
                 fleet.begin_stop(name);
             } else if up
                 && on(Fault::Pause)
                 && !paused
-                && fleet.rng().gen_bool(per_step(rate::PAUSE))
+                && fleet.rng().gen_bool(per_host_step(rate::PAUSE))
             {
                 let ms = fleet.rng().gen_range(1_000..=30_000);
                 fleet.pause(name, Duration::from_millis(ms));
-            } else if up && on(Fault::CutOff) && fleet.rng().gen_bool(per_step(rate::CUT)) {
+            } else if up && on(Fault::CutOff) && fleet.rng().gen_bool(per_host_step(rate::CUT)) {
                 let mode = if fleet.rng().gen_bool(0.5) {
                     Cut::Fail
                 } else {
@@ -564,7 +581,8 @@ async fn scenario(mut cfg: SimConfig) -> SimOutcome {
                 };
                 let ms = fleet.rng().gen_range(2_000..=40_000);
                 fleet.cut(name, mode, Duration::from_millis(ms));
-            } else if up && on(Fault::Latency) && fleet.rng().gen_bool(per_step(rate::LATENCY)) {
+            } else if up && on(Fault::Latency) && fleet.rng().gen_bool(per_host_step(rate::LATENCY))
+            {
                 let max = fleet.rng().gen_range(50..=3_000);
                 let ms = fleet.rng().gen_range(2_000..=30_000);
                 fleet.latency(name, Duration::from_millis(max), Duration::from_millis(ms));

@@ -30,9 +30,13 @@ fn rerun(cfg: &SimConfig) -> String {
 }
 
 fn seeds_find_no_violation(seeds: std::ops::Range<u64>) {
+    seeds_of_find_no_violation(seeds, all_faults);
+}
+
+fn seeds_of_find_no_violation(seeds: std::ops::Range<u64>, config: impl Fn(u64) -> SimConfig) {
     let mut failures = Vec::new();
     for seed in seeds {
-        let cfg = all_faults(seed);
+        let cfg = config(seed);
         let out = run(&cfg).expect("simulation runs");
         if !out.violations.is_empty() {
             failures.push(format!(
@@ -106,6 +110,21 @@ fn no_faults_deliver_everything_exactly_once() {
 
 /// The first seed below 200 whose run breaks a rule with `broken` switched on, with its
 /// reproduction and every violation found.
+#[test]
+fn hosts_sharing_their_tables_break_no_rule() {
+    // `simulate --large` shares the hosts' lease tables (each host fast-forwards to the most
+    // recent table any host listed): 12 hosts on 40 partitions with every fault, faults at
+    // the fleet rate of 6 hosts, as `--large` scales them.
+    seeds_of_find_no_violation(0..60, |seed| {
+        let mut cfg = all_faults(seed);
+        cfg.hosts = 12;
+        cfg.partitions = 40;
+        cfg.share_tables = true;
+        cfg.timed_fault_hosts = Some(6);
+        cfg
+    });
+}
+
 fn first_caught(broken: Broken) -> Option<(u64, String)> {
     (0..200).find_map(|seed| {
         let mut cfg = all_faults(seed);
@@ -190,6 +209,7 @@ async fn stall_inside_a_slow_call(broken: Broken) -> Vec<Violation> {
         trace: TraceMode::Hash,
         history: true,
         head_reads_per_second: None,
+        share_tables: false,
     })
     .await;
     fleet.set_broken(broken);
@@ -354,6 +374,7 @@ async fn under_conditions(
         trace: TraceMode::Off,
         history: true,
         head_reads_per_second: None,
+        share_tables: false,
     })
     .await;
     fleet.store_conditions(latency, counter);
@@ -393,6 +414,7 @@ fn store_latency_delays_every_call() {
                 trace: TraceMode::Off,
                 history: false,
                 head_reads_per_second: None,
+                share_tables: false,
             })
             .await;
             fleet.store_conditions(latency, false);

@@ -20,6 +20,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use table::TableShare;
 pub(crate) use table::*;
 use view::Members;
 
@@ -68,7 +69,7 @@ pub(crate) enum Signal {
 }
 
 /// The settings the host's decisions depend on.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct StateConfig {
     pub lease_expiry: Duration,
     pub full_list_interval: Duration,
@@ -85,6 +86,8 @@ pub(crate) struct StateConfig {
     ///
     /// [`LeaseStore::head_reads_per_second`]: crate::lease::LeaseStore::head_reads_per_second
     pub head_reads_per_second: Option<f64>,
+    /// The lease tables this host shares with the other hosts of its process, if any.
+    pub share: Option<TableShare>,
 }
 
 /// What the plan asks of this host now, to carry out in this order.
@@ -130,13 +133,16 @@ pub(crate) struct HostState {
     /// their parents' end instead of up to `sync_interval` later.
     sync_wanted: bool,
     outbox: Vec<Signal>,
+    /// The rows of the running workers' leases in the last full listing, as listed, until
+    /// [`HostState::hint_all`] tells the workers of them.
+    listed_rows: Vec<Arc<Lease>>,
 }
 
 impl HostState {
     /// The state of a host that registered at `now`.
     pub(crate) fn new(me: HostName, config: StateConfig, now: Instant) -> Self {
         Self {
-            table: LeaseTable::new(me.clone(), config.parents),
+            table: LeaseTable::new(me.clone(), config.parents, config.share.clone()),
             live: vec![me.clone()],
             judged: vec![me.clone()],
             views: false,
@@ -152,6 +158,7 @@ impl HostState {
             replan: false,
             sync_wanted: false,
             outbox: Vec::new(),
+            listed_rows: Vec::new(),
         }
     }
 
@@ -267,12 +274,7 @@ impl HostState {
             .hosts
             .iter()
             .find(|hb| hb.host == self.me && hb.incarnation == self.incarnation)?;
-        let owners: BTreeSet<HostName> = self
-            .table
-            .rows()
-            .iter()
-            .filter_map(|l| l.owner.clone())
-            .collect();
+        let owners = self.table.owners();
         let judged = view::judge(&self.me, my_row, &membership.hosts, &self.judged, &owners);
         self.members
             .should_write(&judged)
@@ -391,7 +393,7 @@ impl HostState {
         leases: Vec<impl Into<Arc<Lease>>>,
         unreadable: impl Fn(&PartitionId) -> bool,
     ) {
-        self.table.replace_all(leases);
+        self.replace_all(leases);
         let gone: Vec<PartitionId> = self
             .running
             .keys()
@@ -409,29 +411,64 @@ impl HostState {
         leases: Vec<impl Into<Arc<Lease>>>,
     ) {
         for partition in deleted {
-            self.table.remove(partition);
             if self.running.contains_key(partition) {
                 self.outbox.push(Signal::Stop(partition.clone()));
             }
         }
-        for lease in leases {
-            self.remember(lease);
+        let leases = leases.into_iter().map(Into::into).collect();
+        for row in self.table.apply(deleted, leases) {
+            self.hint(&row);
         }
+    }
+
+    /// Takes the table a host sharing this one's tables listed up to a higher counter than
+    /// this table's (see [`LeaseTable::fast_forward`]), as a full listing is taken in: workers
+    /// whose lease is gone stop, the others are told of their rows. Returns whether it did.
+    pub(crate) fn fast_forward(&mut self) -> bool {
+        let Some(at) = self.table.fast_forward(self.listing.counter) else {
+            return false;
+        };
+        self.listing.counter = Some(at);
+        let mut gone = Vec::new();
+        let mut rows = Vec::new();
+        for partition in self.running.keys() {
+            match self.table.row(partition) {
+                Some(row) => rows.push(row.clone()),
+                None => gone.push(partition.clone()),
+            }
+        }
+        self.listed_rows = rows;
+        self.outbox.extend(gone.into_iter().map(Signal::Stop));
+        true
+    }
+
+    /// Notes the table as what a list of changes up to `counter` left, for the hosts sharing
+    /// this one's tables.
+    pub(crate) fn listed_up_to(&self, counter: u64) {
+        self.table.listed_up_to(counter);
+    }
+
+    /// Takes in a full listing into the table, keeping the rows of the running workers' leases
+    /// as listed, for [`HostState::hint_all`].
+    fn replace_all(&mut self, leases: Vec<impl Into<Arc<Lease>>>) {
+        let leases: Vec<Arc<Lease>> = leases.into_iter().map(Into::into).collect();
+        self.listed_rows = leases
+            .iter()
+            .filter(|l| self.running.contains_key(&l.key.partition))
+            .cloned()
+            .collect();
+        self.table.replace_all(leases);
     }
 
     /// Tells each worker of a newer row after a full listing (rows taken in one by one were
     /// told as they came), in partition order.
     pub(crate) fn hint_all(&mut self) {
+        let rows = std::mem::take(&mut self.listed_rows);
         if !self.table.take_hint_all() {
             return;
         }
-        for (partition, known) in &mut self.running {
-            if let Some(row) = self.table.get(partition) {
-                if row.version > *known {
-                    *known = row.version;
-                    self.outbox.push(Signal::Hint(row.clone()));
-                }
-            }
+        for row in &rows {
+            self.hint(row);
         }
     }
 
@@ -462,12 +499,12 @@ impl HostState {
     /// Takes in a full listing made after this host's own writes (the leader's partition
     /// sync), and distrusts the counter: list again next cycle too.
     pub(crate) fn relisted(&mut self, leases: Vec<impl Into<Arc<Lease>>>) {
-        self.table.replace_all(leases);
+        self.replace_all(leases);
         self.listing.invalidate();
     }
 
     /// Every listed row, sorted by partition.
-    pub(crate) fn rows(&self) -> &[Arc<Lease>] {
+    pub(crate) fn rows(&self) -> Vec<Arc<Lease>> {
         self.table.rows()
     }
 
@@ -547,7 +584,7 @@ impl HostState {
         seen: Instant,
         strategy: &dyn BalanceStrategy,
     ) -> Actions {
-        self.requests.sync(self.table.asked(), seen);
+        self.requests.sync(&self.table.asked(), seen);
         if !self.admitted() {
             // Not yet listed live by a view: take and ask for nothing; plan again next cycle.
             self.replan = true;
@@ -707,13 +744,20 @@ impl HostState {
     /// Puts a row newer than the cached one (or a new one) into the table, and tells its
     /// worker if it does not know it yet.
     fn remember(&mut self, lease: impl Into<Arc<Lease>>) {
-        let Some(row) = self.table.remember(lease) else {
-            return;
-        };
+        for row in self.table.apply(&[], vec![lease.into()]) {
+            self.hint(&row);
+        }
+    }
+
+    /// Tells the worker of `row`'s lease, if one runs, of `row` if it does not know it yet.
+    /// Workers are told of rows as the store gave them, not as the table holds them: a table
+    /// taken from a [`TableShare`] may hold an older version of a row (one that agrees on
+    /// ownership), and a worker goes by the version it is told.
+    fn hint(&mut self, row: &Arc<Lease>) {
         if let Some(known) = self.running.get_mut(&row.key.partition) {
             if row.version > *known {
                 *known = row.version;
-                self.outbox.push(Signal::Hint(row.clone()));
+                self.outbox.push(Signal::Hint(Lease::clone(row)));
             }
         }
     }

@@ -5,37 +5,34 @@
 //! ([`Requests`]), the plan built from them ([`plan`]), leader choice, dead hosts' rows, and
 //! what a conflicting take or hand-off request leads to.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
+
+use imbl::{OrdMap, OrdSet};
 
 use crate::balance::{holder, BalanceStrategy, Census, CensusSnapshot, LeaseView, Plan, Snapshot};
 use crate::clock::Instant;
 use crate::lineage::{ready_to_read, ParentsRule};
 use crate::model::{Heartbeat, HostName, Lease, LeaseState, PartitionId};
 
-/// The leases this host has listed, sorted by partition, and what they say of this host.
+/// The leases this host has listed, by partition, and what they say of this host.
 ///
-/// Rows are shared (`Arc<Lease>`): a store that hands out its own rows (the in-memory store)
-/// costs each table one pointer per lease, which lets the simulator hold a thousand hosts'
-/// tables of 100,000 leases. Alongside the rows the table keeps the [`Census`] of its
-/// eligible leases up to date with every row it takes in, so that planning costs
-/// O(changed leases + hosts), not O(leases).
+/// The contents ([`Rows`]: the rows, the [`Census`] of the eligible ones, the children index
+/// and who owns or was asked for what) are a pure function of the rows, held in persistent
+/// maps (`imbl`) behind one `Arc`: cloning them costs O(1), and changing a clone copies only
+/// the paths it changes. Hosts of one process given the same [`TableShare`] hold equal
+/// contents once between them: a host whose rows come to equal contents another host already
+/// holds takes that host's in O(1) instead of building its own. That is what lets the
+/// simulator run a thousand hosts' tables of 100,000 leases; a lone host gives nothing up.
 #[derive(Debug, Clone)]
 pub(crate) struct LeaseTable {
     me: HostName,
     parents: ParentsRule,
-    leases: Vec<Arc<Lease>>,
-    /// The eligible leases (design rule 5), indexed for the balancer.
-    census: Census,
-    /// Per partition named as a parent: the listed leases naming it. Their eligibility
-    /// follows its row, so they are counted again when it changes.
-    children: BTreeMap<PartitionId, Vec<PartitionId>>,
-    /// The partitions `leases` lists as owned by this host.
-    mine: BTreeSet<PartitionId>,
-    /// The partitions `leases` lists with this host as `next_owner`.
-    asked: BTreeSet<PartitionId>,
-    /// Set when `leases` was replaced whole: every worker's row must be compared before the
+    rows: Arc<Rows>,
+    share: Option<TableShare>,
+    /// Set when the rows were replaced whole: every worker's row must be compared before the
     /// next hints (rows taken in one by one are compared as they come).
     hint_all: bool,
     /// Set when a listed lease became finished (its partition closed and was read to the
@@ -44,152 +41,88 @@ pub(crate) struct LeaseTable {
     finished: bool,
 }
 
-impl LeaseTable {
-    pub(crate) fn new(me: HostName, parents: ParentsRule) -> Self {
-        Self {
-            me,
-            parents,
-            leases: Vec::new(),
-            census: Census::new(),
-            children: BTreeMap::new(),
-            mine: BTreeSet::new(),
-            asked: BTreeSet::new(),
-            hint_all: false,
-            finished: false,
-        }
+/// What a lease table holds: a pure function of its rows and the parents rule.
+#[derive(Debug, Clone, Default)]
+struct Rows {
+    leases: OrdMap<PartitionId, Arc<Lease>>,
+    /// The eligible leases (design rule 5), indexed for the balancer.
+    census: Census,
+    /// Per partition named as a parent: the listed leases naming it. Their eligibility
+    /// follows its row, so they are counted again when it changes.
+    children: OrdMap<PartitionId, Vec<PartitionId>>,
+    /// Per host: the partitions it owns.
+    owned: OrdMap<HostName, OrdSet<PartitionId>>,
+    /// Per host: the partitions naming it as `next_owner`.
+    named: OrdMap<HostName, OrdSet<PartitionId>>,
+    /// The sum of the rows' fingerprints ([`row_print`]): equal rows, equal sums.
+    print: u128,
+    /// The sum of the finished rows' fingerprints.
+    finished: u128,
+}
+
+/// A row's fingerprint: 128 bits of two hashes of what the table derives from the row (its
+/// key, state, owner, `next_owner` and parents). A table's fingerprint is the sum of its
+/// rows', so two tables of equal fingerprints hold rows that agree on ownership and lineage
+/// (but with a chance of about 2⁻¹²⁸ per pair), which is all a host decides by: their
+/// versions and checkpoints may differ, as a cached row's may differ from the store's after
+/// a checkpoint (no list of changes shows a checkpoint; every write is a compare-and-swap on
+/// the store's version, and a take that finds only the checkpoint moved is retried).
+fn row_print(lease: &Lease) -> u128 {
+    let mut h = DefaultHasher::new();
+    lease.key.hash(&mut h);
+    lease.state.hash(&mut h);
+    lease.owner.hash(&mut h);
+    lease.next_owner.hash(&mut h);
+    lease.parents.hash(&mut h);
+    let low = h.finish();
+    0x5eed_u16.hash(&mut h);
+    let high = h.finish();
+    (u128::from(high) << 64) | u128::from(low)
+}
+
+impl Rows {
+    fn get(&self, partition: &PartitionId) -> Option<&Lease> {
+        self.leases.get(partition).map(|l| &**l)
     }
 
-    /// Takes in a fresh listing whole (sorted here if the store did not list in key order).
-    pub(crate) fn replace_all(&mut self, leases: Vec<impl Into<Arc<Lease>>>) {
-        let mut leases: Vec<Arc<Lease>> = leases.into_iter().map(Into::into).collect();
-        // One pass: the rows are many, and each pass over them is a trip through memory.
-        self.mine.clear();
-        self.asked.clear();
-        self.children.clear();
-        let mut sorted = true;
-        let mut previous: Option<&PartitionId> = None;
-        for l in &leases {
-            let partition = &l.key.partition;
-            sorted &= previous.is_none_or(|p| p <= partition);
-            previous = Some(partition);
-            if l.is_owned_by(&self.me) {
-                self.mine.insert(partition.clone());
-            }
-            if l.next_owner.as_ref() == Some(&self.me) {
-                self.asked.insert(partition.clone());
-            }
-        }
-        if !sorted {
-            leases.sort_by(|a, b| a.key.partition.cmp(&b.key.partition));
-        }
-        // Only finished rows are looked up in the old table: they are few.
-        self.finished |= leases.iter().any(|l| {
-            l.state == LeaseState::Finished
-                && self
-                    .get(&l.key.partition)
-                    .is_none_or(|old| old.state != LeaseState::Finished)
-        });
-        self.leases = leases;
-        for i in 0..self.leases.len() {
-            let row = self.leases[i].clone();
-            self.link(&row);
-        }
-        self.census = Census::new();
-        for i in 0..self.leases.len() {
-            let row = self.leases[i].clone();
-            self.count(&row);
-        }
-        self.hint_all = true;
+    fn eligible(&self, lease: &Lease, parents: ParentsRule) -> bool {
+        ready_to_read(lease, |p| self.get(p), parents)
     }
 
-    /// Takes in one row if it is newer than the cached one (or new). Returns the row if it
-    /// was taken in, so its worker can be told.
-    pub(crate) fn remember(&mut self, lease: impl Into<Arc<Lease>>) -> Option<&Lease> {
-        let lease: Arc<Lease> = lease.into();
-        let finishes = lease.state == LeaseState::Finished;
-        let at = self.index(&lease.key.partition);
-        match at {
-            Ok(i) if self.leases[i].version < lease.version => {
-                self.finished |= finishes && self.leases[i].state != LeaseState::Finished;
-            }
-            Ok(_) => return None,
-            Err(_) => self.finished |= finishes,
-        }
-        let i = self.put(at, Some(lease))?;
-        Some(&self.leases[i])
-    }
-
-    /// Forgets a deleted lease.
-    pub(crate) fn remove(&mut self, partition: &PartitionId) {
-        let at = self.index(partition);
-        if at.is_ok() {
-            self.put(at, None);
-        }
-    }
-
-    /// Puts `new` at `at` (`Ok`: over the row there; `Err`: inserted there), or removes the
-    /// row at `at` when `new` is `None`, keeping the census, the children index and this
-    /// host's marks in step. Returns where the new row is.
-    fn put(&mut self, at: Result<usize, usize>, new: Option<Arc<Lease>>) -> Option<usize> {
-        let old = at.ok().map(|i| self.leases[i].clone());
-        let partition = new
-            .as_ref()
-            .or(old.as_ref())
-            .map(|l| l.key.partition.clone())?;
+    /// Puts `new` in place of `partition`'s row (none: removes it), keeping the census, the
+    /// indexes and the fingerprint in step.
+    fn put(&mut self, partition: &PartitionId, new: Option<Arc<Lease>>, parents: ParentsRule) {
+        let old = self.leases.get(partition).cloned();
         // The leases naming this one as a parent: their eligibility may follow its change.
-        let kids = self.kids_of(&partition);
+        let kids = self.kids_of(partition);
         for kid in &kids {
-            self.uncount(kid);
+            self.uncount(kid, parents);
         }
         if let Some(old) = &old {
-            self.uncount(old);
+            self.uncount(old, parents);
             self.unlink(old);
+            self.unmark(old);
+            let print = row_print(old);
+            self.print = self.print.wrapping_sub(print);
+            if old.state == LeaseState::Finished {
+                self.finished = self.finished.wrapping_sub(print);
+            }
+            self.leases.remove(partition);
         }
-        let me = &self.me;
-        let marks = |l: Option<&Arc<Lease>>| {
-            l.map_or((false, false), |l| {
-                (l.is_owned_by(me), l.next_owner.as_ref() == Some(me))
-            })
-        };
-        let (before, after) = (marks(old.as_ref()), marks(new.as_ref()));
-        let placed = match (at, new) {
-            (Ok(i), Some(new)) => {
-                self.leases[i] = new;
-                Some(i)
+        if let Some(new) = new {
+            let print = row_print(&new);
+            self.print = self.print.wrapping_add(print);
+            if new.state == LeaseState::Finished {
+                self.finished = self.finished.wrapping_add(print);
             }
-            (Err(i), Some(new)) => {
-                self.leases.insert(i, new);
-                Some(i)
-            }
-            (Ok(i), None) => {
-                self.leases.remove(i);
-                None
-            }
-            (Err(_), None) => None,
-        };
-        if let Some(i) = placed {
-            let row = self.leases[i].clone();
-            self.link(&row);
-            self.count(&row);
+            self.leases.insert(partition.clone(), new.clone());
+            self.link(&new);
+            self.mark(&new);
+            self.count(&new, parents);
         }
         for kid in &kids {
-            self.count(kid);
+            self.count(kid, parents);
         }
-        for (set, was, is) in [
-            (&mut self.mine, before.0, after.0),
-            (&mut self.asked, before.1, after.1),
-        ] {
-            match (was, is) {
-                (false, true) => {
-                    set.insert(partition.clone());
-                }
-                (true, false) => {
-                    set.remove(&partition);
-                }
-                _ => {}
-            }
-        }
-        placed
     }
 
     /// The listed rows of the leases naming `partition` as a parent (not itself).
@@ -201,7 +134,7 @@ impl LeaseTable {
         kids.sort_unstable();
         kids.dedup();
         kids.into_iter()
-            .filter_map(|k| self.index(k).ok().map(|i| self.leases[i].clone()))
+            .filter_map(|k| self.leases.get(k).cloned())
             .collect()
     }
 
@@ -229,43 +162,356 @@ impl LeaseTable {
         }
     }
 
+    /// Notes who owns `row` and whom it names as `next_owner`.
+    fn mark(&mut self, row: &Lease) {
+        let partition = &row.key.partition;
+        if let Some(owner) = holder(row) {
+            self.owned
+                .entry(owner.clone())
+                .or_default()
+                .insert(partition.clone());
+        }
+        if let Some(asker) = &row.next_owner {
+            self.named
+                .entry(asker.clone())
+                .or_default()
+                .insert(partition.clone());
+        }
+    }
+
+    /// Forgets what [`Rows::mark`] noted of `row`.
+    fn unmark(&mut self, row: &Lease) {
+        let partition = &row.key.partition;
+        for (index, host) in [
+            (&mut self.owned, holder(row)),
+            (&mut self.named, row.next_owner.as_ref()),
+        ] {
+            let Some(host) = host else { continue };
+            if let Some(set) = index.get_mut(host) {
+                set.remove(partition);
+                if set.is_empty() {
+                    index.remove(host);
+                }
+            }
+        }
+    }
+
     /// Counts `row` in the census if it is eligible now.
-    fn count(&mut self, row: &Arc<Lease>) {
-        if self.eligible(row, self.parents) {
+    fn count(&mut self, row: &Arc<Lease>, parents: ParentsRule) {
+        if self.eligible(row, parents) {
             self.census.insert(row.clone());
         }
     }
 
     /// Stops counting `row` (as it was counted: call before anything it depends on changes).
-    fn uncount(&mut self, row: &Lease) {
-        if self.eligible(row, self.parents) {
+    fn uncount(&mut self, row: &Lease, parents: ParentsRule) {
+        if self.eligible(row, parents) {
             self.census.remove(row);
         }
     }
 
-    fn index(&self, partition: &PartitionId) -> Result<usize, usize> {
-        self.leases
-            .binary_search_by(|l| l.key.partition.cmp(partition))
+    /// The contents of `leases` (each partition once), built in one pass per index.
+    fn build(leases: Vec<Arc<Lease>>, parents: ParentsRule) -> Self {
+        let mut rows = Rows {
+            print: leases
+                .iter()
+                .fold(0u128, |sum, l| sum.wrapping_add(row_print(l))),
+            finished: leases
+                .iter()
+                .filter(|l| l.state == LeaseState::Finished)
+                .fold(0u128, |sum, l| sum.wrapping_add(row_print(l))),
+            leases: leases
+                .iter()
+                .map(|l| (l.key.partition.clone(), l.clone()))
+                .collect(),
+            ..Rows::default()
+        };
+        for l in &leases {
+            rows.link(l);
+            rows.mark(l);
+        }
+        for l in &leases {
+            rows.count(l, parents);
+        }
+        rows
+    }
+}
+
+/// Lease tables shared between the hosts of one process (the simulator's fleet): a host whose
+/// rows come to equal a table another host holds takes that one (O(1)) instead of building
+/// its own, so a fleet holds each table once and builds it once. Tables are found by their
+/// rows' fingerprint ([`row_print`]) and the parents rule, and held weakly: a table no host
+/// holds any more is forgotten.
+///
+/// Clones share one set of tables. Give the same share to hosts whose tables may coincide
+/// ([`crate::processor::ProcessorBuilder::share_tables`]); hosts of different groups never
+/// coincide (rows name their group).
+#[derive(Clone, Default)]
+pub struct TableShare {
+    tables: Arc<Mutex<SharedTables>>,
+}
+
+#[derive(Default)]
+struct SharedTables {
+    by_print: HashMap<(ParentsRule, u128), Weak<Rows>>,
+    /// The table of the highest change counter a host of the share listed its changes up to,
+    /// as that list left it (before the host's own writes): the leases as they stood at that
+    /// counter, which is all a table at that counter can hold.
+    latest: Option<(ParentsRule, u64, Arc<Rows>)>,
+    /// How many tables were known after the last sweep of forgotten ones.
+    after_sweep: usize,
+}
+
+impl std::fmt::Debug for TableShare {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TableShare").finish_non_exhaustive()
+    }
+}
+
+impl TableShare {
+    /// An empty share.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SharedTables> {
+        // The map holds no invariant a panic elsewhere could break half-way.
+        self.tables
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A held table of rows fingerprinted `print`.
+    fn find(&self, parents: ParentsRule, print: u128) -> Option<Arc<Rows>> {
+        self.lock().by_print.get(&(parents, print))?.upgrade()
+    }
+
+    /// Notes `rows` as the table a list of changes up to `counter` left, if no host of the
+    /// share listed up to a higher counter.
+    fn listed(&self, parents: ParentsRule, counter: u64, rows: &Arc<Rows>) {
+        let mut tables = self.lock();
+        if tables.latest.as_ref().is_none_or(|(_, c, _)| *c < counter) {
+            tables.latest = Some((parents, counter, rows.clone()));
+        }
+    }
+
+    /// The table of the highest counter listed, if above `counter` (any, for `None`).
+    fn latest_after(&self, parents: ParentsRule, counter: Option<u64>) -> Option<(u64, Arc<Rows>)> {
+        match &self.lock().latest {
+            Some((p, c, rows)) if *p == parents && counter.is_none_or(|at| *c > at) => {
+                Some((*c, rows.clone()))
+            }
+            _ => None,
+        }
+    }
+
+    /// Offers `rows` to hosts that come to hold equal rows.
+    fn offer(&self, parents: ParentsRule, rows: &Arc<Rows>) {
+        let mut tables = self.lock();
+        tables
+            .by_print
+            .insert((parents, rows.print), Arc::downgrade(rows));
+        // Sweep the forgotten tables whenever the map doubled: amortised O(1) per offer.
+        if tables.by_print.len() > 2 * tables.after_sweep.max(64) {
+            tables.by_print.retain(|_, t| t.strong_count() > 0);
+            tables.after_sweep = tables.by_print.len();
+        }
+    }
+}
+
+impl LeaseTable {
+    pub(crate) fn new(me: HostName, parents: ParentsRule, share: Option<TableShare>) -> Self {
+        Self {
+            me,
+            parents,
+            rows: Arc::new(Rows::default()),
+            share,
+            hint_all: false,
+            finished: false,
+        }
+    }
+
+    /// Takes in a fresh listing whole.
+    pub(crate) fn replace_all(&mut self, leases: Vec<impl Into<Arc<Lease>>>) {
+        let leases: Vec<Arc<Lease>> = leases.into_iter().map(Into::into).collect();
+        // Only finished rows are looked up in the old table: they are few.
+        self.finished |= leases.iter().any(|l| {
+            l.state == LeaseState::Finished
+                && self
+                    .get(&l.key.partition)
+                    .is_none_or(|old| old.state != LeaseState::Finished)
+        });
+        self.hint_all = true;
+        if let Some(share) = &self.share {
+            let print = leases
+                .iter()
+                .fold(0u128, |sum, l| sum.wrapping_add(row_print(l)));
+            if let Some(held) = share.find(self.parents, print) {
+                if held.leases.len() == leases.len() {
+                    self.rows = held;
+                    return;
+                }
+            }
+        }
+        self.rows = Arc::new(Rows::build(leases, self.parents));
+        if let Some(share) = &self.share {
+            share.offer(self.parents, &self.rows);
+        }
+    }
+
+    /// Takes in one row if it is newer than the cached one (or new). Returns the row if it
+    /// was taken in, so its worker can be told.
+    #[cfg(test)]
+    pub(crate) fn remember(&mut self, lease: impl Into<Arc<Lease>>) -> Option<&Lease> {
+        let lease: Arc<Lease> = lease.into();
+        let partition = lease.key.partition.clone();
+        if self.apply(&[], vec![lease]).is_empty() {
+            return None;
+        }
+        self.rows.get(&partition)
+    }
+
+    /// Forgets a deleted lease.
+    #[cfg(test)]
+    pub(crate) fn remove(&mut self, partition: &PartitionId) {
+        self.apply(std::slice::from_ref(partition), Vec::new());
+    }
+
+    /// Takes in a list of changes: forgets the `deleted` leases, then takes in each of
+    /// `leases` newer than the cached row (or new). Returns the partitions of the rows taken
+    /// in, as given, in order, so their workers can be told.
+    ///
+    /// With a [`TableShare`], the fingerprint the changes lead to is worked out first: if a
+    /// host of the share holds that table, with every row taken in here at least as new, it
+    /// is taken whole (O(changes) lookups), and only otherwise are the changes applied here.
+    pub(crate) fn apply(
+        &mut self,
+        deleted: &[PartitionId],
+        leases: Vec<Arc<Lease>>,
+    ) -> Vec<Arc<Lease>> {
+        // The rows the changes leave, by partition (`None`: deleted), over the cached ones.
+        let mut pending: BTreeMap<PartitionId, Option<Arc<Lease>>> = BTreeMap::new();
+        let mut print = self.rows.print;
+        let mut taken = Vec::new();
+        for partition in deleted {
+            let current = match pending.get(partition) {
+                Some(row) => row.clone(),
+                None => self.rows.leases.get(partition).cloned(),
+            };
+            if let Some(old) = current {
+                print = print.wrapping_sub(row_print(&old));
+                pending.insert(partition.clone(), None);
+            }
+        }
+        for lease in leases {
+            let partition = &lease.key.partition;
+            let current = match pending.get(partition) {
+                Some(row) => row.clone(),
+                None => self.rows.leases.get(partition).cloned(),
+            };
+            if current
+                .as_ref()
+                .is_some_and(|old| old.version >= lease.version)
+            {
+                continue;
+            }
+            self.finished |= lease.state == LeaseState::Finished
+                && current
+                    .as_ref()
+                    .is_none_or(|o| o.state != LeaseState::Finished);
+            let old = current.as_deref().map_or(0, row_print);
+            print = print.wrapping_sub(old).wrapping_add(row_print(&lease));
+            taken.push(lease.clone());
+            pending.insert(partition.clone(), Some(lease));
+        }
+        if pending.is_empty() {
+            return taken;
+        }
+        // A held table is taken only if it holds each row taken in here at least as new:
+        // equal fingerprints say the rows agree on ownership, not that their versions do, and
+        // a row this host was given (a take's reply, a conflict's current row) must not be
+        // replaced by an older one.
+        if let Some(share) = &self.share {
+            if let Some(held) = share.find(self.parents, print) {
+                let as_new = taken.iter().all(|row| {
+                    held.leases
+                        .get(&row.key.partition)
+                        .is_some_and(|h| h.version >= row.version)
+                });
+                if as_new {
+                    self.rows = held;
+                    return taken;
+                }
+            }
+        }
+        let rows = Arc::make_mut(&mut self.rows);
+        for (partition, new) in pending {
+            rows.put(&partition, new, self.parents);
+        }
+        if let Some(share) = &self.share {
+            share.offer(self.parents, &self.rows);
+        }
+        taken
+    }
+
+    /// Notes this table as what a list of changes up to `counter` left (see
+    /// [`LeaseTable::fast_forward`]).
+    pub(crate) fn listed_up_to(&self, counter: u64) {
+        if let Some(share) = &self.share {
+            share.listed(self.parents, counter, &self.rows);
+        }
+    }
+
+    /// Takes the table another host of the share was left with by a list of changes up to a
+    /// counter above `counter`, the one this table is at (`None`: a table not trusted at any
+    /// counter, which would be listed in full), and returns that counter; a list of changes
+    /// since it then brings the table up to date as one since `counter`, or a full list, would
+    /// (every change of hands moves the counter, and a table at a counter holds the leases'
+    /// owners and requests as they stood at it). The table counts as replaced whole: workers
+    /// are told of their rows. `None` without a share or a higher counter.
+    pub(crate) fn fast_forward(&mut self, counter: Option<u64>) -> Option<u64> {
+        let (at, rows) = self.share.as_ref()?.latest_after(self.parents, counter)?;
+        // A lease that became finished may leave its children without leases: when the
+        // finished leases differ, say so (the leader syncs; once too often is harmless).
+        self.finished |= rows.finished != self.rows.finished;
+        self.rows = rows;
+        self.hint_all = true;
+        Some(at)
+    }
+
+    /// Whether `self` and `other` hold one shared table.
+    #[cfg(test)]
+    pub(crate) fn shares_rows_with(&self, other: &LeaseTable) -> bool {
+        Arc::ptr_eq(&self.rows, &other.rows)
+    }
+
+    /// The listed row of `partition`, shared.
+    pub(crate) fn row(&self, partition: &PartitionId) -> Option<&Arc<Lease>> {
+        self.rows.leases.get(partition)
     }
 
     /// The listed row of `partition`, if any.
     pub(crate) fn get(&self, partition: &PartitionId) -> Option<&Lease> {
-        self.index(partition).ok().map(|i| &*self.leases[i])
+        self.rows.get(partition)
     }
 
     /// Every listed row, sorted by partition.
-    pub(crate) fn rows(&self) -> &[Arc<Lease>] {
-        &self.leases
+    pub(crate) fn rows(&self) -> Vec<Arc<Lease>> {
+        self.rows.leases.values().cloned().collect()
     }
 
     /// The eligible leases, indexed for the balancer.
     pub(crate) fn census(&self) -> &Census {
-        &self.census
+        &self.rows.census
     }
 
     /// The partitions listed with this host as `next_owner`.
-    pub(crate) fn asked(&self) -> &BTreeSet<PartitionId> {
-        &self.asked
+    pub(crate) fn asked(&self) -> BTreeSet<PartitionId> {
+        self.rows
+            .named
+            .get(&self.me)
+            .map(|set| set.iter().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// Whether the table was replaced whole since the last call (then every worker's row must
@@ -281,19 +527,27 @@ impl LeaseTable {
 
     /// Whether any listed lease names `host` as its owner.
     pub(crate) fn owns_any(&self, host: &HostName) -> bool {
-        self.leases.iter().any(|l| l.owner.as_ref() == Some(host))
+        self.rows.owned.contains_key(host)
+    }
+
+    /// The hosts the listed leases name as owners.
+    pub(crate) fn owners(&self) -> BTreeSet<HostName> {
+        self.rows.owned.keys().cloned().collect()
     }
 
     /// Whether `lease` may be read now (design rule 5, see [`ready_to_read`]).
     pub(crate) fn eligible(&self, lease: &Lease, parents: ParentsRule) -> bool {
-        ready_to_read(lease, |p| self.get(p), parents)
+        self.rows.eligible(lease, parents)
     }
 
     /// The leases this host owns by the table whose partitions `running` does not list: to
     /// resume (a restart under the same name, or a fence that was lowered).
     pub(crate) fn to_adopt(&self, running: impl Fn(&PartitionId) -> bool) -> Vec<Lease> {
-        self.mine
-            .iter()
+        self.rows
+            .owned
+            .get(&self.me)
+            .into_iter()
+            .flatten()
             .filter(|p| !running(p))
             .filter_map(|p| self.get(p).cloned())
             .collect()
@@ -512,9 +766,8 @@ pub(crate) fn snapshot_plan(input: &PlanInput<'_>, strategy: &dyn BalanceStrateg
             holder(lease).is_some_and(|owner| !live.contains(owner) && !dead.contains(owner))
         })
     };
-    let views: Vec<LeaseView<'_>> = input
-        .table
-        .rows()
+    let rows = input.table.rows();
+    let views: Vec<LeaseView<'_>> = rows
         .iter()
         .map(|lease| LeaseView {
             lease,

@@ -65,7 +65,7 @@ fn make(
 fn recount(table: &LeaseTable) -> Census {
     let mut census = Census::new();
     for lease in table.rows() {
-        if table.eligible(lease, ParentsRule::Wait) {
+        if table.eligible(&lease, ParentsRule::Wait) {
             census.insert(lease.clone());
         }
     }
@@ -82,7 +82,7 @@ proptest! {
         steps in proptest::collection::vec(gen_step(), 1..40),
         overdue in proptest::collection::vec(any::<bool>(), PARTITIONS),
     ) {
-        let mut t = LeaseTable::new(h("a"), ParentsRule::Wait);
+        let mut t = LeaseTable::new(h("a"), ParentsRule::Wait, None);
         let mut live = hosts(&HOSTS);
         let mut dead: Option<BTreeSet<HostName>> = None;
         for step in steps {
@@ -150,7 +150,7 @@ proptest! {
 fn a_child_counts_once_its_last_parent_finishes_and_not_after_the_parent_comes_back() {
     // Design rule 5: a child is eligible only when every listed parent is finished; the
     // census follows the parent's row, not only the child's.
-    let mut t = LeaseTable::new(h("a"), ParentsRule::Wait);
+    let mut t = LeaseTable::new(h("a"), ParentsRule::Wait, None);
     t.replace_all(vec![row("p", Some("b"), None, 1), child("c", &["p"])]);
     assert_eq!(t.census().len(), 1, "only the parent");
     t.remember(finished("p", 2));
@@ -202,4 +202,192 @@ fn an_unknown_owners_leases_are_neither_taken_nor_counted_on_either_path() {
     // b takes y's three.
     let (by_census, _) = plan(&input(None), &EqualShare::default());
     assert_eq!(by_census.take, vec![p("3"), p("4"), p("5")]);
+}
+
+/// What a host decides from `t`: every host's plan, and this host's asked and own leases.
+fn decisions(
+    t: &LeaseTable,
+    live: &[HostName],
+    dead: Option<&BTreeSet<HostName>>,
+) -> Vec<(Plan, BTreeSet<PartitionId>, Vec<PartitionId>)> {
+    let start = t0();
+    let requests = Requests::default();
+    HOSTS
+        .iter()
+        .map(|me| {
+            let me = h(me);
+            let input = PlanInput {
+                me: &me,
+                live,
+                dead,
+                table: t,
+                requests: &requests,
+                now: start + 60 * SECOND,
+                registered_at: start,
+                handoff_timeout: 10 * SECOND,
+                grace: 2 * SECOND,
+                parents: ParentsRule::Wait,
+            };
+            let adopt = t.to_adopt(|_| false);
+            (
+                plan(&input, &EqualShare::default()).0,
+                t.asked(),
+                adopt.into_iter().map(|l| l.key.partition).collect(),
+            )
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Hosts sharing their tables ([`TableShare`]) decide as hosts that do not: three hosts
+    /// take in rows, deletions and whole listings of one store, each only some of them (so
+    /// their tables part and meet again), and after every step each shared table gives the
+    /// plans, requests and leases to resume its unshared twin gives, with a census equal to
+    /// a recount.
+    #[test]
+    fn tables_shared_between_hosts_decide_as_tables_of_their_own(
+        steps in proptest::collection::vec((gen_step(), 1u8..8), 1..40),
+    ) {
+        let share = TableShare::new();
+        let mut shared: Vec<LeaseTable> = HOSTS[..3]
+            .iter()
+            .map(|me| LeaseTable::new(h(me), ParentsRule::Wait, Some(share.clone())))
+            .collect();
+        let mut alone: Vec<LeaseTable> = HOSTS[..3]
+            .iter()
+            .map(|me| LeaseTable::new(h(me), ParentsRule::Wait, None))
+            .collect();
+        // The store: every write of a row takes a version never used for that row before.
+        let mut store: BTreeMap<usize, Lease> = BTreeMap::new();
+        let mut versions = [0u64; PARTITIONS];
+        let mut live = hosts(&HOSTS);
+        let mut dead: Option<BTreeSet<HostName>> = None;
+        for (step, mask) in steps {
+            let hosts: Vec<usize> = (0..3).filter(|k| mask & (1 << k) != 0).collect();
+            match step {
+                Step::Row(i, s, o, n, ps, _) => {
+                    let mut l = make(i, s, o, n, &ps);
+                    versions[i] += 1;
+                    l.version = Version(versions[i]);
+                    store.insert(i, l.clone());
+                    for &k in &hosts {
+                        shared[k].remember(l.clone());
+                        alone[k].remember(l.clone());
+                    }
+                }
+                Step::Delete(i) => {
+                    store.remove(&i);
+                    for &k in &hosts {
+                        shared[k].remove(&p(&format!("{i:02}")));
+                        alone[k].remove(&p(&format!("{i:02}")));
+                    }
+                }
+                Step::Relist(_) => {
+                    let rows: Vec<Lease> = store.values().cloned().collect();
+                    for &k in &hosts {
+                        shared[k].replace_all(rows.clone());
+                        alone[k].replace_all(rows.clone());
+                    }
+                }
+                Step::Live(l, d) => {
+                    live = HOSTS.iter().zip(&l).filter(|(_, &l)| l).map(|(x, _)| h(x)).collect();
+                    dead = d.map(|d| {
+                        HOSTS.iter().zip(&d).filter(|(_, &d)| d).map(|(x, _)| h(x)).collect()
+                    });
+                }
+            }
+            for k in 0..3 {
+                prop_assert_eq!(shared[k].census(), &recount(&shared[k]));
+                prop_assert_eq!(
+                    decisions(&shared[k], &live, dead.as_ref()),
+                    decisions(&alone[k], &live, dead.as_ref())
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn hosts_listing_equal_rows_hold_one_table_and_part_when_one_changes() {
+    let share = TableShare::new();
+    let rows = vec![row("0", Some("a"), None, 1), row("1", Some("b"), None, 1)];
+    let mut a = LeaseTable::new(h("a"), ParentsRule::Wait, Some(share.clone()));
+    let mut b = LeaseTable::new(h("b"), ParentsRule::Wait, Some(share.clone()));
+    a.replace_all(rows.clone());
+    b.replace_all(rows.clone());
+    assert!(a.shares_rows_with(&b), "equal listings are held once");
+    // b takes lease 0: its table parts from a's, and a's is unchanged.
+    b.remember(row("0", Some("b"), None, 2));
+    assert!(!a.shares_rows_with(&b));
+    assert_eq!(a.get(&p("0")).and_then(|l| l.owner.clone()), Some(h("a")));
+    // a lists the take: both hold the one table again.
+    a.remember(row("0", Some("b"), None, 2));
+    assert!(
+        a.shares_rows_with(&b),
+        "tables that meet again are held once"
+    );
+    // A newer row that only moved its checkpoint is not replaced by an older one held.
+    let mut newer = row("1", Some("b"), None, 5);
+    newer.continuation = Some(Continuation::new("c5"));
+    a.remember(newer);
+    assert_eq!(a.get(&p("1")).map(|l| l.version), Some(Version(5)));
+    b.remember(row("0", Some("b"), None, 2));
+    assert_eq!(b.get(&p("1")).map(|l| l.version), Some(Version(1)));
+}
+
+#[test]
+fn a_host_fast_forwards_to_the_table_another_listed_at_a_higher_counter() {
+    let share = TableShare::new();
+    let mut a = LeaseTable::new(h("a"), ParentsRule::Wait, Some(share.clone()));
+    let mut b = LeaseTable::new(h("b"), ParentsRule::Wait, Some(share.clone()));
+    b.replace_all(vec![row("0", Some("a"), None, 1)]);
+    b.listed_up_to(3);
+    a.replace_all(vec![
+        row("0", Some("a"), None, 1),
+        row("1", Some("b"), None, 1),
+    ]);
+    a.listed_up_to(7);
+    assert_eq!(
+        b.fast_forward(Some(3)),
+        Some(7),
+        "b takes a's table at counter 7"
+    );
+    assert!(a.shares_rows_with(&b));
+    assert!(
+        b.take_hint_all(),
+        "workers are told of their rows, as after a full list"
+    );
+    assert_eq!(
+        b.fast_forward(Some(7)),
+        None,
+        "nothing newer than its own counter"
+    );
+    let mut c = LeaseTable::new(h("c"), ParentsRule::Wait, None);
+    assert_eq!(c.fast_forward(None), None, "no share, no fast-forward");
+}
+
+#[test]
+fn tables_that_differ_in_a_request_are_not_shared() {
+    // a has seen c ask for lease 1; b has not. When both take in the same row of lease 0,
+    // b must not end up with a's table: it would see a request it never listed.
+    let share = TableShare::new();
+    let mut a = LeaseTable::new(h("a"), ParentsRule::Wait, Some(share.clone()));
+    let mut b = LeaseTable::new(h("b"), ParentsRule::Wait, Some(share.clone()));
+    a.replace_all(vec![
+        row("0", Some("a"), None, 1),
+        row("1", Some("b"), Some("c"), 2),
+    ]);
+    b.replace_all(vec![
+        row("0", Some("a"), None, 1),
+        row("1", Some("b"), None, 1),
+    ]);
+    a.remember(row("0", Some("b"), None, 2));
+    b.remember(row("0", Some("b"), None, 2));
+    assert!(!a.shares_rows_with(&b));
+    assert_eq!(b.get(&p("1")).and_then(|l| l.next_owner.clone()), None);
+    // Once b lists the request too, they meet.
+    b.remember(row("1", Some("b"), Some("c"), 2));
+    assert!(a.shares_rows_with(&b));
 }

@@ -55,7 +55,7 @@ fn heartbeat(host: &str) -> Heartbeat {
 }
 
 fn table(me: &str, rows: Vec<Lease>) -> LeaseTable {
-    let mut t = LeaseTable::new(h(me), ParentsRule::Wait);
+    let mut t = LeaseTable::new(h(me), ParentsRule::Wait, None);
     t.replace_all(rows);
     t
 }
@@ -103,6 +103,7 @@ fn config() -> StateConfig {
         acquire_interval: 2 * SECOND,
         safety_margin: 2 * SECOND,
         head_reads_per_second: None,
+        share: None,
     }
 }
 

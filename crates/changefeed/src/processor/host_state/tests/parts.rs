@@ -28,7 +28,8 @@ fn an_unsorted_listing_is_sorted_for_lookups() {
             row("1", None, None, 1),
         ],
     );
-    let order: Vec<&str> = t.rows().iter().map(|l| l.key.partition.as_str()).collect();
+    let rows = t.rows();
+    let order: Vec<&str> = rows.iter().map(|l| l.key.partition.as_str()).collect();
     assert_eq!(order, ["0", "1", "2"]);
     assert!(t.get(&p("1")).is_some());
 }
@@ -334,7 +335,7 @@ fn an_unhonoured_request_is_stolen_after_the_hand_off_timeout() {
     let t = table("b", rows);
     let start = t0();
     let mut requests = Requests::default();
-    requests.sync(t.asked(), start);
+    requests.sync(&t.asked(), start);
     let at = |now| {
         plan(
             &PlanInput {

@@ -17,8 +17,13 @@
 //!   range boundaries are its children, from its continuation.
 //! - **A merge of ranges read by id** ends each old range at its 410 as a split does; its
 //!   child is the EPK range of its span, from its final continuation, read on the merged
-//!   range (`map::merged_away`), where this process listed the old ranges before the merge
-//!   (their spans are remembered, not stored); otherwise the merged range is a merge child.
+//!   range (`map::merged_away`). The listing after a merge no longer says where the old
+//!   ranges were, so the span goes with the lease: a reader of a range read by id records
+//!   the range's span (from the listing it opened on) in every continuation,
+//!   `"42";range=ID;span=MIN-MAX`, and restates its place with it once when the position it
+//!   opened at lacks it (`map::Cursor`). A leased range gone in a merge whose continuation
+//!   records no span is refused by name rather than read again from the beginning; one never
+//!   read (no continuation) is read in the merge child, from the beginning.
 //! - **Reading** is the incremental change feed of one range (`GET …/docs` with `A-IM:
 //!   Incremental feed` and `x-ms-documentdb-partitionkeyrangeid`): `Beginning` sends no
 //!   precondition, `Now` `If-None-Match: *` (once, when the reader opens, so `Now` is the

@@ -9,7 +9,9 @@
 //!   range holding them ([`place`]) and listed, for the leases a group holds, in place of
 //!   what they cover ([`partitions_for`]).
 //! - Effective partition key (EPK) ranges become [`KeyRange`]s of the 128-bit key space.
-//! - Change feed pages become records with per-record continuations ([`Cursor`]).
+//! - Change feed pages become records with per-record continuations ([`Cursor`]), which
+//!   record the span of a range read by id, so that the leases alone say where a range a
+//!   merge took away was ([`merged_away`]).
 //! - Session tokens give the LSN the .NET estimator counts from.
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -517,6 +517,10 @@ impl Worker {
         if batch.records.is_empty() && batch.continuation.is_some() {
             // The reader restated its place (PartitionReader::next_batch): nothing to deliver,
             // a position to keep, checkpointed as a batch's would be (and finished at).
+            if self.fence.is_up() {
+                warn!(lease = %self.ctx.key, "host fenced; the place restated is not checkpointed");
+                return Step::Stop(CloseReason::LeaseLost);
+            }
             self.pending = batch.continuation.clone();
             if let Some(reason) = self.maybe_checkpoint(false).await {
                 return Step::Stop(reason);

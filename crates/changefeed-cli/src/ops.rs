@@ -21,7 +21,7 @@ use changefeed::model::{
     Continuation, GroupName, Heartbeat, HostName, Lease, LeaseKey, LeaseState, PartitionId,
     Position, Timestamp,
 };
-use changefeed::source::FeedSource;
+use changefeed::source::{FeedSource, LeasedPartition};
 use changefeed::{LeaseError, SourceError};
 use serde::Serialize;
 use serde_json::json;
@@ -711,9 +711,10 @@ async fn rewrite_malformed(to: Rewrite<'_>, reason: &str, force: bool) -> anyhow
             "--source: needed to rewrite the malformed row of lease {key}: the new lease takes the partition's parents and key range from the source"
         )));
     };
-    // Named, so that a partition only a lease names (a Cosmos DB EPK range) is listed too.
+    // Named, so that a partition only a lease names (a Cosmos DB EPK range) is listed too;
+    // the row cannot be read, so its position is unknown.
     let partitions = source
-        .partitions_for(std::slice::from_ref(&key.partition))
+        .partitions_for(&[LeasedPartition::unreadable(key.partition.clone())])
         .await
         .context("listing the source's partitions")?;
     let Some(partition) = partitions.into_iter().find(|p| p.id == key.partition) else {

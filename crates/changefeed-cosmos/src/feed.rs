@@ -17,8 +17,13 @@
 //!   range boundaries are its children, from its continuation.
 //! - **A merge of ranges read by id** ends each old range at its 410 as a split does; its
 //!   child is the EPK range of its span, from its final continuation, read on the merged
-//!   range (`map::merged_away`), where this process listed the old ranges before the merge
-//!   (their spans are remembered, not stored); otherwise the merged range is a merge child.
+//!   range (`map::merged_away`). The listing after a merge no longer says where the old
+//!   ranges were, so the span goes with the lease: a reader of a range read by id records
+//!   the range's span (from the listing it opened on) in every continuation,
+//!   `"42";range=ID;span=MIN-MAX`, and restates its place with it once when the position it
+//!   opened at lacks it (`map::Cursor`). A leased range gone in a merge whose continuation
+//!   records no span is refused by name rather than read again from the beginning; one never
+//!   read (no continuation) is read in the merge child, from the beginning.
 //! - **Reading** is the incremental change feed of one range (`GET …/docs` with `A-IM:
 //!   Incremental feed` and `x-ms-documentdb-partitionkeyrangeid`): `Beginning` sends no
 //!   precondition, `Now` `If-None-Match: *` (once, when the reader opens, so `Now` is the
@@ -46,7 +51,7 @@ use async_trait::async_trait;
 use changefeed::lease::BackendError;
 use changefeed::lineage::ChildStart;
 use changefeed::model::{Batch, Continuation, KeyRange, Partition, PartitionId, Position, Record};
-use changefeed::source::{FeedSource, OldestUnread, PartitionReader};
+use changefeed::source::{FeedSource, LeasedPartition, OldestUnread, PartitionReader};
 use changefeed::SourceError;
 use http::Method;
 use serde_json::Value;
@@ -54,7 +59,7 @@ use serde_json::Value;
 use crate::error::CosmosError;
 use crate::rest::{lock, Answer, Resource, Rest};
 use crate::store::CosmosOptions;
-use map::{Cursor, EpkRange, PkRange, Placement, Target};
+use map::{Cursor, EpkRange, PkRange, Placement, Span, Target};
 
 /// Substatus of a 410 for a partition key range that split or merged away.
 const RANGE_GONE: u32 = 1002;
@@ -69,9 +74,6 @@ pub struct CosmosFeed {
     /// The key range of every partition key range listed so far, for the closed ancestors of
     /// later listings.
     seen: Arc<Mutex<BTreeMap<String, KeyRange>>>,
-    /// The EPK bounds `(min, max)` of every partition key range listed so far: a range a
-    /// merge took away is read on as the EPK range of its span (`map::merged_away`).
-    spans: Arc<Mutex<BTreeMap<String, (String, String)>>>,
 }
 
 impl std::fmt::Debug for CosmosFeed {
@@ -181,7 +183,6 @@ impl CosmosFeed {
             rest,
             key_paths: Arc::new(key_paths),
             seen: Arc::new(Mutex::new(BTreeMap::new())),
-            spans: Arc::new(Mutex::new(BTreeMap::new())),
         })
     }
 
@@ -218,6 +219,23 @@ impl CosmosFeed {
                 None => return Ok(all),
             }
         }
+    }
+
+    /// The ranges listed now, and the key range of every range listed so far (this listing
+    /// included), for the closed ancestors of this one.
+    async fn listing(&self) -> Result<(Vec<PkRange>, BTreeMap<String, KeyRange>), SourceError> {
+        let ranges = self.ranges().await.map_err(|e| {
+            let retryable = e.is_retryable();
+            SourceError::source("partitions", None, retryable, e)
+        })?;
+        let mut seen = lock(&self.seen);
+        for r in &ranges {
+            if let Some(range) = map::epk_range(&r.min, &r.max) {
+                seen.insert(r.id.clone(), range);
+            }
+        }
+        let seen = seen.clone();
+        Ok((ranges, seen))
     }
 
     /// One change feed read at `target` from `from` (`None`: `If-None-Match: *`, from now),
@@ -271,6 +289,8 @@ impl CosmosFeed {
             partition: partition.clone(),
             ended: target.is_none(),
             target,
+            span: None,
+            restate: false,
             from: ReadFrom::Beginning,
             first: true,
             buffer: VecDeque::new(),
@@ -286,9 +306,7 @@ impl CosmosFeed {
                         reason,
                     }
                 })?;
-                let spans = lock(&self.spans).clone();
-                reader.from =
-                    ReadFrom::After(map::start_cursor(cursor, partition.as_str(), &spans));
+                reader.from = ReadFrom::After(map::start_cursor(cursor, partition.as_str()));
             }
             Position::Now => {
                 // Fix "now" at opening: the range's current ETag.
@@ -423,35 +441,24 @@ impl FeedSource for CosmosFeed {
     }
 
     /// The partition key ranges, with the EPK ranges among `leased` (.NET v3 lease tokens
-    /// `"{min}-{max}"`) in place of what they cover (`map::partitions_for`). A leased id
-    /// that is neither is left to `open` to refuse.
-    async fn partitions_for(&self, leased: &[PartitionId]) -> Result<Vec<Partition>, SourceError> {
-        let ranges = self.ranges().await.map_err(|e| {
-            let retryable = e.is_retryable();
-            SourceError::source("partitions", None, retryable, e)
-        })?;
-        let seen = {
-            let mut seen = lock(&self.seen);
-            for r in &ranges {
-                if let Some(range) = map::epk_range(&r.min, &r.max) {
-                    seen.insert(r.id.clone(), range);
-                }
-            }
-            seen.clone()
-        };
-        let spans = {
-            let mut spans = lock(&self.spans);
-            for r in &ranges {
-                spans.insert(r.id.clone(), (r.min.clone(), r.max.clone()));
-            }
-            spans.clone()
-        };
+    /// `"{min}-{max}"`), and the spans of the leased ranges a merge took away, whose
+    /// continuations record them (`map::merged_away`), in place of what they cover
+    /// (`map::partitions_for`). A leased id that is neither is left to `open` to refuse.
+    async fn partitions_for(
+        &self,
+        leased: &[LeasedPartition],
+    ) -> Result<Vec<Partition>, SourceError> {
+        let (ranges, seen) = self.listing().await?;
         let mut epks: Vec<EpkRange> = leased
             .iter()
-            .filter_map(|p| EpkRange::parse(p.as_str()).and_then(Result::ok))
+            .filter_map(|l| EpkRange::parse(l.partition.as_str()).and_then(Result::ok))
             .collect();
-        let ids: Vec<&str> = leased.iter().map(PartitionId::as_str).collect();
-        epks.extend(map::merged_away(&ranges, &spans, &ids));
+        epks.extend(
+            map::merged_away(&ranges, leased).map_err(|e| SourceError::Corrupt {
+                partition: e.partition,
+                reason: e.reason,
+            })?,
+        );
         map::partitions_for(&ranges, &seen, &epks).map_err(|reason| SourceError::Corrupt {
             partition: "(partition key ranges)".into(),
             reason,
@@ -466,14 +473,26 @@ impl FeedSource for CosmosFeed {
         // A range id the container never had answers like one that split away (410/1002):
         // only a listed range, or an ancestor of one, is a partition. An EPK range is one
         // wherever it lies in the key space ([`CosmosFeed::target`] places it).
-        if epk_of(partition)?.is_none()
-            && !self.partitions().await?.iter().any(|p| &p.id == partition)
-        {
-            return Err(SourceError::UnknownPartition {
-                partition: partition.to_string(),
-            });
+        let mut span = None;
+        if epk_of(partition)?.is_none() {
+            let (ranges, seen) = self.listing().await?;
+            let parts = map::partitions(&ranges, &seen).map_err(|reason| SourceError::Corrupt {
+                partition: "(partition key ranges)".into(),
+                reason,
+            })?;
+            if !parts.iter().any(|p| &p.id == partition) {
+                return Err(SourceError::UnknownPartition {
+                    partition: partition.to_string(),
+                });
+            }
+            span = ranges
+                .iter()
+                .find(|r| r.id == partition.as_str())
+                .map(|r| (r.min.clone(), r.max.clone()));
         }
-        Ok(Box::new(self.reader(partition, from).await?))
+        let mut reader = self.reader(partition, from).await?;
+        reader.record_span(span);
+        Ok(Box::new(reader))
     }
 
     /// The .NET estimator's remaining work: one read of at most one document after `after`;
@@ -538,6 +557,12 @@ pub struct CosmosReader {
     /// Where reads go; `None` once an EPK range spans several partition key ranges, or after
     /// its range went (410/1002) until it is placed again.
     target: Option<Target>,
+    /// The EPK span of the partition key range read by id, where known: written into every
+    /// continuation ([`Cursor`]), so that a merge cannot take it away.
+    span: Option<Span>,
+    /// Whether the next read that returns no records restates the reader's place with the
+    /// span (the position it was opened at does not record it).
+    restate: bool,
     /// Where the next read starts.
     from: ReadFrom,
     /// Whether no page has been read yet (a refused continuation is then the caller's).
@@ -549,6 +574,34 @@ pub struct CosmosReader {
 }
 
 impl CosmosReader {
+    /// Records `span` (the listing's, when the range is listed) as the span of the range this
+    /// reader reads by id; without it, the one its starting cursor records, if any. Where the
+    /// starting position does not record it, the first read without records restates the
+    /// place with it, so that the lease's checkpoint has it before a merge can happen.
+    fn record_span(&mut self, span: Option<Span>) {
+        let from = match &self.from {
+            ReadFrom::After(c) => Some(c),
+            _ => None,
+        };
+        let own = from.and_then(|c| c.span_of(self.partition.as_str()));
+        self.span = span.or_else(|| own.cloned());
+        self.restate = self.span.is_some() && from.is_some() && own != self.span.as_ref();
+    }
+
+    /// The batch of an answer without records: with the reader's place restated, once, where
+    /// [`CosmosReader::record_span`] asked for it.
+    fn without_records(&mut self, mut batch: Batch) -> Batch {
+        if !self.restate {
+            return batch;
+        }
+        if let (ReadFrom::After(c), Some(span)) = (&self.from, &self.span) {
+            let place = c.clone().written_by(self.partition.as_str(), span);
+            batch.continuation = Some(place.to_continuation());
+            self.restate = false;
+        }
+        batch
+    }
+
     fn take(&mut self, max: usize) -> Batch {
         let n = max.max(1).min(self.buffer.len());
         let records: Vec<Record> = self.buffer.drain(..n).collect();
@@ -618,7 +671,7 @@ impl CosmosReader {
             }
             Answered::Gone => {
                 self.ended = true;
-                Ok(end_of_partition())
+                Ok(self.without_records(end_of_partition()))
             }
             Answered::CaughtUp { etag, .. } => {
                 // The range's end may have moved past writes the feed does not show (deletes).
@@ -627,7 +680,7 @@ impl CosmosReader {
                         self.from = ReadFrom::After(Cursor::after(etag));
                     }
                 }
-                Ok(Batch::default())
+                Ok(self.without_records(Batch::default()))
             }
             Answered::Page { docs, etag, .. } => {
                 let Some(etag) = etag else {
@@ -644,6 +697,7 @@ impl CosmosReader {
                 let records = map::page_records(
                     docs,
                     self.partition.as_str(),
+                    self.span.as_ref(),
                     &etag,
                     &cursor,
                     &self.feed.key_paths,
@@ -654,7 +708,13 @@ impl CosmosReader {
                 })?;
                 self.from = ReadFrom::After(Cursor::after(etag));
                 self.buffer.extend(records);
-                Ok(self.take(max))
+                let batch = self.take(max);
+                if batch.records.is_empty() {
+                    return Ok(self.without_records(batch));
+                }
+                // Its records' continuations record the span.
+                self.restate = false;
+                Ok(batch)
             }
         }
     }

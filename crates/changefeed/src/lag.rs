@@ -19,7 +19,7 @@ use crate::model::{
     Continuation, GroupName, HostName, Lease, LeaseState, Partition, PartitionId, Position,
     Timestamp,
 };
-use crate::source::{FeedSource, OldestUnread};
+use crate::source::{FeedSource, LeasedPartition, OldestUnread};
 
 /// The estimate for one lease, or for a partition that has no lease yet.
 #[derive(Debug)]
@@ -286,8 +286,14 @@ pub async fn unleased<L: std::borrow::Borrow<Lease> + Sync>(
         })
         .collect();
     let leased: BTreeSet<&PartitionId> = by_id.keys().copied().chain(unreadable).collect();
-    let ids: Vec<PartitionId> = leased.iter().map(|p| (*p).clone()).collect();
-    let partitions = source.partitions_for(&ids).await?;
+    let held: Vec<LeasedPartition> = leased
+        .iter()
+        .map(|p| match by_id.get(p) {
+            Some(lease) => LeasedPartition::of(lease),
+            None => LeasedPartition::unreadable((*p).clone()),
+        })
+        .collect();
+    let partitions = source.partitions_for(&held).await?;
     let mut children: BTreeMap<&PartitionId, Vec<&PartitionId>> = BTreeMap::new();
     for p in &partitions {
         for parent in &p.parents {
@@ -451,6 +457,11 @@ mod tests {
         let starts = unleased(&feed, &leases, &BTreeSet::new())
             .await
             .expect("listed");
+        // The source is told each lease's position (FeedSource::partitions_for).
+        assert_eq!(
+            *feed.asked.lock().expect("lock"),
+            leases.each_ref().map(LeasedPartition::of)
+        );
         assert_eq!(
             starts,
             vec![

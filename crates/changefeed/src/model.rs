@@ -502,8 +502,9 @@ pub struct Record {
 pub struct Batch {
     /// The records, in partition order. May be empty (idle partition, or end reached).
     pub records: Vec<Record>,
-    /// The continuation after the last record of the batch; `None` when the batch is empty
-    /// (the reader's position did not move).
+    /// The continuation after the last record of the batch; on an empty batch `None` (the
+    /// reader's position did not move), or the reader's place restated without records (see
+    /// [`crate::source::PartitionReader::next_batch`]), which is checkpointed all the same.
     pub continuation: Option<Continuation>,
     /// True when the partition is closed and this batch holds its last records: nothing more
     /// will ever be read from it.

@@ -9,13 +9,18 @@
 //!   range holding them ([`place`]) and listed, for the leases a group holds, in place of
 //!   what they cover ([`partitions_for`]).
 //! - Effective partition key (EPK) ranges become [`KeyRange`]s of the 128-bit key space.
-//! - Change feed pages become records with per-record continuations ([`Cursor`]).
+//! - Change feed pages become records with per-record continuations ([`Cursor`]), which
+//!   record the span of a range read by id, so that the leases alone say where a range a
+//!   merge took away was ([`merged_away`]).
 //! - Session tokens give the LSN the .NET estimator counts from.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
-use changefeed::model::{Continuation, KeyRange, Partition, PartitionId, Record, Timestamp};
+use changefeed::model::{
+    Continuation, KeyRange, Partition, PartitionId, Position, Record, Timestamp,
+};
+use changefeed::source::LeasedPartition;
 use serde_json::Value;
 
 /// One partition key range as `GET …/pkranges` lists it.
@@ -554,30 +559,66 @@ pub(crate) fn partitions_for(
     Ok(out)
 }
 
-/// The partitions among `leased` (partition key range ids, as leased) that a merge took
-/// away, each as the EPK range of its span named by its id: not listed any more, its span
-/// known from an earlier listing (`spans`: id to `(min, max)`), and some listed range
-/// overlapping that span reaching beyond it (a split leaves only ranges inside it: those are
-/// its children as listed), none of them leased (a merged range that has a lease is read as
-/// the merge child it was planned as). [`partitions_for`] lists each closed, its children the pieces of
-/// its span cut at the listed ranges (`"{min}-{max}"` EPK partitions), which start at its
-/// final continuation as a split's children do: the .NET processor's merge, where the lease
-/// keeps its continuation and reads its span of the merged range.
+/// The continuation a reader of a leased partition starts after, when it has one (its
+/// checkpoint, or the start it inherited from a parent: records of its keys up to there
+/// were delivered); `None` for a lease at the beginning, now or a time, or a row that cannot
+/// be read.
+fn continuation_of(leased: &LeasedPartition) -> Option<&str> {
+    match &leased.position {
+        Some(Position::Continuation(c)) => Some(c.as_str()),
+        _ => None,
+    }
+}
+
+/// A leased range a merge took away whose span nothing records: its id and why it cannot
+/// be placed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Unplaced {
+    pub partition: String,
+    pub reason: String,
+}
+
+/// The partitions among `leased` that a merge took away, each as the EPK range of its span
+/// named by its id: a partition key range id, not listed any more, its span recorded in its
+/// lease's continuation ([`Cursor`]), and some listed range overlapping that span reaching
+/// beyond it (a split leaves only ranges inside it: those are its children as listed), none
+/// of them leased (a merged range that has a lease is read as the merge child it was
+/// planned as). [`partitions_for`] lists each closed, its children the pieces of its span
+/// cut at the listed ranges (`"{min}-{max}"` EPK partitions), which start at its final
+/// continuation as a split's children do: the .NET processor's merge, where the lease keeps
+/// its continuation and reads its span of the merged range. The answer depends only on the
+/// listing and the leases, so every host plans alike.
+///
+/// A range leased without a continuation (never read, nor started at a parent's) needs no
+/// span: nothing of its keys was delivered, and the part of the merged range it held is a
+/// merge child read from the beginning, which is right.
+///
+/// # Errors
+/// [`Unplaced`] for a leased range with a continuation that records no span of its own (a
+/// checkpoint of an earlier version, or a start inherited from its parent, never read since)
+/// which is the parent of a merge (a listed or gone range with several parents) that has no
+/// lease: planning that merge child would read the range's keys again from the beginning.
 pub(crate) fn merged_away(
     listed: &[PkRange],
-    spans: &BTreeMap<String, (String, String)>,
-    leased: &[&str],
-) -> Vec<EpkRange> {
+    leased: &[LeasedPartition],
+) -> Result<Vec<EpkRange>, Unplaced> {
     let listed_ids: BTreeSet<&str> = listed.iter().map(|r| r.id.as_str()).collect();
+    let leased_ids: BTreeSet<&str> = leased.iter().map(|l| l.partition.as_str()).collect();
     let mut out = Vec::new();
-    for id in leased {
+    let mut unknown = Vec::new();
+    for held in leased {
+        let id = held.partition.as_str();
         if listed_ids.contains(id) || EpkRange::parse(id).is_some() {
             continue;
         }
-        let Some(mut span) = spans
-            .get(*id)
-            .and_then(|(min, max)| EpkRange::new(min, max))
-        else {
+        let continuation = continuation_of(held);
+        let recorded = continuation
+            .and_then(|c| Cursor::parse(c).ok())
+            .and_then(|c| c.span_of(id).and_then(|(min, max)| EpkRange::new(min, max)));
+        let Some(mut span) = recorded else {
+            if let Some(c) = continuation {
+                unknown.push((id, c));
+            }
             continue;
         };
         let over: Vec<(&PkRange, KeyRange)> = listed
@@ -588,19 +629,64 @@ pub(crate) fn merged_away(
         let beyond = over
             .iter()
             .any(|(_, range)| range.start < span.range.start || range.end > span.range.end);
-        // A merged range that already has a lease (planned as a merge child by a host that
-        // did not know the spans) is read as such: its span is not read a second time.
-        let merged_leased = over.iter().any(|(r, _)| leased.contains(&r.id.as_str()));
+        // A merged range that already has a lease (planned as a merge child before the span
+        // was recorded) is read as such: its span is not read a second time.
+        let merged_leased = over.iter().any(|(r, _)| leased_ids.contains(r.id.as_str()));
         if beyond && !merged_leased {
-            span.name = Some((*id).to_string());
+            span.name = Some(id.to_string());
             out.push(span);
         }
     }
-    out
+    if unknown.is_empty() {
+        return Ok(out);
+    }
+    let plain = partitions(listed, &BTreeMap::new()).map_err(|reason| Unplaced {
+        partition: "(partition key ranges)".into(),
+        reason,
+    })?;
+    for (id, continuation) in unknown {
+        let merge = plain.iter().find(|p| {
+            p.parents.len() > 1
+                && p.parents.iter().any(|q| q.as_str() == id)
+                && !leased_ids.contains(p.id.as_str())
+        });
+        if let Some(merge) = merge {
+            let parents: Vec<&str> = merge.parents.iter().map(PartitionId::as_str).collect();
+            let placeholder = ("MIN".to_string(), "MAX".to_string());
+            let go_on = Cursor::parse(continuation).map_or_else(
+                |_| String::new(),
+                |c| {
+                    format!(
+                        "to `{}` (MIN-MAX the range's effective partition key bounds) to go \
+                         on there, or ",
+                        c.written_by(id, &placeholder).to_continuation()
+                    )
+                },
+            );
+            return Err(Unplaced {
+                partition: id.to_string(),
+                reason: format!(
+                    "partition key range {id} is gone, a parent of the merge {} (of {}), and \
+                     its lease's continuation {continuation} records no span of {id} (written \
+                     before continuations recorded spans, or inherited from its parent and not \
+                     read since): its keys would be read again from the beginning, so nothing \
+                     is planned. Reset the lease (`changefeed reset`) {go_on}to `beginning` \
+                     to read them again",
+                    merge.id,
+                    parents.join(", ")
+                ),
+            });
+        }
+    }
+    Ok(out)
 }
 
+/// The EPK bounds `(min, max)` of a partition key range: `[min, max)`.
+pub(crate) type Span = (String, String);
+
 /// Where a reader stands: after the change feed ETag `etag` (`"42"`, the LSN the next read
-/// starts after), with the first `skip` documents of the next LSN already done.
+/// starts after), with the first `skip` documents of the next LSN already done; and, from a
+/// reader of a range read by id that knew it, that range's EPK span.
 ///
 /// A change feed page ends on an ETag, but documents written by one transaction (a
 /// transactional batch, a stored procedure) share one `_lsn`, and a reader may stop inside
@@ -611,16 +697,28 @@ pub(crate) fn merged_away(
 /// the page's ETag. The skip holds only in the range that counted it: a child range starting
 /// at its parent's continuation ([`Cursor::in_range`]) holds only some of the group's
 /// documents, so there the whole group is read again (at least once, never a gap).
+///
+/// A reader of a partition key range read by id that knows the range's EPK span (it listed
+/// the range when it opened) writes it into every continuation: `"42";range=ID;span=MIN-MAX`
+/// (`"41";skip=2;range=ID;span=MIN-MAX` inside a transaction). A merge takes the range out of
+/// the listing, and with it the only other record of where the range was; the span in the
+/// lease's checkpoint lets any process continue the range in its span ([`merged_away`]).
+/// Cursors without a span (`"42"`, as .NET leases and earlier versions hold them) are read as
+/// before.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Cursor {
     pub etag: String,
     pub skip: u32,
-    /// The range the skip was counted in (empty when `skip` is 0).
+    /// The partition whose reader wrote it, where it says more than the ETag (a skip, a
+    /// span); empty otherwise.
     pub range: String,
+    /// The EPK span of partition key range `range`, as its reader knew it.
+    pub span: Option<Span>,
 }
 
 const SKIP: &str = ";skip=";
 const RANGE: &str = ";range=";
+const SPAN: &str = ";span=";
 
 impl Cursor {
     /// The cursor a continuation stands for.
@@ -628,21 +726,47 @@ impl Cursor {
     /// # Errors
     /// Why the text is not a continuation of this source.
     pub fn parse(text: &str) -> Result<Self, String> {
-        let (etag, skip, range) = match text.split_once(SKIP) {
-            Some((etag, rest)) => {
-                let (skip, range) = rest
-                    .split_once(RANGE)
-                    .filter(|(_, range)| !range.is_empty())
-                    .ok_or(format!("{SKIP}{rest} names no {RANGE}ID"))?;
-                let skip = skip
-                    .parse::<u32>()
-                    .ok()
-                    .filter(|k| *k > 0)
-                    .ok_or(format!("{SKIP}{skip} is not a positive count"))?;
-                (etag, skip, range.to_string())
+        let (etag, rest) = text.split_at(text.find(';').unwrap_or(text.len()));
+        let (rest, span) = match rest.split_once(SPAN) {
+            Some((before, span)) => {
+                let parsed = span
+                    .split_once(EPK_SEPARATOR)
+                    .and_then(|(min, max)| EpkRange::new(min, max))
+                    .ok_or(format!(
+                        "{SPAN}{span} is not an effective partition key range MIN-MAX \
+                         (upper-case hex, min below max)"
+                    ))?;
+                (before, Some((parsed.min, parsed.max)))
             }
-            None => (text, 0, String::new()),
+            None => (rest, None),
         };
+        let (rest, range) = match rest.split_once(RANGE) {
+            Some((before, range)) if !range.is_empty() => (before, range.to_string()),
+            Some((_, _)) => return Err(format!("{RANGE} names no range: {text}")),
+            None => (rest, String::new()),
+        };
+        let skip = match rest.strip_prefix(SKIP) {
+            Some(skip) => skip
+                .parse::<u32>()
+                .ok()
+                .filter(|k| *k > 0)
+                .ok_or(format!("{SKIP}{skip} is not a positive count"))?,
+            None if rest.is_empty() => 0,
+            None => {
+                return Err(format!(
+                    "{rest:?} is neither {SKIP}N, {RANGE}ID nor {SPAN}MIN-MAX"
+                ))
+            }
+        };
+        if range.is_empty() && (skip > 0 || span.is_some()) {
+            let what = if skip > 0 { SKIP } else { SPAN };
+            return Err(format!("{what} needs the {RANGE}ID it was counted in"));
+        }
+        if !range.is_empty() && skip == 0 && span.is_none() {
+            return Err(format!(
+                "{RANGE}{range} with neither {SKIP}N nor {SPAN}MIN-MAX"
+            ));
+        }
         let digits = etag
             .strip_prefix('"')
             .and_then(|e| e.strip_suffix('"'))
@@ -650,7 +774,8 @@ impl Cursor {
         if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) || digits.len() > 20 {
             return Err(
                 "a Cosmos DB change feed continuation is the ETag of a change feed page, a \
-                 quoted LSN such as \"42\" (optionally followed by ;skip=N;range=ID)"
+                 quoted LSN such as \"42\" (optionally followed by ;skip=N;range=ID and \
+                 ;span=MIN-MAX)"
                     .into(),
             );
         }
@@ -658,6 +783,7 @@ impl Cursor {
             etag: etag.to_string(),
             skip,
             range,
+            span,
         })
     }
 
@@ -667,6 +793,7 @@ impl Cursor {
             etag: etag.into(),
             skip: 0,
             range: String::new(),
+            span: None,
         }
     }
 
@@ -680,32 +807,48 @@ impl Cursor {
         }
     }
 
+    /// This place as the reader of range `range`, whose span is `span`, writes it: its skip
+    /// kept where `range` counted it, the span recorded.
+    pub fn written_by(self, range: &str, span: &Span) -> Self {
+        let skip = if self.range == range { self.skip } else { 0 };
+        Self {
+            etag: self.etag,
+            skip,
+            range: range.to_string(),
+            span: Some(span.clone()),
+        }
+    }
+
+    /// The span of range `range` this cursor records, if its reader wrote one.
+    pub fn span_of(&self, range: &str) -> Option<&Span> {
+        self.span.as_ref().filter(|_| self.range == range)
+    }
+
     /// The continuation text.
     pub fn to_continuation(&self) -> Continuation {
-        if self.skip == 0 {
-            Continuation::new(self.etag.clone())
-        } else {
-            Continuation::new(format!(
-                "{}{SKIP}{}{RANGE}{}",
-                self.etag, self.skip, self.range
-            ))
+        let mut text = self.etag.clone();
+        if self.skip > 0 {
+            text.push_str(&format!("{SKIP}{}", self.skip));
         }
+        if self.skip > 0 || self.span.is_some() {
+            text.push_str(&format!("{RANGE}{}", self.range));
+        }
+        if let Some((min, max)) = &self.span {
+            text.push_str(&format!("{SPAN}{min}{EPK_SEPARATOR}{max}"));
+        }
+        Continuation::new(text)
     }
 }
 
 /// Where a reader of `partition` starts from `cursor`: [`Cursor::in_range`], except that a
 /// skip counted in a range read by id holds in the EPK range of that range's whole span (a
 /// merged-away range's child, [`merged_away`]): it reads exactly the same keys, so the same
-/// documents of the transaction, and nothing of it is read twice. `spans` are the ranges'
-/// bounds as listed (unknown: the skip is dropped, and the transaction read again).
-pub(crate) fn start_cursor(
-    cursor: Cursor,
-    partition: &str,
-    spans: &BTreeMap<String, (String, String)>,
-) -> Cursor {
+/// documents of the transaction, and nothing of it is read twice. The span is the one the
+/// cursor records (none: the skip is dropped, and the transaction read again).
+pub(crate) fn start_cursor(cursor: Cursor, partition: &str) -> Cursor {
     let same_span = EpkRange::parse(partition)
         .and_then(Result::ok)
-        .zip(spans.get(&cursor.range))
+        .zip(cursor.span.as_ref())
         .is_some_and(|(e, (min, max))| e.min == *min && e.max == *max);
     if same_span {
         cursor
@@ -740,14 +883,15 @@ pub(crate) fn partition_key(doc: &Value, paths: &[String]) -> String {
 }
 
 /// The records of one change feed page of range `range` read from `from`, each with its
-/// continuation (see [`Cursor`]): `from.skip` documents of the first LSN are dropped first
-/// (they were done).
+/// continuation (see [`Cursor`]; with `span`, the range's span, when known): `from.skip`
+/// documents of the first LSN are dropped first (they were done).
 ///
 /// # Errors
 /// A document without a numeric `_lsn`, or LSNs going backwards.
 pub(crate) fn page_records(
     docs: Vec<Value>,
     range: &str,
+    span: Option<&Span>,
     page_etag: &str,
     from: &Cursor,
     key_paths: &[String],
@@ -794,7 +938,12 @@ pub(crate) fn page_records(
                 etag: format!("\"{}\"", lsn.saturating_sub(1)),
                 skip: in_group,
                 range: range.to_string(),
+                span: None,
             }
+        };
+        let cursor = match span {
+            Some(span) => cursor.written_by(range, span),
+            None => cursor,
         };
         let timestamp = doc
             .get("_ts")

@@ -18,6 +18,7 @@ use serde_json::{json, Value};
 
 use super::map::{self, Cursor, EpkRange, Placement, Target};
 use super::*;
+use changefeed::source::LeasedPartition;
 
 fn id(s: &str) -> PartitionId {
     PartitionId::new(s).expect("valid id")
@@ -201,12 +202,41 @@ fn continuations_are_change_feed_etags() {
         etag: "\"41\"".into(),
         skip: 2,
         range: "3".into(),
+        span: None,
     };
     assert_eq!(Cursor::parse("\"41\";skip=2;range=3"), Ok(inside.clone()));
     assert_eq!(
         Cursor::parse(inside.to_continuation().as_str()),
         Ok(inside.clone())
     );
+    // A reader of a range read by id records the range's span (after the range, or its skip).
+    let spanned = Cursor {
+        etag: "\"42\"".into(),
+        skip: 0,
+        range: "1".into(),
+        span: Some(("".into(), "80".into())),
+    };
+    assert_eq!(
+        Cursor::parse("\"42\";range=1;span=-80"),
+        Ok(spanned.clone())
+    );
+    assert_eq!(
+        spanned.to_continuation().as_str(),
+        "\"42\";range=1;span=-80"
+    );
+    let both = "\"41\";skip=2;range=3;span=05C1D9CD673398-FF";
+    let parsed = Cursor::parse(both).expect("skip and span");
+    assert_eq!((parsed.skip, parsed.range.as_str()), (2, "3"));
+    assert_eq!(
+        parsed.span_of("3"),
+        Some(&("05C1D9CD673398".into(), "FF".into()))
+    );
+    assert_eq!(
+        parsed.span_of("4"),
+        None,
+        "the span of the range that wrote it"
+    );
+    assert_eq!(parsed.to_continuation().as_str(), both);
     for bad in [
         "",
         "abc",
@@ -216,9 +246,21 @@ fn continuations_are_change_feed_etags() {
         "\"41\";skip=2",
         "\"41\";skip=2;range=",
         "0:17",
+        "\"42\";span=-80",
+        "\"42\";range=1",
+        "\"42\";range=1;span=80-40",
+        "\"42\";range=1;span=80",
+        "\"42\";range=1;span=-8x",
+        "\"42\";range=1;span=-80;skip=1",
+        "\"42\";other=1",
     ] {
         let err = Cursor::parse(bad).expect_err(bad);
-        assert!(err.contains("ETag") || err.contains("skip"), "{bad}: {err}");
+        assert!(
+            ["ETag", "skip", "range", "span"]
+                .iter()
+                .any(|w| err.contains(w)),
+            "{bad}: {err}"
+        );
     }
     // The skip holds in its own range; a child range starting at its parent's continuation
     // reads the whole transaction again, since it holds only some of its documents.
@@ -252,7 +294,8 @@ fn start() -> Cursor {
 #[test]
 fn page_records_carry_keys_times_and_resumable_continuations() {
     let paths = vec!["/tenant".to_string()];
-    let records = map::page_records(page_docs(), "0", "\"13\"", &start(), &paths).expect("records");
+    let records =
+        map::page_records(page_docs(), "0", None, "\"13\"", &start(), &paths).expect("records");
     let conts: Vec<&str> = records.iter().map(|r| r.continuation.as_str()).collect();
     // After a: its LSN. After b, one of the two documents of LSN 11: before 11, one done.
     // After c: LSN 11. After d, the last of the page: the page's ETag.
@@ -267,16 +310,54 @@ fn page_records_carry_keys_times_and_resumable_continuations() {
     assert_eq!(doc["id"], "d");
     // Resuming after b reads from LSN 10 on and drops the one document of LSN 11 done.
     let resumed = Cursor::parse(conts[1]).expect("cursor");
-    let again = map::page_records(page_docs()[1..].to_vec(), "0", "\"13\"", &resumed, &paths)
-        .expect("records");
+    let again = map::page_records(
+        page_docs()[1..].to_vec(),
+        "0",
+        None,
+        "\"13\"",
+        &resumed,
+        &paths,
+    )
+    .expect("records");
     assert_eq!(ids(&again), vec!["\"c\"", "\"d\""]);
     assert_eq!(again[0].continuation.as_str(), "\"11\"");
 }
 
 #[test]
+fn page_records_of_a_range_whose_span_is_known_record_it_in_every_continuation() {
+    // So that a merge, which takes the range out of the listing, cannot take its span too.
+    let paths = vec!["/tenant".to_string()];
+    let span = ("".to_string(), "80".to_string());
+    let records = map::page_records(page_docs(), "1", Some(&span), "\"13\"", &start(), &paths)
+        .expect("records");
+    let conts: Vec<&str> = records.iter().map(|r| r.continuation.as_str()).collect();
+    assert_eq!(
+        conts,
+        vec![
+            "\"10\";range=1;span=-80",
+            "\"10\";skip=1;range=1;span=-80",
+            "\"11\";range=1;span=-80",
+            "\"13\";range=1;span=-80"
+        ]
+    );
+    // Resuming inside the transaction skips what was done, as without the span.
+    let resumed = Cursor::parse(conts[1]).expect("cursor");
+    let again = map::page_records(
+        page_docs()[1..].to_vec(),
+        "1",
+        Some(&span),
+        "\"13\"",
+        &resumed,
+        &paths,
+    )
+    .expect("records");
+    assert_eq!(ids(&again), vec!["\"c\"", "\"d\""]);
+}
+
+#[test]
 fn page_records_refuse_documents_without_lsn() {
     let docs = vec![json!({"id": "a", "_ts": 1})];
-    let err = map::page_records(docs, "0", "\"1\"", &start(), &[]).expect_err("no _lsn");
+    let err = map::page_records(docs, "0", None, "\"1\"", &start(), &[]).expect_err("no _lsn");
     assert!(err.contains("_lsn") && err.contains("\"a\""), "{err}");
 }
 
@@ -340,13 +421,14 @@ fn reader(from: ReadFrom) -> CosmosReader {
             rest,
             key_paths: Arc::new(vec!["/tenant".into()]),
             seen: Arc::default(),
-            spans: Arc::default(),
         },
         partition: id("0"),
         target: Some(Target {
             range_id: "0".into(),
             epk: None,
         }),
+        span: None,
+        restate: false,
         from,
         first: true,
         buffer: VecDeque::new(),
@@ -470,6 +552,7 @@ fn a_continuation_inside_a_transaction_skips_what_was_done() {
         etag: "\"10\"".into(),
         skip: 1,
         range: "0".into(),
+        span: None,
     }));
     // Reading from LSN 10 on gives both documents of LSN 11 again; the first was done.
     let batch = r
@@ -897,24 +980,33 @@ fn a_merge_of_an_epk_read_range_with_another_reads_the_rest_as_a_merge_child() {
     );
 }
 
-/// The spans `(min, max)` of a listing, as the source remembers them.
-fn spans_of(ranges: &[map::PkRange]) -> BTreeMap<String, (String, String)> {
-    ranges
-        .iter()
-        .map(|r| (r.id.clone(), (r.min.clone(), r.max.clone())))
-        .collect()
+/// The leases as [`FeedSource::partitions_for`] is told of them.
+fn held(leases: &[Lease]) -> Vec<LeasedPartition> {
+    leases.iter().map(LeasedPartition::of).collect()
+}
+
+/// 1's and 2's continuations as their readers write them: with each range's span.
+const C1: &str = "\"42\";range=1;span=-80";
+const C2: &str = "\"57\";range=2;span=80-FF";
+
+fn at(c: &str) -> Position {
+    Position::Continuation(Continuation::new(c))
 }
 
 #[test]
 fn a_merge_of_ranges_read_by_id_goes_on_at_their_continuations_in_their_spans() {
-    // Ranges 1 [, 80) and 2 [80, FF), read by id, merge into 3. As the .NET processor keeps
-    // each old lease at its continuation and reads its span of 3, each goes on as the EPK
-    // range of its span ("-80", "80-FF"), its child from its final continuation: nothing is
-    // read again, nothing skipped, and 3 itself is never opened.
-    let before = map::parse_pkranges(&split_listing()).expect("listing");
-    let spans = spans_of(&before);
+    // Ranges 1 [, 80) and 2 [80, FF), read by id, merge into 3. Their readers recorded each
+    // range's span in its continuations, so the leases alone say where they were: as the .NET
+    // processor keeps each old lease at its continuation and reads its span of 3, each goes
+    // on as the EPK range of its span ("-80", "80-FF"), its child from its final
+    // continuation: nothing is read again, nothing skipped, and 3 itself is never opened.
+    // No listing from before the merge is used (`seen` is empty: a process started after it).
     let after = listing(&[("3", "", "FF", &["0", "1", "2"])]);
-    let merged = map::merged_away(&after, &spans, &["1", "2"]);
+    let reading = [
+        lease("1", LeaseState::Owned, Some(C1)),
+        lease("2", LeaseState::Owned, Some(C2)),
+    ];
+    let merged = map::merged_away(&after, &held(&reading)).expect("spans recorded");
     assert_eq!(
         merged.iter().map(EpkRange::id).collect::<Vec<_>>(),
         vec!["1", "2"]
@@ -933,27 +1025,27 @@ fn a_merge_of_ranges_read_by_id_goes_on_at_their_continuations_in_their_spans() 
     assert_eq!(parts[1].key_range, map::epk_range("", "80"));
     // While 1 and 2 are read (their readers end at the 410 of their next read), nothing
     // starts; each span starts at its own range's final continuation, whatever the start.
-    let reading = [
-        lease("1", LeaseState::Owned, Some("\"42\"")),
-        lease("2", LeaseState::Owned, Some("\"57\"")),
-    ];
     assert_eq!(planned(&parts, &reading, &Position::Beginning), vec![]);
     let one_done = [
-        lease("1", LeaseState::Finished, Some("\"42\"")),
-        lease("2", LeaseState::Owned, Some("\"57\"")),
+        lease("1", LeaseState::Finished, Some(C1)),
+        lease("2", LeaseState::Owned, Some(C2)),
     ];
-    let at = |c: &str| Position::Continuation(Continuation::new(c));
+    assert_eq!(
+        map::merged_away(&after, &held(&one_done)),
+        Ok(merged.clone()),
+        "the same whatever the leases' states"
+    );
     assert_eq!(
         planned(&parts, &one_done, &Position::Beginning),
-        vec![("-80".into(), at("\"42\""))]
+        vec![("-80".into(), at(C1))]
     );
     let both_done = [
-        lease("1", LeaseState::Finished, Some("\"42\"")),
-        lease("2", LeaseState::Finished, Some("\"57\"")),
+        lease("1", LeaseState::Finished, Some(C1)),
+        lease("2", LeaseState::Finished, Some(C2)),
     ];
     assert_eq!(
         planned(&parts, &both_done, &Position::Now),
-        vec![("-80".into(), at("\"42\"")), ("80-FF".into(), at("\"57\""))]
+        vec![("-80".into(), at(C1)), ("80-FF".into(), at(C2))]
     );
     // With their leases they stay 1's and 2's children until those are deleted; then they
     // are EPK leases like imported .NET ones, standing in for 3.
@@ -971,11 +1063,10 @@ fn a_merge_of_ranges_read_by_id_goes_on_at_their_continuations_in_their_spans() 
     let Ok(Placement::On(target)) = map::place(&after, &epk("-80")) else {
         panic!("-80 lies in 3")
     };
-    let from = ReadFrom::After(
-        Cursor::parse("\"42\"")
-            .expect("continuation")
-            .in_range("-80"),
-    );
+    let from = ReadFrom::After(map::start_cursor(
+        Cursor::parse(C1).expect("continuation"),
+        "-80",
+    ));
     let headers = read_headers(&target, Some(&from), 10);
     assert!(headers.contains(&("x-ms-documentdb-partitionkeyrangeid", "3".into())));
     assert!(headers.contains(&("x-ms-start-epk", "".into())));
@@ -983,58 +1074,216 @@ fn a_merge_of_ranges_read_by_id_goes_on_at_their_continuations_in_their_spans() 
     assert!(headers.contains(&("if-none-match", "\"42\"".into())));
 }
 
+/// A reader of range 1 [, 80) read by id, opened from `from` while the listing had it.
+fn reader_of_one(from: ReadFrom) -> CosmosReader {
+    let mut r = reader(from);
+    r.partition = id("1");
+    r.target = Some(Target {
+        range_id: "1".into(),
+        epk: None,
+    });
+    r.record_span(Some(("".into(), "80".into())));
+    r
+}
+
+fn docs_at(lsns: &[u64]) -> Vec<Value> {
+    lsns.iter()
+        .map(|l| json!({"id": format!("d{l}"), "tenant": "t", "_ts": 1700000000, "_lsn": l}))
+        .collect()
+}
+
+#[test]
+fn a_fresh_source_continues_a_merged_away_range_at_its_checkpoint_without_redelivery() {
+    // Issue 21: the span goes with the lease, not the process. Range 1's reader records its
+    // span in every continuation; after 1 and 2 merge into 3, a source that never listed 1
+    // (a leader started after the merge: nothing `seen`) continues 1's span on 3 after the
+    // last record delivered, and what it reads from there is only what came after.
+    let mut r = reader_of_one(ReadFrom::After(Cursor::after("\"40\"")));
+    let page = Answered::Page {
+        docs: docs_at(&[41, 42]),
+        etag: Some("\"42\"".into()),
+        session_lsn: None,
+    };
+    let delivered = r.apply(page, 10, 0).expect("page");
+    let conts: Vec<&str> = delivered
+        .records
+        .iter()
+        .map(|x| x.continuation.as_str())
+        .collect();
+    assert_eq!(conts, ["\"41\";range=1;span=-80", C1]);
+    // The merge: 410/1002 ends 1; the worker finished its lease at its last checkpoint.
+    let end = r.apply(Answered::Gone, 10, 0).expect("410");
+    assert!(end.end_of_partition && end.continuation.is_none());
+    let checkpoint = delivered.continuation.expect("checkpointed");
+    let leases = [
+        lease("1", LeaseState::Finished, Some(checkpoint.as_str())),
+        lease("2", LeaseState::Finished, Some(C2)),
+    ];
+    let after = listing(&[("3", "", "FF", &["0", "1", "2"])]);
+    let merged = map::merged_away(&after, &held(&leases)).expect("placed");
+    let parts = map::partitions_for(&after, &BTreeMap::new(), &merged).expect("parts");
+    let plan = planned(&parts, &leases, &Position::Beginning);
+    assert_eq!(plan, vec![("-80".into(), at(C1)), ("80-FF".into(), at(C2))]);
+    // "-80" opened there: read on 3 in 1's bounds after 42; the documents after 42 of its
+    // keys come, and nothing 1 delivered.
+    let mut child = reader(ReadFrom::After(map::start_cursor(
+        Cursor::parse(C1).expect("continuation"),
+        "-80",
+    )));
+    child.partition = id("-80");
+    let Ok(Placement::On(target)) = map::place(&after, &epk("-80")) else {
+        panic!("-80 lies in 3")
+    };
+    let headers = read_headers(&target, Some(&child.from), 10);
+    for wanted in [
+        ("x-ms-documentdb-partitionkeyrangeid", "3"),
+        ("x-ms-start-epk", ""),
+        ("x-ms-end-epk", "80"),
+        ("if-none-match", "\"42\""),
+    ] {
+        assert!(
+            headers.iter().any(|(h, v)| (*h, v.as_str()) == wanted),
+            "{wanted:?} in {headers:?}"
+        );
+    }
+    child.target = Some(target);
+    let next = child
+        .apply(
+            Answered::Page {
+                docs: docs_at(&[43]),
+                etag: Some("\"43\"".into()),
+                session_lsn: None,
+            },
+            10,
+            0,
+        )
+        .expect("page");
+    assert_eq!(ids(&next.records), vec!["\"d43\""]);
+    assert_eq!(next.continuation, Some(Continuation::new("\"43\"")));
+}
+
+#[test]
+fn a_reader_restates_its_place_with_its_span_once_when_nothing_comes() {
+    // A lease checkpointed without the span (an earlier version, a .NET import, a child at
+    // its parent's continuation) gets it at its reader's first read that has no records: the
+    // place restated, which the worker checkpoints, so that a merge after that loses nothing.
+    let mut r = reader_of_one(ReadFrom::After(Cursor::after("\"42\"")));
+    let caught_up = || Answered::CaughtUp {
+        etag: Some("\"45\"".into()),
+        session_lsn: None,
+    };
+    let first = r.apply(caught_up(), 10, 0).expect("304");
+    assert!(first.records.is_empty() && !first.end_of_partition);
+    assert_eq!(
+        first.continuation,
+        Some(Continuation::new("\"45\";range=1;span=-80"))
+    );
+    let again = r.apply(caught_up(), 10, 0).expect("304");
+    assert_eq!(again.continuation, None, "once");
+    // A skip counted in this range is kept; one counted in the parent (a child starting at
+    // its continuation) is dropped, as a read there would drop it.
+    let inside = Cursor::parse("\"41\";skip=2;range=1").expect("continuation");
+    let mut r = reader_of_one(ReadFrom::After(inside));
+    let first = r.apply(caught_up(), 10, 2).expect("304");
+    assert_eq!(
+        first.continuation,
+        Some(Continuation::new("\"41\";skip=2;range=1;span=-80"))
+    );
+    let mut r = reader_of_one(ReadFrom::After(Cursor::parse(C2).expect("parent's")));
+    let first = r.apply(caught_up(), 10, 0).expect("304");
+    assert_eq!(
+        first.continuation,
+        Some(Continuation::new("\"45\";range=1;span=-80"))
+    );
+    // At the end of the range (a merge or split before any read), the end carries it.
+    let mut r = reader_of_one(ReadFrom::After(Cursor::after("\"42\"")));
+    let end = r.apply(Answered::Gone, 10, 0).expect("410");
+    assert!(end.end_of_partition);
+    assert_eq!(end.continuation, Some(Continuation::new(C1)));
+    // A position that records the span already, or none at all: nothing to restate.
+    let mut r = reader_of_one(ReadFrom::After(Cursor::parse(C1).expect("own")));
+    assert_eq!(r.apply(caught_up(), 10, 0).expect("304").continuation, None);
+    let mut r = reader_of_one(ReadFrom::Beginning);
+    assert_eq!(
+        r.apply(Answered::Gone, 10, 0).expect("410").continuation,
+        None
+    );
+    // A reader opened after the range went (no span listed) keeps the one its cursor records.
+    let mut r = reader(ReadFrom::After(Cursor::parse(C1).expect("own")));
+    r.partition = id("1");
+    r.record_span(None);
+    assert_eq!(r.span, Some(("".into(), "80".into())));
+    assert!(!r.restate);
+}
+
 #[test]
 fn a_span_continuing_a_merged_range_keeps_its_place_inside_a_transaction() {
     // 1 stopped inside a transaction (two of its documents done). Its span "-80" reads the
     // same keys, so the same documents of that transaction: it skips the same two. A piece
-    // of the span (a split too), or a span this process never listed, reads the transaction
-    // again (at least once, never a gap).
-    let spans = spans_of(&map::parse_pkranges(&split_listing()).expect("listing"));
-    let inside = Cursor::parse("\"41\";skip=2;range=1").expect("continuation");
+    // of the span (a split too), or a continuation that records no span, reads the
+    // transaction again (at least once, never a gap).
+    let inside = Cursor::parse("\"41\";skip=2;range=1;span=-80").expect("continuation");
     assert_eq!(
-        map::start_cursor(inside.clone(), "-80", &spans),
+        map::start_cursor(inside.clone(), "-80"),
         inside,
         "the same span"
     );
     assert_eq!(
-        map::start_cursor(inside.clone(), "-40", &spans),
+        map::start_cursor(inside.clone(), "-40"),
         Cursor::after("\"41\"")
     );
     assert_eq!(
-        map::start_cursor(inside.clone(), "80-FF", &spans),
+        map::start_cursor(inside.clone(), "80-FF"),
         Cursor::after("\"41\"")
     );
+    let unrecorded = Cursor::parse("\"41\";skip=2;range=1").expect("continuation");
     assert_eq!(
-        map::start_cursor(inside.clone(), "-80", &BTreeMap::new()),
+        map::start_cursor(unrecorded, "-80"),
         Cursor::after("\"41\"")
     );
-    assert_eq!(map::start_cursor(inside.clone(), "1", &spans), inside);
+    assert_eq!(map::start_cursor(inside.clone(), "1"), inside);
 }
 
 #[test]
 fn only_a_merge_turns_a_range_read_by_id_into_its_span() {
     // A split leaves only ranges inside the parent's span: its children are the listed
-    // ranges, as before. A range not leased, or whose span this process never listed, is
-    // not one: without the span the merge child reads from the beginning (README).
-    let before = map::parse_pkranges(&split_listing()).expect("listing");
-    let spans = spans_of(&before);
-    let split = listing(&[("4", "", "40", &["0", "1"]), ("5", "40", "80", &["0", "1"])]);
-    assert_eq!(map::merged_away(&split, &spans, &["1"]), vec![]);
+    // ranges, as before. A range listed, or an EPK range, is not one.
+    let split = listing(&[
+        ("4", "", "40", &["0", "1"]),
+        ("5", "40", "80", &["0", "1"]),
+        ("2", "80", "FF", &["0"]),
+    ]);
+    let one = [lease("1", LeaseState::Finished, Some(C1))];
+    assert_eq!(map::merged_away(&split, &held(&one)), Ok(vec![]));
     let merged = listing(&[("3", "", "FF", &["0", "1", "2"])]);
+    let listed = [
+        lease("3", LeaseState::Owned, Some("\"9\"")),
+        lease("-80", LeaseState::Owned, Some("\"9\"")),
+    ];
     assert_eq!(
-        map::merged_away(&merged, &BTreeMap::new(), &["1", "2"]),
-        vec![]
-    );
-    assert_eq!(
-        map::merged_away(&merged, &spans, &["3", "-80"]),
-        vec![],
+        map::merged_away(&merged, &held(&listed)),
+        Ok(vec![]),
         "listed ids and EPK ranges are not merged-away ranges"
     );
-    // 3 already has a lease (planned as a merge child by a host that did not know the spans):
-    // it is read as planned, and the old spans are not read a second time.
-    assert_eq!(map::merged_away(&merged, &spans, &["1", "2", "3"]), vec![]);
-    // One span known: that one goes on in its span; the rest of 3 is a merge child.
-    let one = map::merged_away(&merged, &spans, &["1"]);
+    // 3 already has a lease (planned as a merge child before spans were recorded): it is
+    // read as planned, and the old spans are not read a second time.
+    let planned_before = [
+        lease("1", LeaseState::Finished, Some(C1)),
+        lease("2", LeaseState::Finished, Some(C2)),
+        lease("3", LeaseState::Owned, None),
+    ];
+    assert_eq!(
+        map::merged_away(&merged, &held(&planned_before)),
+        Ok(vec![])
+    );
+    // One span recorded, the other range never read (no continuation: nothing of its keys
+    // was delivered): 1 goes on in its span; the rest of 3 is a merge child from the
+    // beginning, which reads 2's keys once.
+    let half = [
+        lease("1", LeaseState::Finished, Some(C1)),
+        lease("2", LeaseState::Finished, None),
+    ];
+    let one = map::merged_away(&merged, &held(&half)).expect("placed");
     let parts = map::partitions_for(&merged, &BTreeMap::new(), &one).expect("parts");
     assert_eq!(
         shape(&parts),
@@ -1046,13 +1295,22 @@ fn only_a_merge_turns_a_range_read_by_id_into_its_span() {
             row("80-FF", &["0", "1", "2"], false),
         ]
     );
+    let mut done = half.to_vec();
+    done.push(lease("0", LeaseState::Finished, None));
+    assert_eq!(
+        planned(&parts, &done, &Position::Now),
+        vec![
+            ("-80".into(), at(C1)),
+            ("80-FF".into(), Position::Beginning)
+        ]
+    );
     // A merge after a split of the merged range: 3 split again at 40 into 6 and 7; 1's span
     // is cut at 40, both pieces its children.
     let resplit = listing(&[
         ("6", "", "40", &["0", "1", "2", "3"]),
         ("7", "40", "FF", &["0", "1", "2", "3"]),
     ]);
-    let both = map::merged_away(&resplit, &spans, &["1", "2"]);
+    let both = map::merged_away(&resplit, &held(&planned_before[..2])).expect("placed");
     let parts = map::partitions_for(&resplit, &BTreeMap::new(), &both).expect("parts");
     assert_eq!(
         shape(&parts),
@@ -1063,5 +1321,90 @@ fn only_a_merge_turns_a_range_read_by_id_into_its_span() {
             row("40-80", &["1"], false),
             row("80-FF", &["2"], false),
         ]
+    );
+}
+
+#[test]
+fn a_merged_range_whose_span_no_lease_records_is_refused_by_name_not_read_again() {
+    // A leased range gone in a merge, read up to a continuation that records no span of its
+    // own (an earlier version's checkpoint, or its parent's continuation it started at and
+    // never read past): where it was cannot be known, and the merge child from the beginning
+    // would deliver its keys again. The answer is an error naming it and saying how to go on,
+    // and nothing is planned; never a silent read from the beginning.
+    let merged = listing(&[("3", "", "FF", &["0", "1", "2"])]);
+    for (checkpoint, start) in [
+        (Some("\"42\""), Position::Beginning),
+        (None, at("\"30\";range=0;span=-FF")),
+        (Some("\"41\";skip=2;range=1"), Position::Beginning),
+    ] {
+        let mut one = lease("1", LeaseState::Finished, checkpoint);
+        one.start = start.clone();
+        let leases = [one, lease("2", LeaseState::Owned, Some(C2))];
+        let err = map::merged_away(&merged, &held(&leases)).expect_err("span unknown");
+        assert_eq!(err.partition, "1", "{checkpoint:?} {start:?}");
+        for needle in [
+            "merge 3",
+            "records no span of 1",
+            "beginning",
+            "changefeed reset",
+        ] {
+            assert!(err.reason.contains(needle), "{needle}: {}", err.reason);
+        }
+        let etag = checkpoint.map_or("\"30\"", |c| &c[..4]);
+        let skip = if checkpoint.is_some_and(|c| c.contains("skip")) {
+            ";skip=2"
+        } else {
+            ""
+        };
+        let reset = format!("`{etag}{skip};range=1;span=MIN-MAX`");
+        assert!(err.reason.contains(&reset), "{reset}: {}", err.reason);
+    }
+    // Reset to that, with the span, it goes on there.
+    let fixed = [
+        lease("1", LeaseState::Finished, Some("\"42\";range=1;span=-80")),
+        lease("2", LeaseState::Owned, Some(C2)),
+    ];
+    assert_eq!(
+        map::merged_away(&merged, &held(&fixed)).map(|m| m.len()),
+        Ok(2)
+    );
+    // Never read (no continuation): nothing of its keys was delivered, so its part of 3 is a
+    // merge child from the beginning (above); a lease row that cannot be read says nothing
+    // and is left alone too.
+    for position in [None, Some(Position::Beginning), Some(Position::Now)] {
+        let leased = [
+            LeasedPartition::at(id("2"), at(C2)),
+            match position {
+                Some(p) => LeasedPartition::at(id("1"), p),
+                None => LeasedPartition::unreadable(id("1")),
+            },
+        ];
+        assert_eq!(
+            map::merged_away(&merged, &leased).map(|m| m.len()),
+            Ok(1),
+            "only 2 goes on in its span"
+        );
+    }
+    // 3 already leased (planned before): kept to, no error.
+    let kept = [
+        lease("1", LeaseState::Finished, Some("\"42\"")),
+        lease("3", LeaseState::Owned, None),
+    ];
+    assert_eq!(map::merged_away(&merged, &held(&kept)), Ok(vec![]));
+    // A split needs no span: its children are listed, and start at its continuation.
+    let split = listing(&[
+        ("4", "", "40", &["0", "1"]),
+        ("5", "40", "80", &["0", "1"]),
+        ("2", "80", "FF", &["0"]),
+    ]);
+    let old = [
+        lease("1", LeaseState::Finished, Some("\"42\"")),
+        lease("2", LeaseState::Owned, Some("\"57\"")),
+    ];
+    assert_eq!(map::merged_away(&split, &held(&old)), Ok(vec![]));
+    let parts = map::partitions_for(&split, &BTreeMap::new(), &[]).expect("parts");
+    assert_eq!(
+        planned(&parts, &old, &Position::Now),
+        vec![("4".into(), at("\"42\"")), ("5".into(), at("\"42\""))]
     );
 }

@@ -19,13 +19,17 @@
 
 use std::time::Duration;
 
-use changefeed::model::{Continuation, PartitionId, Position, Record, Timestamp};
-use changefeed::source::{FeedSource, OldestUnread, PartitionReader};
+use changefeed::lease::LeaseStore;
+use changefeed::lineage::{self, Input};
+use changefeed::model::{
+    Continuation, GroupName, Lease, LeaseKey, LeaseState, PartitionId, Position, Record, Timestamp,
+};
+use changefeed::source::{FeedSource, LeasedPartition, OldestUnread, PartitionReader};
 use changefeed_cosmos::testkit::RawContainer;
 use changefeed_cosmos::{CosmosError, CosmosFeed, CosmosOptions};
 use serde_json::{json, Value};
 
-use crate::{endpoint, fresh_container, fresh_options};
+use crate::{endpoint, fresh_container, fresh_options, fresh_store};
 
 #[tokio::test]
 async fn feed_lists_the_local_servers_one_range_over_the_whole_key_space() {
@@ -80,6 +84,16 @@ async fn feed_reads_a_304_over_http_as_caught_up() {
         .open(&range, &Position::Now)
         .await
         .expect("open at now");
+    // The first read, caught up, restates the place fixed at opening with the range's span
+    // (what the worker checkpoints, so that a merge cannot lose where the range was); then
+    // nothing, as Cosmos DB's 304 means.
+    let batch = now.next_batch(10).await.expect("read");
+    assert!(batch.records.is_empty() && !batch.end_of_partition);
+    let place = batch.continuation.expect("the place restated");
+    assert!(
+        place.as_str().ends_with(";range=0;span=-FF"),
+        "{place}: the span of range 0, [, FF)"
+    );
     let batch = now.next_batch(10).await.expect("read");
     assert!(batch.records.is_empty() && batch.continuation.is_none() && !batch.end_of_partition);
     let after = Continuation::new("\"1\"");
@@ -96,6 +110,113 @@ async fn feed_reads_a_304_over_http_as_caught_up() {
             .expect("remaining"),
         None
     );
+}
+
+#[tokio::test]
+async fn a_fresh_source_continues_ranges_merged_away_in_their_spans_from_their_leases() {
+    // Issue 21: where a range a merge took away was is kept with its lease (its reader records
+    // the range's span in its continuations), so a source that never listed the range (a
+    // fresh CosmosFeed: a leader started after the merge) continues it in its span, at its
+    // checkpoint, on the range now holding it, and does not read it again from the beginning.
+    // The local server's one range 0 [, FF) plays the merged range of 1 [, 80) and 2 [80, FF),
+    // whose finished leases are read from a lease store on the server.
+    let store = fresh_store("merged-leases").await;
+    let group = GroupName::new("orders").expect("group");
+    let checkpoints = [
+        ("1", "\"42\";range=1;span=-80"),
+        ("2", "\"57\";range=2;span=80-FF"),
+    ];
+    for (range, checkpoint) in checkpoints {
+        let key = LeaseKey::new(group.clone(), PartitionId::new(range).expect("id"));
+        let mut lease = Lease::new(key, Position::Beginning);
+        lease.state = LeaseState::Finished;
+        lease.continuation = Some(Continuation::new(checkpoint));
+        store.create(&lease).await.expect("create");
+    }
+    let monitored = fresh_options("merged");
+    let docs = RawContainer::create(&monitored, "/tenant")
+        .await
+        .expect("the monitored container on the local server");
+    docs.create_document(&json!({"id": "before", "tenant": "t"}))
+        .await
+        .expect("write");
+    let feed = CosmosFeed::connect(&monitored).await.expect("connect");
+    let leases: Vec<Lease> = store
+        .list(&group)
+        .await
+        .expect("list")
+        .leases
+        .iter()
+        .map(|l| Lease::clone(l))
+        .collect();
+    let leased: Vec<LeasedPartition> = leases.iter().map(LeasedPartition::of).collect();
+    let parts = feed.partitions_for(&leased).await.expect("partitions");
+    let shape: Vec<(&str, Vec<&str>, bool)> = parts
+        .iter()
+        .map(|p| {
+            let parents = p.parents.iter().map(PartitionId::as_str).collect();
+            (p.id.as_str(), parents, p.closed)
+        })
+        .collect();
+    assert_eq!(
+        shape,
+        [
+            ("-80", vec!["1"], false),
+            ("1", vec![], true),
+            ("2", vec![], true),
+            ("80-FF", vec!["2"], false),
+        ],
+        "range 0 is read through the old ranges' spans only"
+    );
+    let plan = lineage::plan(
+        &Input::new(&parts, &leases, &Position::Beginning).with_child_start(feed.child_start()),
+    );
+    assert!(plan.errors.is_empty(), "{:?}", plan.errors);
+    let created: Vec<(&str, &Position)> = plan
+        .create
+        .iter()
+        .map(|n| (n.partition.as_str(), &n.start))
+        .collect();
+    let at = |c: &str| Position::Continuation(Continuation::new(c));
+    assert_eq!(
+        created,
+        [
+            ("-80", &at(checkpoints[0].1)),
+            ("80-FF", &at(checkpoints[1].1))
+        ],
+        "each span at its range's final checkpoint, not at the beginning"
+    );
+    for ((child, start), (min, max, etag)) in created
+        .iter()
+        .zip([("", "80", "\"42\""), ("80", "FF", "\"57\"")])
+    {
+        let child = PartitionId::new(*child).expect("id");
+        let headers = feed
+            .first_read_headers(&child, start)
+            .await
+            .expect("placed")
+            .expect("not ended");
+        for wanted in [
+            ("x-ms-documentdb-partitionkeyrangeid", "0"),
+            ("x-ms-read-key-type", "EffectivePartitionKeyRange"),
+            ("x-ms-start-epk", min),
+            ("x-ms-end-epk", max),
+            ("if-none-match", etag),
+        ] {
+            assert!(
+                headers.iter().any(|(h, v)| (*h, v.as_str()) == wanted),
+                "{child}: {wanted:?} in {headers:?}"
+            );
+        }
+        // Opened there, it reads after the checkpoint: the server's 304, not the document
+        // written before.
+        let mut reader = feed.open(&child, start).await.expect("open");
+        let batch = reader.next_batch(10).await.expect("read");
+        assert!(
+            batch.records.is_empty() && !batch.end_of_partition,
+            "{child}"
+        );
+    }
 }
 
 #[tokio::test]
@@ -312,7 +433,8 @@ async fn epk_checks(feed: &CosmosFeed) {
         let mut r = feed.open(&p.id, &Position::Beginning).await.expect("open");
         whole.extend(ids(&drain(r.as_mut(), 100).await));
     }
-    let halves = ["-80", "80-FF"].map(|h| PartitionId::new(h).expect("id"));
+    let halves = ["-80", "80-FF"]
+        .map(|h| LeasedPartition::at(PartitionId::new(h).expect("id"), Position::Beginning));
     let parts = feed.partitions_for(&halves).await.expect("partitions");
     let mut seen: Vec<String> = Vec::new();
     for p in parts.iter().filter(|p| !p.closed) {

@@ -11,7 +11,7 @@ use changefeed::model::{
     Continuation, GroupName, HostName, Lease, LeaseKey, LeaseState, PartitionId, Position,
     Timestamp,
 };
-use changefeed::source::FeedSource;
+use changefeed::source::{FeedSource, LeasedPartition};
 use changefeed_cosmos::import::{DotnetSchema, ImportOutcome};
 use changefeed_cosmos::testkit::dotnet::{self, LeaseFields as Dotnet};
 use changefeed_cosmos::testkit::RawContainer;
@@ -240,7 +240,7 @@ async fn imported_epk_leases_of_a_merged_range_open_in_the_feed_source() {
         .await
         .expect("the monitored container on the local server");
     let feed = CosmosFeed::connect(&monitored).await.expect("connect");
-    let leased: Vec<PartitionId> = leases.iter().map(|l| l.key.partition.clone()).collect();
+    let leased: Vec<LeasedPartition> = leases.iter().map(|l| LeasedPartition::of(l)).collect();
     let parts = feed.partitions_for(&leased).await.expect("partitions");
     let shape: Vec<(&str, usize, bool)> = parts
         .iter()

@@ -20,7 +20,7 @@ use crate::error::{LeaseError, SourceError};
 use crate::lease::LeaseStore;
 use crate::lineage::{self, Input};
 use crate::model::{GroupName, Lease, LeaseKey, Partition, PartitionId, Position};
-use crate::source::FeedSource;
+use crate::source::{FeedSource, LeasedPartition};
 
 /// What one sync did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -131,7 +131,7 @@ impl Syncer {
             report.skipped = true;
             return Ok(report);
         }
-        let leased: Vec<PartitionId> = leases.iter().map(|l| l.key.partition.clone()).collect();
+        let leased: Vec<LeasedPartition> = leases.iter().map(|l| LeasedPartition::of(l)).collect();
         let partitions = source.partitions_for(&leased).await?;
         // The lineage rules read plain rows; a sync that gets this far is the leader's
         // occasional work, so a copy of the table for it is cheap.
@@ -406,9 +406,17 @@ mod tests {
             .replace(&parent, parent.version)
             .await
             .expect("checkpoint");
-        let (_, l, r) = split_and_finish(&feed.feed, &store).await;
+        let (p0, l, r) = split_and_finish(&feed.feed, &store).await;
         let report = sync_listed(&mut s, &store, &feed, &settings).await;
         assert_eq!(report.created, vec![l, r]);
+        // The source was told each lease's position (FeedSource::partitions_for).
+        assert_eq!(
+            *feed.asked.lock().expect("lock"),
+            [LeasedPartition::at(
+                p0,
+                Position::Continuation(last.clone())
+            )]
+        );
         let children: Vec<Position> = listed(&store)
             .await
             .into_iter()

@@ -357,12 +357,14 @@ impl PartitionReader for MemoryReader {
 /// from their parent's continuation when `continuing` (Cosmos DB's
 /// [`crate::lineage::ChildStart::ParentContinuation`]), and it lists every leased id it is
 /// given when `naming` (a source whose leases can name partitions its own listing lacks).
+/// `asked` keeps what the last [`FeedSource::partitions_for`] was given.
 #[cfg(test)]
 #[derive(Debug)]
 pub(crate) struct Behaving {
     pub feed: MemoryFeed,
     pub continuing: bool,
     pub naming: bool,
+    pub asked: std::sync::Mutex<Vec<super::LeasedPartition>>,
 }
 
 #[cfg(test)]
@@ -373,6 +375,7 @@ impl Behaving {
             feed,
             continuing: true,
             naming: false,
+            asked: Default::default(),
         }
     }
 }
@@ -383,11 +386,18 @@ impl FeedSource for Behaving {
     async fn partitions(&self) -> Result<Vec<Partition>, SourceError> {
         self.feed.partitions().await
     }
-    async fn partitions_for(&self, leased: &[PartitionId]) -> Result<Vec<Partition>, SourceError> {
+    async fn partitions_for(
+        &self,
+        leased: &[super::LeasedPartition],
+    ) -> Result<Vec<Partition>, SourceError> {
+        *self
+            .asked
+            .lock()
+            .expect("not poisoned: only this call writes it") = leased.to_vec();
         let mut all = self.feed.partitions().await?;
         if self.naming {
-            all.extend(leased.iter().map(|p| Partition {
-                id: p.clone(),
+            all.extend(leased.iter().map(|l| Partition {
+                id: l.partition.clone(),
                 parents: Vec::new(),
                 closed: false,
                 key_range: None,

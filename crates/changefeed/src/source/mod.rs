@@ -18,7 +18,47 @@ use async_trait::async_trait;
 
 use crate::error::SourceError;
 use crate::lineage::ChildStart;
-use crate::model::{Batch, Continuation, Partition, PartitionId, Position, Timestamp};
+use crate::model::{Batch, Continuation, Lease, Partition, PartitionId, Position, Timestamp};
+
+/// A partition the group holds a lease on, as [`FeedSource::partitions_for`] is told of it:
+/// the partition and where a reader of it starts now, so that a source whose continuations
+/// carry what its listing may no longer say (Cosmos DB: the key span of a range a merge took
+/// away) can read it there.
+#[derive(Clone, PartialEq, Eq, Debug)]
+#[non_exhaustive]
+pub struct LeasedPartition {
+    /// The partition the lease names.
+    pub partition: PartitionId,
+    /// Where its reader starts ([`Lease::resume_position`]: after the checkpoint, or the
+    /// lease's start while it has none); `None` for a lease row that cannot be read.
+    pub position: Option<Position>,
+}
+
+impl LeasedPartition {
+    /// The partition of `lease`, at its resume position.
+    pub fn of(lease: &Lease) -> Self {
+        Self {
+            partition: lease.key.partition.clone(),
+            position: Some(lease.resume_position()),
+        }
+    }
+
+    /// `partition`, leased and read from `position`.
+    pub fn at(partition: PartitionId, position: Position) -> Self {
+        Self {
+            partition,
+            position: Some(position),
+        }
+    }
+
+    /// `partition`, whose lease row cannot be read (its position unknown).
+    pub fn unreadable(partition: PartitionId) -> Self {
+        Self {
+            partition,
+            position: None,
+        }
+    }
+}
 
 /// What [`FeedSource::oldest_unread`] knows of the first record after a position.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -66,19 +106,24 @@ pub trait FeedSource: Send + Sync + std::fmt::Debug {
     /// [`SourceError::Source`] if the source cannot be read.
     async fn partitions(&self) -> Result<Vec<Partition>, SourceError>;
 
-    /// The partitions as the group holding leases on `leased` sees them: what
+    /// The partitions as the group holding the leases `leased` sees them: what
     /// [`FeedSource::partitions`] lists, for a source whose every partition is in its own
     /// listing (the default). A source where a lease can name a partition the feed does not
     /// list, a part of one of its partitions (a Cosmos DB lease on an effective partition key
-    /// sub-range, taken over from the .NET processor), lists those too, with their lineage,
-    /// and leaves out what they stand in for, so that the lineage rules neither read a key
-    /// twice nor skip one. The partition sync and the lag estimator call this with the
-    /// group's leases; the answer must depend only on the feed and `leased`, so that every
-    /// host plans alike.
+    /// sub-range, taken over from the .NET processor, or the span of a range a merge took
+    /// away, which only the lease's continuation still records), lists those too, with their
+    /// lineage, and leaves out what they stand in for, so that the lineage rules neither read
+    /// a key twice nor skip one. The partition sync and the lag estimator call this with the
+    /// group's leases; the answer must depend only on the feed and `leased` (partitions and
+    /// positions), so that every host plans alike.
     ///
     /// # Errors
-    /// As for [`FeedSource::partitions`].
-    async fn partitions_for(&self, leased: &[PartitionId]) -> Result<Vec<Partition>, SourceError> {
+    /// As for [`FeedSource::partitions`]; [`SourceError::Corrupt`] naming a leased partition
+    /// that cannot be placed without reading a key twice (the sync then plans nothing).
+    async fn partitions_for(
+        &self,
+        leased: &[LeasedPartition],
+    ) -> Result<Vec<Partition>, SourceError> {
         let _ = leased;
         self.partitions().await
     }
@@ -145,7 +190,11 @@ pub trait FeedSource: Send + Sync + std::fmt::Debug {
 #[async_trait]
 pub trait PartitionReader: Send + std::fmt::Debug {
     /// The next records, at most `max` of them (`max` ≥ 1). An empty batch means nothing new
-    /// yet, or, with `end_of_partition`, nothing ever again.
+    /// yet, or, with `end_of_partition`, nothing ever again. An empty batch may carry a
+    /// continuation: the reader's place restated (no record after the last one returned is
+    /// passed), which the worker checkpoints as it would a batch's, without calling the
+    /// handler (Cosmos DB restates a position with its range's span, so that the span
+    /// outlives a merge).
     ///
     /// # Errors
     /// [`SourceError::Source`] on failure; the reader stays at the same place, so calling again

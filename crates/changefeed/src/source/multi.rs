@@ -19,7 +19,7 @@ use std::sync::{Arc, RwLock};
 
 use async_trait::async_trait;
 
-use super::{FeedSource, PartitionReader};
+use super::{FeedSource, LeasedPartition, PartitionReader};
 use crate::error::{ModelError, SourceError};
 use crate::lineage::ChildStart;
 use crate::model::{Continuation, Partition, PartitionId, Position};
@@ -149,15 +149,23 @@ impl FeedSource for MultiFeed {
         self.partitions_for(&[]).await
     }
 
-    /// Each stream's [`FeedSource::partitions_for`] with the leased ids of that stream.
-    async fn partitions_for(&self, leased: &[PartitionId]) -> Result<Vec<Partition>, SourceError> {
+    /// Each stream's [`FeedSource::partitions_for`] with the leased partitions of that stream
+    /// (their ids without the stream's prefix; continuations pass as they are).
+    async fn partitions_for(
+        &self,
+        leased: &[LeasedPartition],
+    ) -> Result<Vec<Partition>, SourceError> {
         let mut out = Vec::new();
         for (name, source) in self.snapshot() {
-            let own: Vec<PartitionId> = leased
+            let own: Vec<LeasedPartition> = leased
                 .iter()
-                .filter_map(Self::split_id)
-                .filter(|(stream, _)| *stream == name)
-                .map(|(_, inner)| inner)
+                .filter_map(|l| {
+                    let (stream, inner) = Self::split_id(&l.partition)?;
+                    (stream == name).then(|| LeasedPartition {
+                        partition: inner,
+                        position: l.position.clone(),
+                    })
+                })
                 .collect();
             for p in source.partitions_for(&own).await? {
                 let corrupt = |e: ModelError| SourceError::Corrupt {
@@ -291,17 +299,27 @@ mod tests {
 
     #[tokio::test]
     async fn leased_ids_reach_their_own_stream_without_its_prefix() {
-        // FeedSource::partitions_for: each stream is asked with its own leased ids only.
+        // FeedSource::partitions_for: each stream is asked with its own leased partitions
+        // only, their positions as the leases hold them.
         let multi = MultiFeed::new();
+        let mut streams = Vec::new();
         for name in ["a", "b"] {
-            let naming = crate::source::Behaving {
+            let naming = Arc::new(crate::source::Behaving {
                 feed: MemoryFeed::new(1),
                 continuing: false,
                 naming: true,
-            };
-            multi.add_stream(name, Arc::new(naming)).expect("valid");
+                asked: Default::default(),
+            });
+            multi.add_stream(name, naming.clone()).expect("valid");
+            streams.push(naming);
         }
-        let leased = [id("a:-80"), id("b:80-FF"), id("c:x"), id("plain")];
+        let at = Position::Continuation(Continuation::new("\"42\""));
+        let leased = [
+            LeasedPartition::at(id("a:-80"), at.clone()),
+            LeasedPartition::unreadable(id("b:80-FF")),
+            LeasedPartition::at(id("c:x"), Position::Beginning),
+            LeasedPartition::at(id("plain"), Position::Beginning),
+        ];
         let mut ids: Vec<String> = multi
             .partitions_for(&leased)
             .await
@@ -311,6 +329,9 @@ mod tests {
             .collect();
         ids.sort();
         assert_eq!(ids, ["a:-80", "a:0", "b:0", "b:80-FF"]);
+        let asked = |i: usize| streams[i].asked.lock().expect("lock").clone();
+        assert_eq!(asked(0), [LeasedPartition::at(id("-80"), at)]);
+        assert_eq!(asked(1), [LeasedPartition::unreadable(id("80-FF"))]);
         assert_eq!(multi.partitions().await.expect("list").len(), 2);
     }
 

@@ -43,6 +43,9 @@ struct Faults {
     read: Mutex<VecDeque<bool>>,
     /// When each failed call was made, and whether its error was retryable.
     failed: Mutex<Vec<(Instant, bool)>>,
+    /// Whether readers restate the continuation they were opened at, once, on their first
+    /// read that finds nothing (an empty batch carrying it), as Cosmos DB adds its span.
+    restate: AtomicBool,
 }
 
 impl Faults {
@@ -80,6 +83,8 @@ struct FlakyFeed {
 struct FlakyReader {
     inner: Box<dyn PartitionReader>,
     faults: Arc<Faults>,
+    /// The continuation to restate, until it is.
+    restate: Option<Continuation>,
 }
 
 #[async_trait]
@@ -94,9 +99,16 @@ impl FeedSource for FlakyFeed {
         from: &Position,
     ) -> Result<Box<dyn PartitionReader>, SourceError> {
         self.faults.next(&self.faults.open, "open")?;
+        let restate = match from {
+            Position::Continuation(c) if self.faults.restate.load(Ordering::SeqCst) => {
+                Some(c.clone())
+            }
+            _ => None,
+        };
         Ok(Box::new(FlakyReader {
             inner: self.inner.open(partition, from).await?,
             faults: self.faults.clone(),
+            restate,
         }))
     }
 
@@ -113,7 +125,13 @@ impl FeedSource for FlakyFeed {
 impl PartitionReader for FlakyReader {
     async fn next_batch(&mut self, max: usize) -> Result<Batch, SourceError> {
         self.faults.next(&self.faults.read, "read")?;
-        self.inner.next_batch(max).await
+        let mut batch = self.inner.next_batch(max).await?;
+        if batch.records.is_empty() {
+            batch.continuation = batch.continuation.or(self.restate.take());
+        } else {
+            self.restate = None;
+        }
+        Ok(batch)
     }
 }
 
@@ -314,4 +332,37 @@ async fn release_on_stop_gives_up_after_three_attempts() {
     );
     let l = s.lease().await;
     assert_eq!(l.state, LeaseState::Owned, "left to expire");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_place_restated_without_records_is_checkpointed_and_finished_at() {
+    // PartitionReader::next_batch: an empty batch carrying a continuation (the reader's place
+    // restated, as Cosmos DB adds its range's span to it) is checkpointed without calling the
+    // handler; at the end of the partition the lease is finished there.
+    for closed in [false, true] {
+        let s = setup(Arc::new(MemoryLeaseStore::new())).await;
+        let mut reader = s.feed.open(&p0(), &Position::Beginning).await.unwrap();
+        let at = reader.next_batch(3).await.unwrap().continuation.unwrap();
+        let mut lease = s.lease().await;
+        lease.start = Position::Continuation(at.clone());
+        s.store.replace(&lease, lease.version).await.unwrap();
+        if closed {
+            s.feed.split(&p0()).unwrap();
+        }
+        s.faults.restate.store(true, Ordering::SeqCst);
+        let running = s.start();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let lease = s.lease().await;
+        assert_eq!(lease.continuation, Some(at), "closed: {closed}");
+        assert_eq!(
+            lease.state,
+            if closed {
+                LeaseState::Finished
+            } else {
+                LeaseState::Owned
+            }
+        );
+        assert!(s.handler.delivered().is_empty(), "nothing delivered");
+        running.stop().await.unwrap();
+    }
 }

@@ -514,6 +514,18 @@ impl Worker {
             Ok(b) => Arc::new(b),
             Err(reason) => return Step::Stop(reason),
         };
+        if batch.records.is_empty() && batch.continuation.is_some() {
+            // The reader restated its place (PartitionReader::next_batch): nothing to deliver,
+            // a position to keep, checkpointed as a batch's would be (and finished at).
+            if self.fence.is_up() {
+                warn!(lease = %self.ctx.key, "host fenced; the place restated is not checkpointed");
+                return Step::Stop(CloseReason::LeaseLost);
+            }
+            self.pending = batch.continuation.clone();
+            if let Some(reason) = self.maybe_checkpoint(false).await {
+                return Step::Stop(reason);
+            }
+        }
         let idle_tick = batch.records.is_empty() && !batch.end_of_partition && self.tick_due();
         if !batch.records.is_empty() || idle_tick {
             if self.fence.is_up() {

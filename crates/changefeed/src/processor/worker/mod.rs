@@ -65,10 +65,71 @@ const LAG_REFRESH: Duration = Duration::from_secs(10);
 pub(crate) struct LagBook {
     /// Whether each partition's lag is published too.
     per_partition: bool,
-    by_partition: std::sync::Mutex<std::collections::BTreeMap<PartitionId, PartitionLag>>,
+    by_partition: std::sync::Mutex<Book>,
     /// On the leader: the partitions no host reads (leases without an owner, partitions
     /// without a lease), counted once for the fleet ([`LagBook::set_unowned`]).
     unowned: std::sync::Mutex<Option<PartitionLag>>,
+}
+
+/// Each partition's lag, with the sums the gauges publish kept up to date one partition at a
+/// time: a host reading many partitions publishes in O(log partitions), not O(partitions).
+#[derive(Debug, Default)]
+struct Book {
+    lags: std::collections::BTreeMap<PartitionId, PartitionLag>,
+    /// The sum of the known record counts.
+    records: u64,
+    /// How many partitions are caught up.
+    caught_up: usize,
+    /// The times of the first unread records, with how many partitions have each.
+    oldest: std::collections::BTreeMap<Timestamp, usize>,
+}
+
+impl Book {
+    /// Puts `lag` in place of `partition`'s (none: forgets it), keeping the sums.
+    fn set(&mut self, partition: &PartitionId, lag: Option<PartitionLag>) {
+        let old = match &lag {
+            Some(lag) => self.lags.insert(partition.clone(), *lag),
+            None => self.lags.remove(partition),
+        };
+        if let Some(old) = old {
+            self.records = self.records.saturating_sub(old.records.unwrap_or(0));
+            match old.oldest {
+                OldestUnread::Unknown => {}
+                OldestUnread::CaughtUp => self.caught_up -= 1,
+                OldestUnread::At(t) => {
+                    if let Some(n) = self.oldest.get_mut(&t) {
+                        *n -= 1;
+                        if *n == 0 {
+                            self.oldest.remove(&t);
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(new) = lag {
+            self.records = self.records.saturating_add(new.records.unwrap_or(0));
+            match new.oldest {
+                OldestUnread::Unknown => {}
+                OldestUnread::CaughtUp => self.caught_up += 1,
+                OldestUnread::At(t) => *self.oldest.entry(t).or_default() += 1,
+            }
+        }
+    }
+
+    fn get(&self, partition: &PartitionId) -> PartitionLag {
+        self.lags.get(partition).copied().unwrap_or(PartitionLag {
+            records: None,
+            oldest: OldestUnread::Unknown,
+        })
+    }
+
+    /// The largest age at `now` of a first unread record.
+    fn max_age_ms(&self, now: Timestamp) -> Option<u64> {
+        match self.oldest.keys().next() {
+            Some(t) => OldestUnread::At(*t).age_ms(now),
+            None => (self.caught_up > 0).then_some(0),
+        }
+    }
 }
 
 /// What a worker last learnt of its partition's lag.
@@ -87,22 +148,19 @@ impl LagBook {
         }
     }
 
-    fn map(
-        &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<PartitionId, PartitionLag>> {
+    fn book(&self) -> std::sync::MutexGuard<'_, Book> {
         // The lock guards a small map whose every update is a single insert or remove.
         self.by_partition.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Records the record count of `partition` (`None`: unknown), keeping its oldest unread.
     fn update(&self, group: &str, partition: &PartitionId, records: Option<u64>, now: Timestamp) {
-        self.map()
-            .entry(partition.clone())
-            .or_insert(PartitionLag {
-                records: None,
-                oldest: OldestUnread::Unknown,
-            })
-            .records = records;
+        {
+            let mut book = self.book();
+            let mut lag = book.get(partition);
+            lag.records = records;
+            book.set(partition, Some(lag));
+        }
         if self.per_partition {
             metrics::gauge!("changefeed_partition_lag_records", "group" => group.to_string(), "partition" => partition.to_string())
                 .set(records.unwrap_or(0) as f64);
@@ -118,19 +176,18 @@ impl LagBook {
         oldest: OldestUnread,
         now: Timestamp,
     ) {
-        self.map()
-            .entry(partition.clone())
-            .or_insert(PartitionLag {
-                records: None,
-                oldest: OldestUnread::Unknown,
-            })
-            .oldest = oldest;
+        {
+            let mut book = self.book();
+            let mut lag = book.get(partition);
+            lag.oldest = oldest;
+            book.set(partition, Some(lag));
+        }
         self.publish(group, now);
     }
 
     /// Forgets `partition` (its worker stopped).
     fn remove(&self, group: &str, partition: &PartitionId, now: Timestamp) {
-        self.map().remove(partition);
+        self.book().set(partition, None);
         if self.per_partition {
             for name in [
                 "changefeed_partition_lag_records",
@@ -154,7 +211,7 @@ impl LagBook {
     }
 
     fn publish(&self, group: &str, now: Timestamp) {
-        let owned: u64 = self.map().values().filter_map(|l| l.records).sum();
+        let owned = self.book().records;
         let total = owned.saturating_add(self.unowned().and_then(|u| u.records).unwrap_or(0));
         metrics::gauge!("changefeed_lag_records", "group" => group.to_string()).set(total as f64);
         self.publish_seconds(group, now);
@@ -164,7 +221,7 @@ impl LagBook {
     /// partitions this host reads (0 when none is known).
     pub(crate) fn publish_seconds(&self, group: &str, now: Timestamp) {
         if self.per_partition {
-            for (partition, lag) in self.map().iter() {
+            for (partition, lag) in self.book().lags.iter() {
                 let ms = lag.oldest.age_ms(now).unwrap_or(0);
                 metrics::gauge!("changefeed_partition_lag_seconds", "group" => group.to_string(), "partition" => partition.to_string())
                     .set(ms as f64 / 1000.0);
@@ -177,10 +234,7 @@ impl LagBook {
 
     /// The largest known age at `now` of a first unread record, in milliseconds.
     pub(crate) fn max_age_ms(&self, now: Timestamp) -> Option<u64> {
-        self.map()
-            .values()
-            .filter_map(|l| l.oldest.age_ms(now))
-            .max()
+        self.book().max_age_ms(now)
     }
 }
 
@@ -661,11 +715,16 @@ mod lag_book_tests {
             Some(64_000),
             "a record count keeps the known time"
         );
+        book.update("g", &p1, Some(3), Timestamp(65_000));
+        assert_eq!(book.book().records, 10, "the record counts are summed");
         book.remove("g", &p0, Timestamp(65_000));
         assert_eq!(
             book.max_age_ms(Timestamp(65_000)),
             Some(0),
             "p1 is caught up"
         );
+        assert_eq!(book.book().records, 3, "a stopped worker's records no longer count");
+        book.remove("g", &p1, Timestamp(65_000));
+        assert_eq!(book.max_age_ms(Timestamp(65_000)), None, "nothing read");
     }
 }

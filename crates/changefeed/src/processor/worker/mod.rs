@@ -723,7 +723,11 @@ mod lag_book_tests {
             Some(0),
             "p1 is caught up"
         );
-        assert_eq!(book.book().records, 3, "a stopped worker's records no longer count");
+        assert_eq!(
+            book.book().records,
+            3,
+            "a stopped worker's records no longer count"
+        );
         book.remove("g", &p1, Timestamp(65_000));
         assert_eq!(book.max_age_ms(Timestamp(65_000)), None, "nothing read");
     }

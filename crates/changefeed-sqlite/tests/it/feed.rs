@@ -327,7 +327,9 @@ async fn each_batch_is_the_next_records_the_file_holds_whatever_was_read_ahead()
     let fx = Fixture::new().await;
     let (feed, p) = (&fx.feed, pid("1"));
     for i in 1..=5 {
-        feed.append_to(&p, &format!("k{i}"), &b"v"[..]).await.unwrap();
+        feed.append_to(&p, &format!("k{i}"), &b"v"[..])
+            .await
+            .unwrap();
     }
     let mut reader = feed.open(&p, &Position::Beginning).await.unwrap();
     let keys = |b: &changefeed::model::Batch| -> Vec<String> {
@@ -335,7 +337,9 @@ async fn each_batch_is_the_next_records_the_file_holds_whatever_was_read_ahead()
     };
     assert_eq!(keys(&reader.next_batch(2).await.unwrap()), ["k1", "k2"]);
     for i in 6..=8 {
-        feed.append_to(&p, &format!("k{i}"), &b"v"[..]).await.unwrap();
+        feed.append_to(&p, &format!("k{i}"), &b"v"[..])
+            .await
+            .unwrap();
     }
     let batch = reader.next_batch(10).await.unwrap();
     assert_eq!(keys(&batch), ["k3", "k4", "k5", "k6", "k7", "k8"]);
@@ -343,7 +347,9 @@ async fn each_batch_is_the_next_records_the_file_holds_whatever_was_read_ahead()
 
     // Far more records than one read takes ahead: full batches, in order, each once.
     for i in 9..=2_508 {
-        feed.append_to(&p, &format!("k{i}"), &b"v"[..]).await.unwrap();
+        feed.append_to(&p, &format!("k{i}"), &b"v"[..])
+            .await
+            .unwrap();
     }
     let mut next = 9;
     while next <= 2_508 {

@@ -118,7 +118,7 @@ async fn run_host(config: RunConfig) -> anyhow::Result<ExitCode> {
     };
     let _stop_http = http_stop.drop_guard();
     let store = config.store.open_store().await?;
-    let source = config.source.open_source().await?;
+    let source = config.source.open_source_with(&config.kinesis).await?;
     let groups = ProcessGroups::default();
     let cancel = CancellationToken::new();
     let handler: Arc<dyn Handler> = match config.handler.strip_prefix(INTERNAL_PREFIX) {

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use changefeed::model::Position;
 use changefeed::processor::{CheckpointMode, ConfigError, Settings, MAX_DURATION};
+use changefeed_kinesis::ReadOptions;
 
 use crate::url::BackendUrl;
 
@@ -161,6 +162,11 @@ pub struct RunArgs {
     /// lease speaking the KCL MultiLangDaemon protocol). See docs/operations.md.
     #[arg(long, value_name = "PROTOCOL", env = "CHANGEFEED_PROTOCOL")]
     pub protocol: Option<String>,
+    /// Kinesis source only: deliver the user records of a KPL-aggregated record even when one
+    /// of them has a hash key outside its shard (a producer with a stale shard map), instead of
+    /// dropping the aggregated record whole as the KCL does: true or false. Default false.
+    #[arg(long, value_name = "BOOL", env = "CHANGEFEED_KINESIS_DELIVER_OUTSIDE_SHARD", num_args = 0..=1, default_missing_value = "true")]
+    pub kinesis_deliver_outside_shard: Option<String>,
     /// A KCL MultiLangDaemon properties file (executableName, streamName, applicationName,
     /// initialPositionInStream, endpoints, regionName …) to take the handler, source, store and
     /// group from; implies --protocol kcl. Flags and variables win over it.
@@ -211,6 +217,7 @@ const KEYS: &[&str] = &[
     "metrics_addr",
     "log_format",
     "protocol",
+    "kinesis_deliver_outside_shard",
 ];
 
 /// A fully resolved and validated `run` configuration.
@@ -236,6 +243,8 @@ pub struct RunConfig {
     pub dead_letter_command: Option<String>,
     /// How the handler command is run.
     pub protocol: Protocol,
+    /// How a Kinesis source reads (`kinesis_deliver_outside_shard`); the defaults otherwise.
+    pub kinesis: ReadOptions,
 }
 
 impl RunArgs {
@@ -270,6 +279,7 @@ impl RunArgs {
             "metrics_addr" => &mut self.metrics_addr,
             "log_format" => &mut self.log_format,
             "protocol" => &mut self.protocol,
+            "kinesis_deliver_outside_shard" => &mut self.kinesis_deliver_outside_shard,
             _ => return None,
         })
     }
@@ -486,6 +496,15 @@ impl RunArgs {
             .map(str::parse)
             .transpose()?
             .unwrap_or_default();
+        let mut kinesis = ReadOptions::default();
+        if let Some(v) = &self.kinesis_deliver_outside_shard {
+            kinesis.deliver_outside_shard = parse_bool("kinesis_deliver_outside_shard", v)?;
+            if kinesis.deliver_outside_shard && !matches!(source, BackendUrl::Kinesis(_)) {
+                return Err(UsageError(
+                    "kinesis_deliver_outside_shard: only a kinesis:// source reads KPL-aggregated records; the source is not one".into(),
+                ));
+            }
+        }
         let host = match self.host {
             Some(h) => h,
             None => default_host(),
@@ -501,6 +520,7 @@ impl RunArgs {
             log_format,
             dead_letter_command,
             protocol,
+            kinesis,
         })
     }
 
@@ -808,6 +828,55 @@ mod tests {
             let err = a.resolve().expect_err(message);
             assert!(err.0.starts_with(message), "{err}");
         }
+    }
+
+    #[test]
+    fn deliver_outside_shard_is_read_for_a_kinesis_source_only() {
+        // --kinesis-deliver-outside-shard reaches the Kinesis source's read options, from the
+        // flag or the file; off by default (the KCL's drop); refused, naming the setting, for
+        // a bad value or a source that is not Kinesis.
+        let kinesis = || RunArgs {
+            source: Some("kinesis://orders?endpoint=http://127.0.0.1:1".into()),
+            ..args()
+        };
+        assert!(
+            !kinesis()
+                .resolve()
+                .expect("valid")
+                .kinesis
+                .deliver_outside_shard
+        );
+        let mut a = kinesis();
+        a.kinesis_deliver_outside_shard = Some("true".into());
+        assert!(a.resolve().expect("valid").kinesis.deliver_outside_shard);
+        let mut a = kinesis();
+        a.merge_file("f.toml", "kinesis_deliver_outside_shard = true\n")
+            .expect("valid file");
+        assert!(a.resolve().expect("valid").kinesis.deliver_outside_shard);
+        let mut a = kinesis();
+        a.kinesis_deliver_outside_shard = Some("always".into());
+        let err = a.resolve().expect_err("not a bool");
+        assert!(
+            err.0
+                .starts_with("kinesis_deliver_outside_shard: \"always\" is not true or false"),
+            "{err}"
+        );
+        let mut a = args();
+        a.kinesis_deliver_outside_shard = Some("true".into());
+        let err = a.resolve().expect_err("not a kinesis source");
+        assert!(
+            err.0
+                .starts_with("kinesis_deliver_outside_shard: only a kinesis:// source"),
+            "{err}"
+        );
+        let mut a = args();
+        a.kinesis_deliver_outside_shard = Some("false".into());
+        assert!(
+            !a.resolve()
+                .expect("false is the default anywhere")
+                .kinesis
+                .deliver_outside_shard
+        );
     }
 
     #[test]

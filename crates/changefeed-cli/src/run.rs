@@ -118,7 +118,7 @@ async fn run_host(config: RunConfig) -> anyhow::Result<ExitCode> {
     };
     let _stop_http = http_stop.drop_guard();
     let store = config.store.open_store().await?;
-    let source = config.source.open_source().await?;
+    let source = config.source.open_source_with(&config.kinesis).await?;
     let groups = ProcessGroups::default();
     let cancel = CancellationToken::new();
     let handler: Arc<dyn Handler> = match config.handler.strip_prefix(INTERNAL_PREFIX) {
@@ -293,6 +293,22 @@ impl ProcessGroups {
         })
     }
 
+    /// As [`ProcessGroups::spawn`], on the blocking pool: starting a process holds the calling
+    /// thread until the child has executed the command (`posix_spawn` waits for the `exec`),
+    /// so a host starting a command per batch would otherwise hold a runtime worker for that
+    /// long, and its partitions would take turns starting their commands. Dropped before the
+    /// start ends, the command is still registered and its group signalled at once (the
+    /// [`GroupGuard`] in the dropped result).
+    pub(crate) async fn spawn_off_runtime(
+        &self,
+        mut command: tokio::process::Command,
+    ) -> std::io::Result<Running> {
+        let groups = self.clone();
+        tokio::task::spawn_blocking(move || groups.spawn(&mut command))
+            .await
+            .map_err(std::io::Error::other)?
+    }
+
     fn is_current(&self, pgid: i32, generation: u64) -> bool {
         self.lock().live.get(&pgid) == Some(&generation)
     }
@@ -443,7 +459,8 @@ async fn run_command(
         mut child,
         mut guard,
     } = groups
-        .spawn(&mut cmd)
+        .spawn_off_runtime(cmd)
+        .await
         .map_err(|e| format!("starting command `{command}`: {e}"))?;
     if let Some(stdin) = guard.stdin.as_mut() {
         match stdin.write_all(input).await {

@@ -38,7 +38,7 @@ use changefeed::model::{LeaseKey, Version};
 use changefeed::source::{FeedSource, MultiFeed};
 use changefeed_cosmos::{CosmosFeed, CosmosLeaseStore, CosmosOptions};
 use changefeed_dynamodb::DynamoLeaseStore;
-use changefeed_kinesis::KinesisFeed;
+use changefeed_kinesis::{KinesisFeed, ReadOptions};
 use changefeed_postgres::{OutboxTable, PgOptions, PostgresLeaseStore, PostgresOutbox};
 use changefeed_sqlite::{SqliteFeed, SqliteLeaseStore};
 
@@ -579,6 +579,18 @@ impl BackendUrl {
     /// # Errors
     /// The backend's error when it cannot be opened; a [`UsageError`] for a store-only URL.
     pub async fn open_source(&self) -> anyhow::Result<Arc<dyn FeedSource>> {
+        self.open_source_with(&ReadOptions::default()).await
+    }
+
+    /// As [`BackendUrl::open_source`], a Kinesis source reading as `kinesis` says (the other
+    /// sources have no such options).
+    ///
+    /// # Errors
+    /// As for [`BackendUrl::open_source`].
+    pub async fn open_source_with(
+        &self,
+        kinesis: &ReadOptions,
+    ) -> anyhow::Result<Arc<dyn FeedSource>> {
         match self {
             BackendUrl::Sqlite(path) => {
                 let feed = SqliteFeed::open(path)
@@ -596,11 +608,12 @@ impl BackendUrl {
                 };
                 let names: Vec<&str> = aws.name.split(',').collect();
                 if names.len() == 1 {
-                    return Ok(Arc::new(KinesisFeed::connect(&options, &aws.name).await));
+                    let feed = KinesisFeed::connect_with(&options, &aws.name, kinesis.clone());
+                    return Ok(Arc::new(feed.await));
                 }
                 let multi = MultiFeed::new();
                 for name in names {
-                    let feed = KinesisFeed::connect(&options, name).await;
+                    let feed = KinesisFeed::connect_with(&options, name, kinesis.clone()).await;
                     multi.add_stream(name, Arc::new(feed)).map_err(|e| {
                         anyhow::Error::new(UsageError(format!("--source: kinesis://: {e}")))
                     })?;

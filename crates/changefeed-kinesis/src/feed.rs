@@ -227,10 +227,19 @@ impl KinesisFeed {
     }
 
     /// Connects with `options` (endpoint, region, credentials; the rest from the standard AWS
-    /// chain) to read `stream`.
+    /// chain) to read `stream`, with default [`ReadOptions`].
     pub async fn connect(options: &crate::AwsOptions, stream: impl Into<String>) -> Self {
+        Self::connect_with(options, stream, ReadOptions::default()).await
+    }
+
+    /// As [`KinesisFeed::connect`], reading as `read` says.
+    pub async fn connect_with(
+        options: &crate::AwsOptions,
+        stream: impl Into<String>,
+        read: ReadOptions,
+    ) -> Self {
         let config = options.load().await;
-        Self::new(Client::new(&config), stream)
+        Self::with_options(Client::new(&config), stream, read)
     }
 
     /// The stream name.

@@ -2,7 +2,8 @@
 //! a closure on the connection off the async runtime.
 //!
 //! Both [`crate::SqliteLeaseStore`] and [`crate::SqliteFeed`] hold a [`Db`]: one connection
-//! behind a mutex, used only from `tokio::task::spawn_blocking`. What the tables mean is left to
+//! behind a mutex, used from `tokio::task::spawn_blocking` ([`Db::call`]), or on the calling
+//! thread for a statement that need not wait ([`Db::try_now`]). What the tables mean is left to
 //! those two modules; this one only creates them.
 
 use std::path::{Path, PathBuf};
@@ -123,6 +124,37 @@ impl Db {
     /// The file this handle opened.
     pub(crate) fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Runs `f` on the connection right here, on the calling thread, if that costs no wait:
+    /// `None` if the connection is in use by another call (then nothing ran). While `f` runs,
+    /// SQLite does not wait for another connection's lock: a statement that would wait fails
+    /// at once with `SQLITE_BUSY` instead ([`is_busy`]), having changed nothing, and the caller
+    /// goes to [`Db::call`], which waits.
+    ///
+    /// For the statements so short that handing them to the blocking pool and back costs more
+    /// than running them (a checkpoint's one-row `UPDATE`): the thread is held only for the
+    /// statement's own work (and, once every thousand or so pages written, the automatic WAL
+    /// checkpoint SQLite runs after a commit), never for another writer.
+    pub(crate) fn try_now<T, E: From<rusqlite::Error>>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T, E>,
+    ) -> Option<Result<T, E>> {
+        let mut guard = match self.conn.try_lock() {
+            Ok(guard) => guard,
+            // See `call` on a poisoned lock.
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        if guard.busy_timeout(Duration::ZERO).is_err() {
+            return None;
+        }
+        let result = f(&mut guard);
+        // `sqlite3_busy_timeout` only fails for a handle that is not an open connection.
+        if let Err(e) = guard.busy_timeout(BUSY_TIMEOUT) {
+            return Some(result.and(Err(e.into())));
+        }
+        Some(result)
     }
 
     /// Runs `f` on the connection in the blocking thread pool, so the async runtime never

@@ -6,6 +6,7 @@
 //! splits and merges close partitions and open children atomically. It serves as the embedded
 //! default source (an outbox on one machine) and as a real-file test source.
 
+use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -34,7 +35,9 @@ use crate::error::SqliteError;
 /// is `PARTITION:SEQ`: "the records up to `SEQ` are done".
 ///
 /// Each handle holds one connection ([`Clone`] shares it; readers opened from a handle share
-/// it too); every call runs on tokio's blocking pool.
+/// it too); every call runs on tokio's blocking pool. A reader asked for small batches reads
+/// up to 1,000 records ahead in one transaction and serves the next batches from them, each
+/// batch still the next records the file holds when it is asked for.
 #[derive(Debug, Clone)]
 pub struct SqliteFeed {
     db: Db,
@@ -563,6 +566,8 @@ impl FeedSource for SqliteFeed {
             db: self.db.clone(),
             partition: partition.clone(),
             after,
+            ahead: VecDeque::new(),
+            ends: false,
         }))
     }
 
@@ -625,27 +630,59 @@ impl FeedSource for SqliteFeed {
     }
 }
 
+/// Records a reader reads from the file in one go when the batches asked for are smaller, so
+/// that small batches do not each cost a transaction: the next batches are served from what
+/// was read. At most this many, and no more than [`READ_AHEAD_BYTES`] beyond the batch asked
+/// for.
+const READ_AHEAD_RECORDS: usize = 1_000;
+
+/// The most bytes of keys and payloads a reader reads beyond the batch asked for (see
+/// [`READ_AHEAD_RECORDS`]).
+const READ_AHEAD_BYTES: usize = 256 * 1024;
+
 /// Reads one partition of a [`SqliteFeed`] forward, by sequence number.
+///
+/// A batch of `max` records is the next `max` records after the last one returned, as the
+/// file holds them when the batch is asked for: records are never changed or removed once
+/// appended, so the reader reads ahead (up to [`READ_AHEAD_RECORDS`] in one transaction) and
+/// serves the next batches from what it read, reading the file again once fewer than a
+/// batch are left.
 #[derive(Debug)]
 struct SqliteReader {
     db: Db,
     partition: PartitionId,
-    /// The sequence number of the last record returned (0: none yet).
+    /// The sequence number of the last record read from the file (0: none yet).
     after: u64,
+    /// Records read but not yet returned, in order; the last is record `after`.
+    ahead: VecDeque<Record>,
+    /// Whether the read that found record `after` saw the partition closed with `after` its
+    /// last record: nothing will follow what is read.
+    ends: bool,
 }
 
-#[async_trait]
-impl PartitionReader for SqliteReader {
-    async fn next_batch(&mut self, max: usize) -> Result<Batch, SourceError> {
+/// What one read of a partition found: the records after the last one read, and whether
+/// they end the closed partition.
+struct ReadAhead {
+    records: Vec<Record>,
+    last: u64,
+    ends: bool,
+}
+
+impl SqliteReader {
+    /// Reads the records after `after`: at least `at_least` when there are that many, then on
+    /// up to `at_most` while they fit in [`READ_AHEAD_BYTES`], in one read transaction (the
+    /// rows, the closed flag and the last sequence agree). Changes nothing of the reader, so a
+    /// failed read leaves it at the same place.
+    async fn read(&self, at_least: usize, at_most: usize) -> Result<ReadAhead, SourceError> {
         let (id, after) = (self.partition.clone(), self.after);
-        let limit = i64::try_from(max.max(1)).unwrap_or(i64::MAX);
-        let (batch, last) = run(&self.db, "read", Some(id.to_string()), move |conn| {
-            // One read transaction: the rows, the closed flag and the last sequence agree.
+        let limit = i64::try_from(at_most.max(1)).unwrap_or(i64::MAX);
+        run(&self.db, "read", Some(id.to_string()), move |conn| {
             let tx = conn.transaction()?;
             let closed = require_partition(&tx, &id)?.closed;
             let end = max_seq(&tx, &id)?;
             let mut records = Vec::new();
             let mut last = after;
+            let mut bytes = 0usize;
             {
                 let mut stmt = tx.prepare_cached(
                     "SELECT seq, key, data, timestamp_ms FROM changefeed_records
@@ -656,20 +693,42 @@ impl PartitionReader for SqliteReader {
                 while let Some(row) = rows.next()? {
                     let (seq, record) = parse_record(&id, row)?;
                     last = seq;
+                    bytes = bytes.saturating_add(record.key.len() + record.data.len());
                     records.push(record);
+                    if records.len() >= at_least && bytes >= READ_AHEAD_BYTES {
+                        break;
+                    }
                 }
             }
             tx.commit()?;
-            let batch = Batch {
-                continuation: records.last().map(|r| r.continuation.clone()),
-                end_of_partition: closed && last >= end,
+            Ok(ReadAhead {
                 records,
-            };
-            Ok((batch, last))
+                last,
+                ends: closed && last >= end,
+            })
         })
-        .await?;
-        self.after = last;
-        Ok(batch)
+        .await
+    }
+}
+
+#[async_trait]
+impl PartitionReader for SqliteReader {
+    async fn next_batch(&mut self, max: usize) -> Result<Batch, SourceError> {
+        let max = max.max(1);
+        if self.ahead.len() < max && !self.ends {
+            let wanted = max - self.ahead.len();
+            let room = READ_AHEAD_RECORDS.saturating_sub(self.ahead.len());
+            let read = self.read(wanted, wanted.max(room)).await?;
+            self.ahead.extend(read.records);
+            self.after = read.last;
+            self.ends = read.ends;
+        }
+        let records: Vec<Record> = self.ahead.drain(..max.min(self.ahead.len())).collect();
+        Ok(Batch {
+            continuation: records.last().map(|r| r.continuation.clone()),
+            end_of_partition: self.ends && self.ahead.is_empty(),
+            records,
+        })
     }
 }
 

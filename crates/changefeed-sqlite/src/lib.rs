@@ -21,7 +21,11 @@
 //! library to install or mismatch. Each handle holds **one connection** behind a mutex, and
 //! every call runs as **one short transaction** inside `tokio::task::spawn_blocking`, so the
 //! async runtime is never blocked, not even while another process holds the file's write lock
-//! (a call waits up to 5 s for it, then fails with a retryable error).
+//! (a call waits up to 5 s for it, then fails with a retryable error). Two exceptions keep the
+//! per-batch cost of small batches down, where the hop to a blocking thread and back costs
+//! more than the SQL: a checkpoint (one single-row `UPDATE`) runs on the calling thread when
+//! the connection is free and no other writer holds the lock (else it goes to the blocking pool
+//! and waits there), and a reader reads up to 1,000 records ahead in one transaction.
 //!
 //! # Concurrency and durability
 //!

@@ -61,16 +61,19 @@ use rusqlite::{
     params, Connection, OptionalExtension, Row, Rows, Transaction, TransactionBehavior,
 };
 
-use crate::db::Db;
+use crate::db::{is_busy, Db};
 use crate::error::SqliteError;
 
 /// A [`LeaseStore`] in a SQLite database file.
 ///
 /// Each handle holds one connection; [`Clone`] shares it, while [`SqliteLeaseStore::open`]
-/// called again (in this process or another) opens another one. Every call runs on tokio's
-/// blocking pool and is one short transaction, so the async runtime is never blocked, even
+/// called again (in this process or another) opens another one. Every call is one short
+/// transaction and runs on tokio's blocking pool, so the async runtime is never blocked, even
 /// while another writer holds the file's lock (calls wait up to 5 s for it, then fail with a
-/// retryable [`LeaseError::Store`]).
+/// retryable [`LeaseError::Store`]). The exception is a checkpoint's single-row `UPDATE`
+/// ([`LeaseStore::replace`] moving only the continuation): it runs on the calling thread when
+/// the connection is free, and goes to the blocking pool to wait if another writer holds the
+/// lock, since the trip there and back costs more than the statement.
 ///
 /// It answers [`LeaseStore::list_changes`] from change stamps, in one read transaction that
 /// costs O(changes): `Some` for any `since` from the group's oldest answerable counter value
@@ -263,6 +266,34 @@ fn to_sql_version(v: Version) -> Result<i64, Fail> {
             format!("version {v} does not fit SQLite's INTEGER"),
         ))
     })
+}
+
+/// Writes `lease` as a checkpoint of the row at version `expected`: one `UPDATE` of the
+/// continuation and version, matching only if every other column is as `row` writes it. The
+/// stored columns it compares are then exactly the valid text it would write, and a
+/// continuation is any text, so the row it overwrites was well formed. Returns whether it
+/// wrote (`false`: the row is not that, or is absent; nothing changed).
+fn checkpoint_in_place(
+    conn: &Connection,
+    lease: &Lease,
+    row: &LeaseRow,
+    expected: Version,
+) -> Result<bool, Fail> {
+    let new_version = to_sql_version(expected.next())?;
+    let expected_sql = to_sql_version(expected)?;
+    let written = conn
+        .prepare_cached(
+            "UPDATE changefeed_leases SET continuation = ?6, version = ?10
+             WHERE group_name = ?1 AND partition = ?2 AND version = ?11
+             AND state = ?3 AND owner IS ?4 AND next_owner IS ?5 AND start = ?7
+             AND parents = ?8 AND properties = ?9",
+        )?
+        .execute(&*lease_params(
+            &lease.key.group.as_str(),
+            &row.sql_text(),
+            &[&new_version, &expected_sql],
+        ))?;
+    Ok(written == 1)
 }
 
 /// Moves `group`'s change counter on by one and returns the new value, the stamp of the write
@@ -630,29 +661,34 @@ impl LeaseStore for SqliteLeaseStore {
 
     async fn replace(&self, lease: &Lease, expected: Version) -> Result<Lease, LeaseError> {
         let row = LeaseRow::encode(lease)?;
+        // A checkpoint (every column but the continuation as written, at the expected version)
+        // is one statement in its own transaction: no counter to move, and no read first. It
+        // runs on this thread when the connection is free and no other writer holds the file
+        // (`Db::try_now`), sparing a trip to the blocking pool and back per checkpoint.
+        // Anything else (a conflict, a missing or malformed row, a change of hands or of
+        // properties, a busy file) takes the transaction below, on the blocking pool, which
+        // reads the row and says why.
+        let attempt = self
+            .db
+            .try_now(|conn| checkpoint_in_place(conn, lease, &row, expected));
+        let tried = matches!(attempt, Some(Ok(false)));
+        match attempt {
+            Some(Ok(true)) => {
+                let mut stored = lease.clone();
+                stored.version = expected.next();
+                return Ok(stored);
+            }
+            Some(Err(Fail::Backend(SqliteError::Sqlite(e)))) if is_busy(&e) => {}
+            Some(Err(Fail::Backend(e))) => {
+                return Err(e.into_lease("replace", Some(lease.key.to_string())))
+            }
+            Some(Err(Fail::Lease(e))) => return Err(e),
+            Some(Ok(false)) | None => {}
+        }
         let lease = lease.clone();
         self.run("replace", lease.key.to_string(), move |conn| {
-            let new_version = to_sql_version(expected.next())?;
-            let expected_sql = to_sql_version(expected)?;
-            // A checkpoint (every column but the continuation as written, at the expected
-            // version) is one statement in its own transaction: no counter to move, and no
-            // read first. The stored columns it compares are then exactly the valid text it
-            // would write, and a continuation is any text, so the row it overwrites was well
-            // formed. Anything else (a conflict, a missing or malformed row, a change of hands
-            // or of properties) takes the transaction below, which reads the row and says why.
-            let checkpointed = conn
-                .prepare_cached(
-                    "UPDATE changefeed_leases SET continuation = ?6, version = ?10
-                     WHERE group_name = ?1 AND partition = ?2 AND version = ?11
-                     AND state = ?3 AND owner IS ?4 AND next_owner IS ?5 AND start = ?7
-                     AND parents = ?8 AND properties = ?9",
-                )?
-                .execute(&*lease_params(
-                    &lease.key.group.as_str(),
-                    &row.sql_text(),
-                    &[&new_version, &expected_sql],
-                ))?;
-            if checkpointed == 1 {
+            // Unless it found the row otherwise above, the checkpoint may be possible now.
+            if !tried && checkpoint_in_place(conn, &lease, &row, expected)? {
                 let mut stored = lease;
                 stored.version = expected.next();
                 return Ok(stored);

@@ -317,3 +317,61 @@ async fn a_second_handle_on_the_file_sees_the_same_feed() {
     assert_eq!(other.partitions().await.unwrap().len(), 4);
     assert_eq!(read_all(&other, &p, Position::Beginning).await, ["k"]);
 }
+
+#[tokio::test]
+async fn each_batch_is_the_next_records_the_file_holds_whatever_was_read_ahead() {
+    // A reader reads ahead of small batches in one transaction, yet each batch is the next
+    // `max` records the file holds when it is asked for, as without reading ahead: records
+    // appended after a read fill the batch up, every record comes once and in order across
+    // the reads, and a partition closed after a read ends once what was read is delivered.
+    let fx = Fixture::new().await;
+    let (feed, p) = (&fx.feed, pid("1"));
+    for i in 1..=5 {
+        feed.append_to(&p, &format!("k{i}"), &b"v"[..])
+            .await
+            .unwrap();
+    }
+    let mut reader = feed.open(&p, &Position::Beginning).await.unwrap();
+    let keys = |b: &changefeed::model::Batch| -> Vec<String> {
+        b.records.iter().map(|r| r.key.clone()).collect()
+    };
+    assert_eq!(keys(&reader.next_batch(2).await.unwrap()), ["k1", "k2"]);
+    for i in 6..=8 {
+        feed.append_to(&p, &format!("k{i}"), &b"v"[..])
+            .await
+            .unwrap();
+    }
+    let batch = reader.next_batch(10).await.unwrap();
+    assert_eq!(keys(&batch), ["k3", "k4", "k5", "k6", "k7", "k8"]);
+    assert_eq!(batch.continuation, Some(Continuation::new("1:8")));
+
+    // Far more records than one read takes ahead: full batches, in order, each once.
+    for i in 9..=2_508 {
+        feed.append_to(&p, &format!("k{i}"), &b"v"[..])
+            .await
+            .unwrap();
+    }
+    let mut next = 9;
+    while next <= 2_508 {
+        let batch = reader.next_batch(10).await.unwrap();
+        let want: Vec<String> = (next..next + 10).map(|i| format!("k{i}")).collect();
+        assert_eq!(keys(&batch), want);
+        assert_eq!(
+            batch.continuation,
+            Some(Continuation::new(format!("1:{}", next + 9)))
+        );
+        assert!(!batch.end_of_partition);
+        next += 10;
+    }
+    assert!(reader.next_batch(10).await.unwrap().records.is_empty());
+
+    // Closed while the reader holds records it read ahead: those come first, the last batch
+    // carries the end.
+    feed.append_to(&p, "k2509", &b"v"[..]).await.unwrap();
+    feed.append_to(&p, "k2510", &b"v"[..]).await.unwrap();
+    assert_eq!(keys(&reader.next_batch(1).await.unwrap()), ["k2509"]);
+    feed.split(&p).await.unwrap();
+    let last = reader.next_batch(10).await.unwrap();
+    assert_eq!(keys(&last), ["k2510"]);
+    assert!(last.end_of_partition);
+}

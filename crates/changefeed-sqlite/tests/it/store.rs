@@ -173,6 +173,58 @@ async fn stale_replace_conflicts_with_the_current_row() {
 }
 
 #[tokio::test]
+async fn a_checkpoint_waits_for_another_writer_instead_of_failing() {
+    // A checkpoint is written on the calling thread only when no other writer holds the file;
+    // one that finds the write lock taken waits for it, as every write does (up to the busy
+    // timeout), and is stored once the lock is free, instead of failing with a busy error.
+    let fx = Fixture::new();
+    let store = fx.store().await;
+    let k = key("g", "0");
+    let created = store
+        .create(&Lease::new(k.clone(), Position::Beginning))
+        .await
+        .unwrap()
+        .unwrap();
+    let owned = store
+        .replace(&owned_by(created, "a"), Version::FIRST)
+        .await
+        .unwrap();
+
+    // Another connection takes the write lock and holds it until told.
+    let (locked, is_locked) = tokio::sync::oneshot::channel();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let path = fx.path.clone();
+    let writer = std::thread::spawn(move || {
+        let mut conn = rusqlite::Connection::open(path).unwrap();
+        let tx = conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .unwrap();
+        locked.send(()).unwrap();
+        released.recv().unwrap();
+        tx.commit().unwrap();
+    });
+    is_locked.await.unwrap();
+
+    let mut moved = owned.clone();
+    moved.continuation = Some(Continuation::new("0:5"));
+    use std::future::Future as _;
+    let mut checkpoint = std::pin::pin!(store.replace(&moved, owned.version));
+    let first = std::future::poll_fn(|cx| {
+        std::task::Poll::Ready(checkpoint.as_mut().poll(cx).map(|r| r.map(|l| l.version)))
+    })
+    .await;
+    assert!(
+        first.is_pending(),
+        "the checkpoint waits for the lock, it does not end: {first:?}"
+    );
+    release.send(()).unwrap();
+    let stored = checkpoint.await.unwrap();
+    writer.join().unwrap();
+    assert_eq!(stored.version, owned.version.next());
+    assert_eq!(store.get(&k).await.unwrap(), Some(stored));
+}
+
+#[tokio::test]
 async fn change_counter_moves_on_ownership_changes_only() {
     // The counter is bumped by create, delete and ownership changes, not by checkpoints.
     let fx = Fixture::new();

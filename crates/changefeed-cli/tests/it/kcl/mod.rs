@@ -697,3 +697,91 @@ fn kpl_aggregated_records_arrive_as_user_records_and_resume_after_a_sub_sequence
     drop(b);
     rt().block_on(feed.delete_stream()).expect("delete stream");
 }
+
+#[test]
+fn the_deliver_outside_shard_flag_keeps_the_aggregates_the_kcl_drops() {
+    // `--kinesis-deliver-outside-shard` reaches the Kinesis source of `changefeed run`: of a
+    // KPL-aggregated record holding a user record whose explicit hash key lies in the other
+    // shard (made by awslabs' `aws_kinesis_agg`), a host without the flag delivers nothing, as
+    // the KCL drops it whole; a host with it delivers every user record, in order.
+    let python = kclpy_python();
+    let kinesis = endpoint("CHANGEFEED_TEST_KINESIS_URL");
+    let unique = format!("kploutside-{}-{}", std::process::id(), rand_suffix());
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let feed = stream(&kinesis, &unique);
+    let shards = rt().block_on(feed.shards()).expect("shards");
+    let range = |i: usize| {
+        let r = shards[i].hash_key_range().expect("hash key range");
+        (
+            r.starting_hash_key().to_string(),
+            r.ending_hash_key().to_string(),
+        )
+    };
+    let (inside, outside) = if range(0).0 == "0" { (0, 1) } else { (1, 0) };
+    let user = |n: usize, out: bool| {
+        let (lo, hi) = range(if out { outside } else { inside });
+        serde_json::json!([n, "ehk", lo, hi])
+    };
+    // A: r-0, r-1; B: r-2, r-3 (hash key in the other shard), r-4; C: r-5.
+    let groups = serde_json::json!([
+        [user(0, false), user(1, false)],
+        [user(2, false), user(3, true), user(4, false)],
+        [user(5, false)],
+    ]);
+    put_from_aggregator(&python, &feed, &["--hash".into(), groups.to_string()]);
+    let source = format!("kinesis://{unique}?endpoint={kinesis}&region=us-east-1");
+    let out = |group: &str| dir.path().join(format!("{group}.jsonl"));
+    let host = |group: &str, extra: &[&str]| {
+        KillOnDrop(
+            bin()
+                .args(["run", "--store"])
+                .arg(format!(
+                    "sqlite://{}",
+                    dir.path().join(format!("{group}.db")).display()
+                ))
+                .args(["--source", &source, "--group", group, "--host", "h"])
+                .arg("--handler")
+                .arg(format!("cat >> '{}'", out(group).display()))
+                .args(FAST)
+                .args(extra)
+                .env("AWS_REGION", "us-east-1")
+                .stdin(Stdio::null())
+                .spawn()
+                .expect("start changefeed run"),
+        )
+    };
+    let delivered = |group: &str| -> Vec<String> {
+        std::fs::read_to_string(out(group))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| {
+                let v: Value = serde_json::from_str(l).expect("a record line");
+                v["data"].as_str().expect("data").to_string()
+            })
+            .collect()
+    };
+    let dropping = host("dropping", &[]);
+    let keeping = host("keeping", &["--kinesis-deliver-outside-shard"]);
+    wait_for(
+        Duration::from_secs(60),
+        "both hosts to deliver r-5, which follows the aggregate B",
+        || {
+            ["dropping", "keeping"]
+                .iter()
+                .all(|g| delivered(g).iter().any(|d| d == "r-5"))
+                .then_some(())
+        },
+    );
+    assert_eq!(
+        delivered("dropping"),
+        ["r-0", "r-1", "r-5"],
+        "B dropped whole, as the KCL"
+    );
+    assert_eq!(
+        delivered("keeping"),
+        ["r-0", "r-1", "r-2", "r-3", "r-4", "r-5"],
+        "every user record with the flag"
+    );
+    drop((dropping, keeping));
+    rt().block_on(feed.delete_stream()).expect("delete stream");
+}

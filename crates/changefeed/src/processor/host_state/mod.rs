@@ -749,10 +749,10 @@ impl HostState {
         }
     }
 
-    /// Tells the worker of `row`'s lease, if one runs, of `row` if it does not know it yet.
-    /// Workers are told of rows as the store gave them, not as the table holds them: a table
-    /// taken from a [`TableShare`] may hold an older version of a row (one that agrees on
-    /// ownership), and a worker goes by the version it is told.
+    /// Tells the worker of `row`'s lease, if one runs, of `row` if it is newer than the
+    /// version the worker knows. Rows taken in one by one are told as the store gave them:
+    /// a table taken from a [`TableShare`] may hold an older version of a row (one that
+    /// agrees on ownership), and a worker is never told of a version older than it knows.
     fn hint(&mut self, row: &Arc<Lease>) {
         if let Some(known) = self.running.get_mut(&row.key.partition) {
             if row.version > *known {

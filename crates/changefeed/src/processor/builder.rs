@@ -134,8 +134,11 @@ impl ProcessorBuilder {
 
     /// Shares the lease tables this host lists with the other hosts of this process given
     /// the same [`TableShare`]: hosts whose tables come to hold equal rows hold them once.
-    /// For many hosts in one process (the simulator's fleets, tests); a host alone in its
-    /// process gains nothing from it. Default: none.
+    /// For many hosts of one group in one process (the simulator's fleets, tests); a host
+    /// alone in its process gains nothing from it. A share serves one group: [`build`] refuses
+    /// a host of another. Default: none.
+    ///
+    /// [`build`]: ProcessorBuilder::build
     pub fn share_tables(mut self, share: TableShare) -> Self {
         self.share = Some(share);
         self
@@ -304,6 +307,15 @@ impl ProcessorBuilder {
                     rule: e.to_string(),
                 }
             })?;
+        if let Some(share) = &self.share {
+            share.bind(&group).map_err(|other| ConfigError::Invalid {
+                setting: "share_tables",
+                rule: format!(
+                    "the share serves the hosts of group {other}; a host of group {group} \
+                     needs a share of its own"
+                ),
+            })?;
+        }
         let store = self.store.ok_or(ConfigError::Missing("store"))?;
         let source = self.source.ok_or(ConfigError::Missing("source"))?;
         let handler = self.handler.ok_or(ConfigError::Missing("handler"))?;

@@ -15,7 +15,7 @@ use imbl::{OrdMap, OrdSet};
 use crate::balance::{holder, BalanceStrategy, Census, CensusSnapshot, LeaseView, Plan, Snapshot};
 use crate::clock::Instant;
 use crate::lineage::{ready_to_read, ParentsRule};
-use crate::model::{Heartbeat, HostName, Lease, LeaseState, PartitionId};
+use crate::model::{GroupName, Heartbeat, HostName, Lease, LeaseState, PartitionId};
 
 /// The leases this host has listed, by partition, and what they say of this host.
 ///
@@ -243,9 +243,9 @@ impl Rows {
 /// rows' fingerprint ([`row_print`]) and the parents rule, and held weakly: a table no host
 /// holds any more is forgotten.
 ///
-/// Clones share one set of tables. Give the same share to hosts whose tables may coincide
-/// ([`crate::processor::ProcessorBuilder::share_tables`]); hosts of different groups never
-/// coincide (rows name their group).
+/// Clones share one set of tables. Give the same share to the hosts of one group
+/// ([`crate::processor::ProcessorBuilder::share_tables`], which refuses a host of another
+/// group: a host fast-forwards to the newest table of its share).
 #[derive(Clone, Default)]
 pub struct TableShare {
     tables: Arc<Mutex<SharedTables>>,
@@ -253,6 +253,8 @@ pub struct TableShare {
 
 #[derive(Default)]
 struct SharedTables {
+    /// The group whose hosts share these tables (set by the first).
+    group: Option<GroupName>,
     by_print: HashMap<(ParentsRule, u128), Weak<Rows>>,
     /// The table of the highest change counter a host of the share listed its changes up to,
     /// as that list left it (before the host's own writes): the leases as they stood at that
@@ -279,6 +281,20 @@ impl TableShare {
         self.tables
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Binds the share to `group`, if it serves no group yet. `Err` names the group it serves
+    /// if that is another.
+    pub(crate) fn bind(&self, group: &GroupName) -> Result<(), GroupName> {
+        let mut tables = self.lock();
+        match &tables.group {
+            Some(bound) if bound != group => Err(bound.clone()),
+            Some(_) => Ok(()),
+            None => {
+                tables.group = Some(group.clone());
+                Ok(())
+            }
+        }
     }
 
     /// A held table of rows fingerprinted `print`.

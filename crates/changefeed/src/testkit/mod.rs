@@ -5,6 +5,9 @@
 //! in-memory implementations run them first. Backend differences go in through the fixture
 //! traits, never by forking the suite. A check that fails panics with a message naming it.
 //!
+//! [`net`] holds [`net::FaultProxy`], a loopback TCP proxy that black-holes, resets, delays or
+//! refuses one client's connections, for tests that fault the network below the client.
+//!
 //! [`fleet`] holds the one fleet harness ([`fleet::Fleet`]: processors started, crashed and
 //! stopped by name on one store and feed), which the simulator builds on too, and the
 //! processor's fleet scenarios, which every backend runs: each takes a store factory and a
@@ -13,6 +16,7 @@
 
 mod feed;
 pub mod fleet;
+pub mod net;
 mod store;
 mod view;
 

@@ -242,16 +242,13 @@ async fn until(
     switch.wait_for(f).await.ok().map(|s| *s)
 }
 
-/// Resolves when the peer closes `stream` (or it fails) before anything is forwarded.
+/// Resolves when the peer closes `stream` (or it fails) before anything is forwarded; never
+/// once it has sent bytes (they wait for the switch, the caller's other branch).
 async fn closed(stream: &TcpStream) {
     let mut probe = [0u8; 1];
-    loop {
-        match stream.peek(&mut probe).await {
-            Ok(0) | Err(_) => return,
-            // Bytes wait to be forwarded; the peer is still there. Peeking again would spin,
-            // so wait for the switch instead (the caller's other branch).
-            Ok(_) => return std::future::pending().await,
-        }
+    match stream.peek(&mut probe).await {
+        Ok(0) | Err(_) => {}
+        Ok(_) => std::future::pending().await,
     }
 }
 

@@ -521,13 +521,22 @@ pub(crate) async fn run(
                 Some(row.version),
             )
         };
-        // A hung store must not hold the loop: the fence deadline still fires.
-        let fence_in = (last_ok_sent + fence_after).saturating_duration_since(clock.now());
+        // A hung store must not hold the loop past the fence deadline, which must still fire.
+        // Once the fence is raised that deadline has passed, and the renewal gets the whole
+        // write timeout: cut to nothing, it could never succeed on a store that takes more
+        // than an instant to answer (a new connection after a network fault), and the host
+        // would stay fenced for ever with its store reachable again.
+        let limit = if fence.is_raised() {
+            write_timeout
+        } else {
+            let fence_in = (last_ok_sent + fence_after).saturating_duration_since(clock.now());
+            write_timeout.min(fence_in.max(Duration::from_millis(1)))
+        };
         let result = tokio::select! {
             biased;
             _ = cancel.cancelled() => return Ok(row),
             r = write => Some(r),
-            _ = clock.sleep(write_timeout.min(fence_in.max(Duration::from_millis(1)))) => None,
+            _ = clock.sleep(limit) => None,
         };
         match result {
             Some(Ok(hb)) if clock.now().saturating_duration_since(sent) > write_timeout => {

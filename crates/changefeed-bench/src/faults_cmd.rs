@@ -1,0 +1,146 @@
+//! `faults`: recovery of a real fleet after network and server faults, per backend and
+//! scenario (see [`changefeed_bench::faults`]); one RESULT line per scenario.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use changefeed_bench::faults::{self, Scenario, Setup, Timings};
+use changefeed_postgres::{PgOptions, PostgresLeaseStore};
+
+/// Arguments of `changefeed-bench faults`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The `changefeed` binary (default: next to this one; build it with `cargo build
+    /// --release -p changefeed-cli`).
+    #[arg(long)]
+    changefeed: Option<PathBuf>,
+    /// The lease store's backend.
+    #[arg(long, default_value = "postgres", value_parser = ["postgres"])]
+    backend: String,
+    /// A scenario (cut-one, cut-then-restart, cut-all, slow-store, source-cut) or `all`.
+    #[arg(long, default_value = "all")]
+    scenario: String,
+    /// Short timings (3 s expiry, 0.5 s renewals, 5 s cuts) instead of the processor's
+    /// defaults (10 s expiry, 2 s renewals, 15 s cuts).
+    #[arg(long)]
+    quick: bool,
+    /// Hosts in the fleet.
+    #[arg(long, default_value_t = 3)]
+    hosts: usize,
+    /// Partitions of the outbox.
+    #[arg(long, default_value_t = 6)]
+    partitions: u32,
+    /// A scenario fails when a faulted host has not delivered again this long after the
+    /// fault's end.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    recover_within: Duration,
+    /// The PostgreSQL server (outbox source, and the lease store for `--backend postgres`).
+    #[arg(
+        long,
+        env = "CHANGEFEED_TEST_POSTGRES_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/test"
+    )]
+    postgres_url: String,
+}
+
+/// `host:port` of a `scheme://[user@]host[:port]/…` URL, and the URL with `{addr}` in its place.
+fn split_addr(url: &str) -> anyhow::Result<(String, String)> {
+    let (scheme, rest) = url.split_once("://").context("a URL with a scheme")?;
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let (userinfo, hostport) = match authority.rsplit_once('@') {
+        Some((u, h)) => (format!("{u}@"), h),
+        None => (String::new(), authority),
+    };
+    let upstream = if hostport.contains(':') {
+        hostport.to_string()
+    } else {
+        format!("{hostport}:5432")
+    };
+    Ok((upstream, format!("{scheme}://{userinfo}{{addr}}{tail}")))
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let binary = match &args.changefeed {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()?
+            .parent()
+            .context("the bench binary has no directory")?
+            .join("changefeed"),
+    };
+    if !binary.is_file() {
+        bail!(
+            "{} not found: build it with `cargo build --release -p changefeed-cli` or pass --changefeed",
+            binary.display()
+        );
+    }
+    let scenarios: Vec<Scenario> = if args.scenario == "all" {
+        Scenario::ALL.to_vec()
+    } else {
+        vec![Scenario::parse(&args.scenario)
+            .with_context(|| format!("--scenario {}: not a scenario", args.scenario))?]
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        for scenario in scenarios {
+            let setup = postgres_setup(&args, &binary).await?;
+            let outcome = faults::run(&setup, scenario, args.recover_within).await?;
+            println!(
+                "{}: heartbeat again after {:?} s, delivering after {:?} s",
+                scenario.name(),
+                outcome.heartbeat_s,
+                outcome.recovery_s
+            );
+            println!("{}", outcome.result_line(&args.backend));
+        }
+        Ok(())
+    })
+}
+
+async fn postgres_setup(args: &Args, binary: &std::path::Path) -> anyhow::Result<Setup> {
+    let prefix = format!(
+        "flt{}p{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_millis()
+            % 10_000_000_000,
+        std::process::id()
+    );
+    let (upstream, template) = split_addr(&args.postgres_url)?;
+    let sep = if template.contains('?') { '&' } else { '?' };
+    let store = PostgresLeaseStore::connect_with(
+        PgOptions::new(args.postgres_url.clone())
+            .prefix(prefix.clone())
+            .pool_size(2),
+    )
+    .await
+    .with_context(|| format!("connect to PostgreSQL at {}", upstream))?;
+    let dir = tempfile::Builder::new().prefix("faults").tempdir()?.keep();
+    Ok(Setup {
+        changefeed: binary.to_path_buf(),
+        backend: args.backend.clone(),
+        store_url: format!("{template}{sep}prefix={prefix}"),
+        store_upstream: upstream.clone(),
+        store: Arc::new(store),
+        source_url: format!(
+            "{}{sep}prefix={prefix}",
+            template.replacen("postgres://", "postgres-outbox://", 1)
+        ),
+        pg_url: args.postgres_url.clone(),
+        source_upstream: upstream,
+        prefix,
+        hosts: args.hosts,
+        partitions: args.partitions,
+        timings: if args.quick {
+            Timings::quick()
+        } else {
+            Timings::defaults()
+        },
+        dir,
+    })
+}

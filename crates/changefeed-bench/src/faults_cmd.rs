@@ -2,12 +2,10 @@
 //! scenario (see [`changefeed_bench::faults`]); one RESULT line per scenario.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
-use changefeed_bench::faults::{self, Scenario, Setup, Timings};
-use changefeed_postgres::{PgOptions, PostgresLeaseStore};
+use changefeed_bench::faults::{self, Scenario, Timings};
 
 /// Arguments of `changefeed-bench faults`.
 #[derive(Debug, clap::Args)]
@@ -45,23 +43,6 @@ pub struct Args {
     postgres_url: String,
 }
 
-/// `host:port` of a `scheme://[user@]host[:port]/…` URL, and the URL with `{addr}` in its place.
-fn split_addr(url: &str) -> anyhow::Result<(String, String)> {
-    let (scheme, rest) = url.split_once("://").context("a URL with a scheme")?;
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    let (userinfo, hostport) = match authority.rsplit_once('@') {
-        Some((u, h)) => (format!("{u}@"), h),
-        None => (String::new(), authority),
-    };
-    let upstream = if hostport.contains(':') {
-        hostport.to_string()
-    } else {
-        format!("{hostport}:5432")
-    };
-    Ok((upstream, format!("{scheme}://{userinfo}{{addr}}{tail}")))
-}
-
 pub fn run(args: Args) -> anyhow::Result<()> {
     let binary = match &args.changefeed {
         Some(p) => p.clone(),
@@ -88,7 +69,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .build()?;
     rt.block_on(async {
         for scenario in scenarios {
-            let setup = postgres_setup(&args, &binary).await?;
+            let timings = if args.quick {
+                Timings::quick()
+            } else {
+                Timings::defaults()
+            };
+            let setup = faults::postgres_setup(
+                &binary,
+                &args.postgres_url,
+                args.hosts,
+                args.partitions,
+                timings,
+            )
+            .await?;
             let outcome = faults::run(&setup, scenario, args.recover_within).await?;
             println!(
                 "{}: heartbeat again after {:?} s, delivering after {:?} s",
@@ -99,48 +92,5 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             println!("{}", outcome.result_line(&args.backend));
         }
         Ok(())
-    })
-}
-
-async fn postgres_setup(args: &Args, binary: &std::path::Path) -> anyhow::Result<Setup> {
-    let prefix = format!(
-        "flt{}p{}",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)?
-            .as_millis()
-            % 10_000_000_000,
-        std::process::id()
-    );
-    let (upstream, template) = split_addr(&args.postgres_url)?;
-    let sep = if template.contains('?') { '&' } else { '?' };
-    let store = PostgresLeaseStore::connect_with(
-        PgOptions::new(args.postgres_url.clone())
-            .prefix(prefix.clone())
-            .pool_size(2),
-    )
-    .await
-    .with_context(|| format!("connect to PostgreSQL at {}", upstream))?;
-    let dir = tempfile::Builder::new().prefix("faults").tempdir()?.keep();
-    Ok(Setup {
-        changefeed: binary.to_path_buf(),
-        backend: args.backend.clone(),
-        store_url: format!("{template}{sep}prefix={prefix}"),
-        store_upstream: upstream.clone(),
-        store: Arc::new(store),
-        source_url: format!(
-            "{}{sep}prefix={prefix}",
-            template.replacen("postgres://", "postgres-outbox://", 1)
-        ),
-        pg_url: args.postgres_url.clone(),
-        source_upstream: upstream,
-        prefix,
-        hosts: args.hosts,
-        partitions: args.partitions,
-        timings: if args.quick {
-            Timings::quick()
-        } else {
-            Timings::defaults()
-        },
-        dir,
     })
 }

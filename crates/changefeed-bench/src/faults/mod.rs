@@ -35,7 +35,7 @@ use anyhow::{bail, Context as _};
 use changefeed::lease::LeaseStore;
 use changefeed::model::GroupName;
 use changefeed::testkit::net::FaultProxy;
-use changefeed_postgres::{append, OutboxTable};
+use changefeed_postgres::{append, OutboxTable, PgOptions, PostgresLeaseStore};
 use tokio::time::Instant;
 
 pub use ledger::Checked;
@@ -244,6 +244,75 @@ impl Outcome {
 
 const GROUP: &str = "faults";
 
+/// `host:port` of a `scheme://[user@]host[:port]/…` URL, and the URL with `{addr}` in its place.
+fn split_addr(url: &str) -> anyhow::Result<(String, String)> {
+    let (scheme, rest) = url.split_once("://").context("a URL with a scheme")?;
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let (userinfo, hostport) = match authority.rsplit_once('@') {
+        Some((u, h)) => (format!("{u}@"), h),
+        None => (String::new(), authority),
+    };
+    let upstream = if hostport.contains(':') {
+        hostport.to_string()
+    } else {
+        format!("{hostport}:5432")
+    };
+    Ok((upstream, format!("{scheme}://{userinfo}{{addr}}{tail}")))
+}
+
+/// A fleet on PostgreSQL at `pg_url` (a plain `postgres://` URL): the lease store and the
+/// outbox under a fresh table prefix, the ledger and logs in a new temporary directory (kept,
+/// so that a failure can be read).
+///
+/// # Errors
+///
+/// The server cannot be reached, or the directory cannot be made.
+pub async fn postgres_setup(
+    changefeed: &Path,
+    pg_url: &str,
+    hosts: usize,
+    partitions: u32,
+    timings: Timings,
+) -> anyhow::Result<Setup> {
+    let prefix = format!(
+        "flt{}p{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_millis()
+            % 10_000_000_000,
+        std::process::id()
+    );
+    let (upstream, template) = split_addr(pg_url)?;
+    let sep = if template.contains('?') { '&' } else { '?' };
+    let store = PostgresLeaseStore::connect_with(
+        PgOptions::new(pg_url.to_string())
+            .prefix(prefix.clone())
+            .pool_size(2),
+    )
+    .await
+    .with_context(|| format!("connect to PostgreSQL at {upstream}"))?;
+    let dir = tempfile::Builder::new().prefix("faults").tempdir()?.keep();
+    Ok(Setup {
+        changefeed: changefeed.to_path_buf(),
+        backend: "postgres".to_string(),
+        store_url: format!("{template}{sep}prefix={prefix}"),
+        store_upstream: upstream.clone(),
+        store: Arc::new(store),
+        source_url: format!(
+            "{}{sep}prefix={prefix}",
+            template.replacen("postgres://", "postgres-outbox://", 1)
+        ),
+        pg_url: pg_url.to_string(),
+        source_upstream: upstream,
+        prefix,
+        hosts,
+        partitions,
+        timings,
+        dir,
+    })
+}
+
 /// One host: its process and the proxies in front of its store and source.
 struct Host {
     child: Child,
@@ -361,7 +430,14 @@ pub async fn run(
         let store = FaultProxy::start(setup.store_upstream.clone()).await?;
         let source = FaultProxy::start(setup.source_upstream.clone()).await?;
         let log = std::fs::File::create(setup.dir.join(format!("{name}.log")))?;
-        let child = std::process::Command::new(&setup.changefeed)
+        let mut command = std::process::Command::new(&setup.changefeed);
+        // Only the flags below configure the host, not this process's environment.
+        for (k, _) in std::env::vars() {
+            if k.starts_with("CHANGEFEED_") {
+                command.env_remove(k);
+            }
+        }
+        let child = command
             .arg("run")
             .arg("--store")
             .arg(setup.store_url.replace("{addr}", &store.addr().to_string()))

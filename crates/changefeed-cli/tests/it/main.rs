@@ -5,6 +5,7 @@ mod console;
 mod cosmos;
 mod cosmos_import;
 mod demo;
+mod faults;
 mod feed;
 mod fence;
 mod health;

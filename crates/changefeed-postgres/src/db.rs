@@ -116,6 +116,16 @@ impl PgOptions {
         self
     }
 
+    /// The server-side statement timeout these options set.
+    pub fn statement_timeout_value(&self) -> Duration {
+        self.statement_timeout
+    }
+
+    /// The client-side timeout of one call these options set.
+    pub fn client_timeout_value(&self) -> Duration {
+        self.client_timeout
+    }
+
     /// The table prefix.
     pub fn table_prefix(&self) -> &str {
         &self.prefix

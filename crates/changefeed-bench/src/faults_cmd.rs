@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
-use changefeed_bench::faults::{self, Scenario, Timings};
+use changefeed_bench::faults::{self, Scenario, StoreBackend, Timings};
 
 /// Arguments of `changefeed-bench faults`.
 #[derive(Debug, clap::Args)]
@@ -14,9 +14,23 @@ pub struct Args {
     /// --release -p changefeed-cli`).
     #[arg(long)]
     changefeed: Option<PathBuf>,
-    /// The lease store's backend.
-    #[arg(long, default_value = "postgres", value_parser = ["postgres"])]
+    /// The lease store's backend (the source is a PostgreSQL outbox for every backend).
+    #[arg(long, default_value = "postgres", value_parser = ["postgres", "dynamodb", "cosmos"])]
     backend: String,
+    /// DynamoDB Local's endpoint, for `--backend dynamodb`.
+    #[arg(
+        long,
+        env = "CHANGEFEED_TEST_DYNAMODB_URL",
+        default_value = "http://127.0.0.1:8000"
+    )]
+    dynamodb_url: String,
+    /// The Cosmos DB server's endpoint, for `--backend cosmos`.
+    #[arg(
+        long,
+        env = "CHANGEFEED_TEST_COSMOS_URL",
+        default_value = "http://127.0.0.1:8081"
+    )]
+    cosmos_url: String,
     /// A scenario (cut-one, cut-then-restart, cut-all, slow-store, source-cut) or `all`.
     #[arg(long, default_value = "all")]
     scenario: String,
@@ -74,8 +88,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             } else {
                 Timings::defaults()
             };
-            let setup = faults::postgres_setup(
+            let backend = match args.backend.as_str() {
+                "dynamodb" => StoreBackend::Dynamodb(args.dynamodb_url.clone()),
+                "cosmos" => StoreBackend::Cosmos(args.cosmos_url.clone()),
+                _ => StoreBackend::Postgres,
+            };
+            let setup = faults::setup(
                 &binary,
+                backend,
                 &args.postgres_url,
                 args.hosts,
                 args.partitions,

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use changefeed_bench::faults::{self, Scenario, Timings};
+use changefeed_bench::faults::{self, Scenario, StoreBackend, Timings};
 
 use crate::postgres::pg_url;
 
@@ -18,8 +18,9 @@ async fn scenario(scenario: Scenario) {
     // A heartbeat within renew_interval + the connect timeout (3 s) of the fault's end, with
     // room for a loaded machine; delivering within a few acquire cycles more.
     let heartbeat_bound = timings.renew_interval + Duration::from_secs(3) + Duration::from_secs(2);
-    let setup = faults::postgres_setup(
+    let setup = faults::setup(
         std::path::Path::new(env!("CARGO_BIN_EXE_changefeed")),
+        StoreBackend::Postgres,
         &pg_url(),
         3,
         6,

@@ -19,4 +19,5 @@ mod plan;
 mod postgres;
 mod run;
 mod simulate;
+mod start;
 mod support;

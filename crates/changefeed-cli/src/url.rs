@@ -78,19 +78,33 @@ impl std::fmt::Debug for PgUrl {
     }
 }
 
-/// `text` with the password of its `user:password@` part replaced by `***`.
+/// `text` with the password of its `user:password@` part, and the value of a `password=`
+/// query parameter (libpq takes one there too), replaced by `***`.
 pub fn redact(text: &str) -> String {
     let Some((scheme, rest)) = text.split_once("://") else {
         return text.to_string();
     };
     let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(authority_end);
+    let tail = match tail.split_once('?') {
+        Some((path, query)) => {
+            let pairs: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some(("password", _)) => "password=***".to_string(),
+                    _ => pair.to_string(),
+                })
+                .collect();
+            format!("{path}?{}", pairs.join("&"))
+        }
+        None => tail.to_string(),
+    };
     match authority.rsplit_once('@') {
         Some((userinfo, host)) => match userinfo.split_once(':') {
             Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
-            None => text.to_string(),
+            None => format!("{scheme}://{authority}{tail}"),
         },
-        None => text.to_string(),
+        None => format!("{scheme}://{authority}{tail}"),
     }
 }
 
@@ -561,6 +575,39 @@ impl BackendUrl {
         Ok(url)
     }
 
+    /// The URL as it may be printed: without a password (see [`redact`]) and without the
+    /// parameters of ours that a PostgreSQL URL had (`prefix`, `pool_size`).
+    pub fn redacted(&self) -> String {
+        match self {
+            BackendUrl::Sqlite(path) => format!("sqlite://{}", path.display()),
+            BackendUrl::Postgres(pg) => redact(&pg.conn),
+            BackendUrl::PostgresOutbox(pg) => {
+                let url = redact(&pg.conn);
+                match url.strip_prefix("postgres://") {
+                    Some(rest) => format!("postgres-outbox://{rest}"),
+                    None => url,
+                }
+            }
+            BackendUrl::Dynamodb(aws) | BackendUrl::Kinesis(aws) => {
+                let scheme = match self {
+                    BackendUrl::Dynamodb(_) => "dynamodb",
+                    _ => "kinesis",
+                };
+                match &aws.endpoint {
+                    Some(endpoint) => format!("{scheme}://{}?endpoint={endpoint}", aws.name),
+                    None => format!("{scheme}://{}", aws.name),
+                }
+            }
+            BackendUrl::Cosmos(c) => format!(
+                "cosmos://{}/{}/{} at {}",
+                c.account,
+                c.database,
+                c.container,
+                c.endpoint()
+            ),
+        }
+    }
+
     /// Opens the lease store this URL names.
     ///
     /// # Errors
@@ -890,6 +937,17 @@ mod tests {
         let err = BackendUrl::store("--store", "postgres://db/app?pool_size=0").expect_err("zero");
         assert!(err.0.contains("pool_size"), "{err}");
         let url = BackendUrl::store("--store", "postgres://u:secret@db/app").expect("valid");
+        assert!(!format!("{url:?}").contains("secret"));
+        assert_eq!(url.redacted(), "postgres://u:***@db/app");
+        let url = BackendUrl::source(
+            "--source",
+            "postgres-outbox://u@db/app?password=secret&prefix=p&sslmode=disable",
+        )
+        .expect("valid");
+        assert_eq!(
+            url.redacted(),
+            "postgres-outbox://u@db/app?password=***&sslmode=disable"
+        );
         assert!(!format!("{url:?}").contains("secret"));
     }
 

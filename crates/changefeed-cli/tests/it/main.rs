@@ -20,4 +20,5 @@ mod plan;
 mod postgres;
 mod run;
 mod simulate;
+mod start;
 mod support;

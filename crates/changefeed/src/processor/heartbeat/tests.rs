@@ -92,7 +92,7 @@ fn start(
     row: Heartbeat,
     cancel: &CancellationToken,
 ) -> (FenceDeadline, watch::Receiver<bool>) {
-    let record = FenceDeadline::new(clock.now() + FENCE_AFTER);
+    let record = FenceDeadline::new(clock.now() + FENCE_AFTER, FENCE_AFTER * 4);
     let (doorbell, raised) = watch::channel(false);
     let row_incarnation = Arc::clone(&row.incarnation);
     tokio::spawn(run(

@@ -723,10 +723,24 @@ pub(crate) async fn run(
                 fence.record.set_unregistered(clock.now());
                 rejoins += 1;
                 let token = format!("{base_incarnation}.r{rejoins}");
-                match store
-                    .heartbeat(&row.group, &row.host, &token, clock.wall(), None)
-                    .await
-                {
+                // Bounded like a renewal: a hung store must not hold the loop (and with it the
+                // fence and health reports). A registration that lands after the bound is
+                // adopted by the next renewal's conflict, as its incarnation is ours.
+                let register = store.heartbeat(&row.group, &row.host, &token, clock.wall(), None);
+                let registered = tokio::select! {
+                    biased;
+                    _ = cancel.cancelled() => return Ok(row),
+                    r = register => Some(r),
+                    _ = clock.sleep(write_timeout) => None,
+                };
+                match registered.unwrap_or_else(|| {
+                    Err(LeaseError::store(
+                        "heartbeat",
+                        Some(format!("{}/{}", row.group, row.host)),
+                        true,
+                        format!("registering again took longer than {write_timeout:?}"),
+                    ))
+                }) {
                     Ok(hb) => {
                         warn!(host = %row.host, "heartbeat row had been removed; registered again");
                         link.set_incarnation(Arc::clone(&hb.incarnation));

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use super::*;
 use crate::clock::{Sleep, SystemClock};
 use crate::lease::{ForwardingStore, MemoryLeaseStore};
-use crate::model::Timestamp;
+use crate::model::{Timestamp, Version};
 
 const RENEW: Duration = Duration::from_secs(2);
 const FENCE_AFTER: Duration = Duration::from_secs(8);

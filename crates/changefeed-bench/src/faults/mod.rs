@@ -411,7 +411,11 @@ pub async fn run(
     let mut watcher = Watcher::start(Arc::clone(&setup.store), group.clone(), names.clone());
     let settle = watcher
         .until(Duration::from_secs(60), |v| {
-            v.owned_total() == setup.partitions as usize && names.iter().all(|h| v.owns(h) > 0)
+            // Balanced, so that no hand-off is still under way when the fault starts.
+            v.owned_total() == setup.partitions as usize
+                && names
+                    .iter()
+                    .all(|h| v.owns(h) >= setup.partitions as usize / setup.hosts.max(1))
         })
         .await;
     if !settle {

@@ -194,10 +194,15 @@ async fn concurrent_callers_through_a_black_hole_are_served_once_it_ends() {
         assert_eq!(f.beat(Duration::from_millis(300)).await, None);
     }
     f.proxy.pass_forgetting_held();
+    // Callers on connections opened into the black hole hold their pool slots until the
+    // client timeout at most; after that every call gets a fresh connection.
     let took = f
         .until_served(Duration::from_millis(300), Duration::from_secs(10))
         .await;
-    assert!(took < Duration::from_secs(1), "served again after {took:?}");
+    assert!(
+        took < CLIENT_TIMEOUT + Duration::from_secs(1),
+        "served again after {took:?}"
+    );
     for t in long {
         t.await.unwrap();
     }

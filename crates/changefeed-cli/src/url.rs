@@ -24,6 +24,11 @@
 //! - `postgres-outbox://…` (source): a [`PostgresOutbox`] over the tables `{prefix}_outbox…`,
 //!   e.g. `postgres-outbox://user:pw@db:5432/app?prefix=orders`.
 //!
+//! `dynamodb://`, `kinesis://` and `cosmos://` also take `connect_timeout=` (opening a
+//! connection) and `request_timeout=` (one attempt of one request), as durations such as `2s`
+//! or `500ms`; their defaults are each backend's (docs/operations.md, "Timeouts and
+//! recovery").
+//!
 //! The PostgreSQL URLs are libpq URLs plus two parameters of ours, removed before connecting:
 //! `prefix` (the table prefix, default `changefeed`) and `pool_size` (most connections, default
 //! 8). Every other parameter (`sslmode`, `connect_timeout`, `application_name` …) goes to the
@@ -47,6 +52,20 @@ use crate::config::UsageError;
 /// Schemes this build understands, for error messages.
 const SUPPORTED: &str =
     "sqlite://PATH, postgres://USER@HOST/DB[?prefix=P] (store), postgres-outbox://USER@HOST/DB[?prefix=P] (source), dynamodb://TABLE[?endpoint=URL&region=R] (store), cosmos://ACCOUNT/DATABASE/CONTAINER[?endpoint=URL] (store and source), kinesis://STREAM[,STREAM…][?endpoint=URL&region=R] (source)";
+
+/// The longest `connect_timeout=` or `request_timeout=` accepted.
+const MAX_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// Parses the value of a `connect_timeout=` or `request_timeout=` parameter: a duration above
+/// zero and at most an hour. Returns the rule broken.
+fn parse_timeout(value: &str) -> Result<std::time::Duration, String> {
+    let rule = "must be a duration above zero and at most 1h, such as 2s or 500ms";
+    match humantime::parse_duration(value) {
+        Ok(d) if !d.is_zero() && d <= MAX_TIMEOUT => Ok(d),
+        Ok(_) => Err(rule.to_string()),
+        Err(e) => Err(format!("{rule} ({e})")),
+    }
+}
 
 /// A PostgreSQL connection URL with our own parameters taken out.
 #[derive(Clone, PartialEq, Eq)]
@@ -188,6 +207,10 @@ pub struct CosmosUrl {
     pub container: String,
     /// `?endpoint=URL`: a server other than the account's (the emulator, a local server).
     pub endpoint: Option<String>,
+    /// `?connect_timeout=`: opening a connection.
+    pub connect_timeout: Option<std::time::Duration>,
+    /// `?request_timeout=`: one attempt of one request.
+    pub request_timeout: Option<std::time::Duration>,
 }
 
 impl CosmosUrl {
@@ -197,6 +220,8 @@ impl CosmosUrl {
             "cosmos:// needs ACCOUNT/DATABASE/CONTAINER, e.g. cosmos://myaccount/app/leases";
         let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
         let mut endpoint = None;
+        let mut connect_timeout = None;
+        let mut request_timeout = None;
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             match pair.split_once('=') {
                 Some(("endpoint", v)) if !v.is_empty() => {
@@ -208,9 +233,22 @@ impl CosmosUrl {
                     })?;
                     endpoint = Some(v.to_string());
                 }
+                Some((name @ ("connect_timeout" | "request_timeout"), v)) => {
+                    let d = parse_timeout(v).map_err(|rule| {
+                        bad(format!(
+                            "cosmos:// parameter {name}: \"{}\" {rule}",
+                            v.escape_debug()
+                        ))
+                    })?;
+                    if name == "connect_timeout" {
+                        connect_timeout = Some(d);
+                    } else {
+                        request_timeout = Some(d);
+                    }
+                }
                 _ => {
                     return Err(bad(format!(
-                        "cosmos:// accepts only ?endpoint=URL (the key comes from {COSMOS_KEY_VAR}), got \"{}\"",
+                        "cosmos:// accepts only ?endpoint=URL, ?connect_timeout=DURATION and ?request_timeout=DURATION (the key comes from {COSMOS_KEY_VAR}), got \"{}\"",
                         pair.escape_debug()
                     )))
                 }
@@ -248,6 +286,8 @@ impl CosmosUrl {
             database: database.to_string(),
             container: container.to_string(),
             endpoint,
+            connect_timeout,
+            request_timeout,
         })
     }
 
@@ -264,7 +304,13 @@ impl CosmosUrl {
     /// A [`UsageError`] when no key is given for an account (only a server named by
     /// `?endpoint=` may go without: it gets the emulator's published key).
     pub fn options(&self, key: Option<String>) -> Result<CosmosOptions, UsageError> {
-        let options = CosmosOptions::new(self.endpoint(), &self.database, &self.container);
+        let mut options = CosmosOptions::new(self.endpoint(), &self.database, &self.container);
+        if let Some(d) = self.connect_timeout {
+            options = options.connect_timeout(d);
+        }
+        if let Some(d) = self.request_timeout {
+            options = options.timeout(d);
+        }
         match (key.filter(|k| !k.is_empty()), &self.endpoint) {
             (Some(key), _) => Ok(options.key(key)),
             (None, Some(_)) => Ok(options),
@@ -311,6 +357,10 @@ pub struct AwsUrl {
     pub endpoint: Option<String>,
     /// `?region=R`.
     pub region: Option<String>,
+    /// `?connect_timeout=`: opening a connection.
+    pub connect_timeout: Option<std::time::Duration>,
+    /// `?request_timeout=`: one attempt of one call.
+    pub request_timeout: Option<std::time::Duration>,
 }
 
 impl AwsUrl {
@@ -321,6 +371,8 @@ impl AwsUrl {
             name: name.to_string(),
             endpoint: None,
             region: None,
+            connect_timeout: None,
+            request_timeout: None,
         };
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             match pair.split_once('=') {
@@ -345,9 +397,22 @@ impl AwsUrl {
                     }
                     url.region = Some(v.to_string());
                 }
+                Some((name @ ("connect_timeout" | "request_timeout"), v)) => {
+                    let d = parse_timeout(v).map_err(|rule| {
+                        bad(format!(
+                            "{scheme}:// parameter {name}: \"{}\" {rule}",
+                            v.escape_debug()
+                        ))
+                    })?;
+                    if name == "connect_timeout" {
+                        url.connect_timeout = Some(d);
+                    } else {
+                        url.request_timeout = Some(d);
+                    }
+                }
                 _ => {
                     return Err(bad(format!(
-                        "{scheme}:// accepts only ?endpoint=URL and ?region=R, got \"{}\"",
+                        "{scheme}:// accepts only ?endpoint=URL, ?region=R, ?connect_timeout=DURATION and ?request_timeout=DURATION, got \"{}\"",
                         pair.escape_debug()
                     )))
                 }
@@ -389,11 +454,14 @@ impl AwsUrl {
         Ok(url)
     }
 
-    fn options(&self) -> changefeed_dynamodb::AwsOptions {
+    /// The SDK options: endpoint, region and timeouts as given, the rest from the AWS chain.
+    pub fn options(&self) -> changefeed_dynamodb::AwsOptions {
         changefeed_dynamodb::AwsOptions {
             endpoint_url: self.endpoint.clone(),
             region: self.region.clone(),
             static_credentials: None,
+            connect_timeout: self.connect_timeout,
+            request_timeout: self.request_timeout,
         }
     }
 }
@@ -600,12 +668,7 @@ impl BackendUrl {
             }
             BackendUrl::PostgresOutbox(pg) => Ok(Arc::new(open_outbox(pg).await?)),
             BackendUrl::Kinesis(aws) => {
-                let o = aws.options();
-                let options = changefeed_kinesis::AwsOptions {
-                    endpoint_url: o.endpoint_url,
-                    region: o.region,
-                    static_credentials: None,
-                };
+                let options = aws.options();
                 let names: Vec<&str> = aws.name.split(',').collect();
                 if names.len() == 1 {
                     let feed = KinesisFeed::connect_with(&options, &aws.name, kinesis.clone());
@@ -660,11 +723,13 @@ mod tests {
                 name: "leases".into(),
                 endpoint: Some("http://127.0.0.1:8000".into()),
                 region: Some("eu-west-1".into()),
+                connect_timeout: None,
+                request_timeout: None,
             })
         );
         assert!(matches!(
             BackendUrl::source("--source", "kinesis://orders").expect("valid"),
-            BackendUrl::Kinesis(AwsUrl { ref name, endpoint: None, region: None }) if name == "orders"
+            BackendUrl::Kinesis(AwsUrl { ref name, endpoint: None, region: None, .. }) if name == "orders"
         ));
         let err = BackendUrl::source("--source", "dynamodb://t").expect_err("a store");
         assert!(err.to_string().contains("--source"), "{err}");

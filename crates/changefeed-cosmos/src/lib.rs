@@ -62,4 +62,7 @@ pub use import::{
     import_dotnet_leases, DotnetLeaseContainer, ImportError, ImportOptions, ImportReport,
 };
 pub use rest::{Usage, API_VERSION};
-pub use store::{CosmosLeaseStore, CosmosOptions, DEFAULT_CHANGES_KEPT, EMULATOR_KEY};
+pub use store::{
+    CosmosLeaseStore, CosmosOptions, DEFAULT_CHANGES_KEPT, DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_REQUEST_TIMEOUT, EMULATOR_KEY, POOL_IDLE_TIMEOUT, REQUEST_ATTEMPTS, TCP_KEEPALIVE,
+};

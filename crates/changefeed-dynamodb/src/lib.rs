@@ -41,7 +41,7 @@ mod shards;
 mod store;
 mod view;
 
-pub use aws::AwsOptions;
+pub use aws::{AwsOptions, Timeouts};
 pub use error::DynamoError;
 pub use kcl::{import_kcl, ImportReport};
 pub use shards::{heartbeat_shard_pk, A_SHARDS, DEFAULT_HEARTBEAT_SHARDS, MAX_HEARTBEAT_SHARDS};

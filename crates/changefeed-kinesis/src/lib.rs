@@ -28,7 +28,7 @@ mod aws;
 mod feed;
 mod kpl;
 
-pub use aws::AwsOptions;
+pub use aws::{AwsOptions, Timeouts};
 pub use feed::{KinesisError, KinesisFeed, KinesisReader, ReadOptions};
 pub use kpl::ExtendedSequenceNumber;
 

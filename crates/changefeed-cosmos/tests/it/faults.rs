@@ -128,20 +128,24 @@ async fn after_a_black_hole_that_forgot_every_flow_the_next_request_succeeds_on_
 }
 
 #[tokio::test]
-async fn a_request_on_a_connection_a_short_fault_left_dead_is_sent_again_on_a_new_one() {
+async fn a_request_after_a_short_fault_that_forgot_every_flow_is_answered_within_the_read_bound() {
+    // A fault shorter than the pool's idle timeout, after which the path forgets the old
+    // flows. A pooled connection would look open but be dead: the request's first attempt on
+    // it would time out after `request` and the second, on a new connection, be answered. (The
+    // local server answers `connection: close` to every request, so its connections are never
+    // pooled, and the first attempt is answered: the bound holds either way.)
     let (proxy, store) = proxied_store("short").await;
     warm(&store, 1).await;
     proxy.black_hole();
     tokio::time::sleep(Duration::from_millis(200)).await;
     proxy.pass_forgetting_held();
     let (result, elapsed) = timed_list(&store).await;
-    eprintln!("a dead pooled connection: the read took {elapsed:?}");
-    result.expect("answered on another connection");
-    assert!(elapsed >= REQUEST, "the first attempt went to the dead connection: {elapsed:?}");
+    eprintln!("after a short fault that forgot every flow: the read took {elapsed:?}");
+    result.expect("answered");
     assert!(elapsed <= read_bound() + SLACK, "{elapsed:?}");
     let (result, elapsed) = timed_list(&store).await;
     result.expect("answered");
-    assert!(elapsed < REQUEST, "the dead connection was not pooled again: {elapsed:?}");
+    assert!(elapsed < REQUEST, "no dead connection is pooled: {elapsed:?}");
 }
 
 #[tokio::test]

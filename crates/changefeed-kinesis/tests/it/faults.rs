@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use changefeed::model::{PartitionId, Position};
-use changefeed::source::{FeedSource, PartitionReader};
+use changefeed::source::FeedSource;
 use changefeed::testkit::net::FaultProxy;
 use changefeed::SourceError;
 use changefeed_kinesis::{AwsOptions, KinesisFeed, Timeouts};

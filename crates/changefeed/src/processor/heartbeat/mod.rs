@@ -521,13 +521,22 @@ pub(crate) async fn run(
                 Some(row.version),
             )
         };
-        // A hung store must not hold the loop: the fence deadline still fires.
+        // A hung store must not hold the loop: the fence deadline still fires. Once it has
+        // passed (the host is fenced), a renewal gets its whole `write_timeout`: cutting it at
+        // the passed deadline would give every renewal of a fenced host no time at all, and a
+        // host fenced by a fault would never heartbeat again once the store is back
+        // (`tests::a_fenced_host_heartbeats_again_once_the_store_answers`).
         let fence_in = (last_ok_sent + fence_after).saturating_duration_since(clock.now());
+        let limit = if fence_in.is_zero() {
+            write_timeout
+        } else {
+            write_timeout.min(fence_in)
+        };
         let result = tokio::select! {
             biased;
             _ = cancel.cancelled() => return Ok(row),
             r = write => Some(r),
-            _ = clock.sleep(write_timeout.min(fence_in.max(Duration::from_millis(1)))) => None,
+            _ = clock.sleep(limit) => None,
         };
         match result {
             Some(Ok(hb)) if clock.now().saturating_duration_since(sent) > write_timeout => {

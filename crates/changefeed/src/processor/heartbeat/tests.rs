@@ -214,3 +214,70 @@ async fn reregistered_row_is_seen_to_change() {
     assert_eq!(record.get(), t0 + Duration::from_secs(2) + FENCE_AFTER);
     cancel.cancel();
 }
+
+/// A store that hangs every heartbeat write sent before `cut_until` (a black hole) and
+/// answers the others after `latency`, as a real store over a network does.
+#[derive(Debug)]
+struct CutThenSlow {
+    inner: MemoryLeaseStore,
+    cut_until: Instant,
+    latency: Duration,
+}
+
+#[async_trait]
+impl ForwardingStore for CutThenSlow {
+    fn inner(&self) -> &dyn LeaseStore {
+        &self.inner
+    }
+
+    async fn heartbeat(
+        &self,
+        group: &GroupName,
+        host: &HostName,
+        incarnation: &str,
+        written_at: Timestamp,
+        expected: Option<Version>,
+    ) -> Result<Heartbeat, LeaseError> {
+        if Instant::now() < self.cut_until {
+            std::future::pending::<()>().await;
+        }
+        tokio::time::sleep(self.latency).await;
+        self.inner
+            .heartbeat(group, host, incarnation, written_at, expected)
+            .await
+    }
+}
+
+/// A host fenced while its store hung heartbeats again, and lowers its fence, at its first
+/// renewal once the store answers: each renewal of a fenced host gets the whole
+/// `write_timeout`. (Before, a renewal was cut at the fence deadline, which for a fenced host
+/// had passed: it got 1 ms, so against any store slower than that the host stayed fenced for
+/// ever.)
+#[tokio::test(start_paused = true)]
+async fn a_fenced_host_heartbeats_again_once_the_store_answers() {
+    let t0 = Instant::now();
+    let inner = MemoryLeaseStore::new();
+    let row = inner
+        .heartbeat(&group(), &host(), "inc", Timestamp(0), None)
+        .await
+        .expect("registered");
+    let store = Arc::new(CutThenSlow {
+        inner: inner.clone(),
+        cut_until: t0 + Duration::from_secs(12),
+        latency: Duration::from_millis(5),
+    });
+    let cancel = CancellationToken::new();
+    let (record, raised) = start(store, Arc::new(SystemClock), row, &cancel);
+    tokio::time::sleep_until(t0 + Duration::from_secs(11)).await;
+    assert!(*raised.borrow(), "fenced while the store hangs");
+    // The renewal in flight at 12 s hangs until its write_timeout (at most 2 s later); the
+    // next, renew_interval after that, is answered in 5 ms.
+    tokio::time::sleep_until(t0 + Duration::from_secs(12) + WRITE_TIMEOUT + RENEW).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !*raised.borrow(),
+        "a renewal answered after the fault lowered the fence"
+    );
+    assert!(!record.is_fenced(Instant::now()));
+    cancel.cancel();
+}

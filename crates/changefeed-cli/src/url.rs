@@ -940,6 +940,75 @@ mod tests {
         assert!(err.0.contains("stream name \"bad*\""), "{err}");
     }
 
+    #[test]
+    fn timeouts_are_url_parameters_of_the_aws_and_cosmos_urls_and_bad_values_name_the_parameter() {
+        use std::time::Duration;
+        let BackendUrl::Dynamodb(aws) = BackendUrl::store(
+            "--store",
+            "dynamodb://leases?connect_timeout=500ms&request_timeout=3s",
+        )
+        .expect("valid") else {
+            panic!("dynamodb")
+        };
+        let options = aws.options();
+        assert_eq!(options.connect_timeout, Some(Duration::from_millis(500)));
+        assert_eq!(options.request_timeout, Some(Duration::from_secs(3)));
+        let BackendUrl::Kinesis(aws) =
+            BackendUrl::source("--source", "kinesis://orders?request_timeout=10s").expect("valid")
+        else {
+            panic!("kinesis")
+        };
+        assert_eq!(aws.request_timeout, Some(Duration::from_secs(10)));
+        assert_eq!(aws.connect_timeout, None, "the backend's default");
+        let BackendUrl::Cosmos(cosmos) = BackendUrl::store(
+            "--store",
+            "cosmos://local/app/leases?endpoint=http://127.0.0.1:8081&connect_timeout=2s&request_timeout=4s",
+        )
+        .expect("valid") else {
+            panic!("cosmos")
+        };
+        assert_eq!(cosmos.connect_timeout, Some(Duration::from_secs(2)));
+        assert_eq!(cosmos.request_timeout, Some(Duration::from_secs(4)));
+        let shown = format!("{:?}", cosmos.options(None).expect("options"));
+        assert!(
+            shown.contains("connect_timeout: 2s") && shown.contains("timeout: 4s"),
+            "{shown}"
+        );
+        for (text, says) in [
+            (
+                "dynamodb://t?connect_timeout=soon",
+                "dynamodb:// parameter connect_timeout: \"soon\"",
+            ),
+            (
+                "dynamodb://t?request_timeout=0s",
+                "dynamodb:// parameter request_timeout: \"0s\"",
+            ),
+            (
+                "dynamodb://t?request_timeout=",
+                "dynamodb:// parameter request_timeout: \"\"",
+            ),
+            ("dynamodb://t?request_timeout=2h", "at most 1h"),
+            (
+                "cosmos://acct/app/leases?request_timeout=-1s",
+                "cosmos:// parameter request_timeout",
+            ),
+            (
+                "cosmos://acct/app/leases?connect_timeout=5",
+                "cosmos:// parameter connect_timeout",
+            ),
+        ] {
+            let err = BackendUrl::store("--store", text).expect_err(text);
+            assert!(err.0.starts_with("--store: "), "{text}: {err}");
+            assert!(err.0.contains(says), "{text}: {err}");
+        }
+        let err =
+            BackendUrl::source("--source", "kinesis://s?connect_timeout=1").expect_err("no unit");
+        assert!(
+            err.0.contains("kinesis:// parameter connect_timeout") && err.0.contains("such as 2s"),
+            "{err}"
+        );
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
 

@@ -36,19 +36,20 @@ async fn cosmos_hosts_cut_off_by_black_holes_and_resets_recover_within_the_state
         std::process::id(),
         crate::fault_fleet::now_ns()
     );
-    let direct = CosmosLeaseStore::connect(&CosmosOptions::new(
-        &endpoint,
-        "changefeed-cli",
-        &container,
-    ))
-    .await
-    .unwrap_or_else(|e| panic!("cannot reach the local Cosmos DB server at {endpoint}: {e}"));
+    let direct =
+        CosmosLeaseStore::connect(&CosmosOptions::new(&endpoint, "changefeed-cli", &container))
+            .await
+            .unwrap_or_else(|e| {
+                panic!("cannot reach the local Cosmos DB server at {endpoint}: {e}")
+            });
     let mut f = FaultFleet::new("faults_cosmos", Arc::new(direct));
     let (source, db) = sqlite_feed(f.dir(), PARTITIONS).await;
     let stop = Arc::new(AtomicBool::new(false));
     let writing = tokio::spawn(sqlite_writer(db, PARTITIONS, stop.clone()));
     for h in ["h1", "h2", "h3"] {
-        let proxy = FaultProxy::start(host_port(&endpoint)).await.expect("proxy");
+        let proxy = FaultProxy::start(host_port(&endpoint))
+            .await
+            .expect("proxy");
         let store = format!(
             "cosmos://local/changefeed-cli/{container}?endpoint=http://127.0.0.1:{}",
             proxy.port()
@@ -56,7 +57,8 @@ async fn cosmos_hosts_cut_off_by_black_holes_and_resets_recover_within_the_state
         f.proxies.insert(h.to_string(), proxy);
         f.start(h, &store, &source);
     }
-    f.settled(PARTITIONS as usize, "3 hosts share the 6 leases").await;
+    f.settled(PARTITIONS as usize, "3 hosts share the 6 leases")
+        .await;
 
     let heartbeat_bound = RENEW_INTERVAL + DEFAULT_CONNECT_TIMEOUT;
     // As for DynamoDB (see there): a few acquire cycles after the heartbeat.

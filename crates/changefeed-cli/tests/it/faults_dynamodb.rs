@@ -58,10 +58,15 @@ pub(crate) async fn sqlite_writer(
 }
 
 /// A SQLite feed of `partitions` partitions in `dir`; its URL and path.
-pub(crate) async fn sqlite_feed(dir: &std::path::Path, partitions: u32) -> (String, std::path::PathBuf) {
+pub(crate) async fn sqlite_feed(
+    dir: &std::path::Path,
+    partitions: u32,
+) -> (String, std::path::PathBuf) {
     let db = dir.join("feed.db");
     let feed = SqliteFeed::open(&db).await.expect("open the feed");
-    feed.create_partitions(partitions).await.expect("partitions");
+    feed.create_partitions(partitions)
+        .await
+        .expect("partitions");
     (format!("sqlite://{}", db.display()), db)
 }
 
@@ -81,7 +86,9 @@ async fn dynamodb_hosts_cut_off_by_black_holes_and_resets_recover_within_the_sta
     let stop = Arc::new(AtomicBool::new(false));
     let writing = tokio::spawn(sqlite_writer(db, PARTITIONS, stop.clone()));
     for h in ["h1", "h2", "h3"] {
-        let proxy = FaultProxy::start(host_port(&endpoint)).await.expect("proxy");
+        let proxy = FaultProxy::start(host_port(&endpoint))
+            .await
+            .expect("proxy");
         let store = format!(
             "dynamodb://{table}?endpoint=http://127.0.0.1:{}&region=us-east-1",
             proxy.port()
@@ -89,7 +96,8 @@ async fn dynamodb_hosts_cut_off_by_black_holes_and_resets_recover_within_the_sta
         f.proxies.insert(h.to_string(), proxy);
         f.start(h, &store, &source);
     }
-    f.settled(PARTITIONS as usize, "3 hosts share the 6 leases").await;
+    f.settled(PARTITIONS as usize, "3 hosts share the 6 leases")
+        .await;
 
     let t = Timeouts::DYNAMODB;
     let heartbeat_bound = RENEW_INTERVAL + t.connect;

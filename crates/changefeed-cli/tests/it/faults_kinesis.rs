@@ -68,7 +68,9 @@ async fn hosts_whose_kinesis_source_is_cut_keep_their_leases_and_read_again_with
     let stop = Arc::new(AtomicBool::new(false));
     let writing = tokio::spawn(kinesis_writer(direct.clone(), stop.clone()));
     for h in ["h1", "h2", "h3"] {
-        let proxy = FaultProxy::start(host_port(&endpoint)).await.expect("proxy");
+        let proxy = FaultProxy::start(host_port(&endpoint))
+            .await
+            .expect("proxy");
         let source = format!(
             "kinesis://{stream}?endpoint=http://127.0.0.1:{}&region=us-east-1",
             proxy.port()
@@ -76,7 +78,8 @@ async fn hosts_whose_kinesis_source_is_cut_keep_their_leases_and_read_again_with
         f.proxies.insert(h.to_string(), proxy);
         f.start(h, &store_url, &source);
     }
-    f.settled(SHARDS as usize, "3 hosts share the 4 leases").await;
+    f.settled(SHARDS as usize, "3 hosts share the 4 leases")
+        .await;
 
     let t = Timeouts::KINESIS;
     // A read in flight when the path comes back may be on a connection the fault left dead:

@@ -145,7 +145,10 @@ async fn a_request_after_a_short_fault_that_forgot_every_flow_is_answered_within
     assert!(elapsed <= read_bound() + SLACK, "{elapsed:?}");
     let (result, elapsed) = timed_list(&store).await;
     result.expect("answered");
-    assert!(elapsed < REQUEST, "no dead connection is pooled: {elapsed:?}");
+    assert!(
+        elapsed < REQUEST,
+        "no dead connection is pooled: {elapsed:?}"
+    );
 }
 
 #[tokio::test]

@@ -90,6 +90,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         endpoint_url,
         region,
         static_credentials: None,
+        ..aws.options()
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -24,6 +24,11 @@
 //! - `postgres-outbox://…` (source): a [`PostgresOutbox`] over the tables `{prefix}_outbox…`,
 //!   e.g. `postgres-outbox://user:pw@db:5432/app?prefix=orders`.
 //!
+//! `dynamodb://`, `kinesis://` and `cosmos://` also take `connect_timeout=` (opening a
+//! connection) and `request_timeout=` (one attempt of one request), as durations such as `2s`
+//! or `500ms`; their defaults are each backend's (docs/operations.md, "Timeouts and
+//! recovery").
+//!
 //! The PostgreSQL URLs are libpq URLs plus parameters of ours, removed before connecting:
 //! `prefix` (the table prefix, default `changefeed`), `pool_size` (most connections, default
 //! 8), `request_timeout` (how long one call may take on the client, default 5 s) and
@@ -50,6 +55,20 @@ use crate::config::UsageError;
 /// Schemes this build understands, for error messages.
 const SUPPORTED: &str =
     "sqlite://PATH, postgres://USER@HOST/DB[?prefix=P] (store), postgres-outbox://USER@HOST/DB[?prefix=P] (source), dynamodb://TABLE[?endpoint=URL&region=R] (store), cosmos://ACCOUNT/DATABASE/CONTAINER[?endpoint=URL] (store and source), kinesis://STREAM[,STREAM…][?endpoint=URL&region=R] (source)";
+
+/// The longest `connect_timeout=` or `request_timeout=` accepted.
+const MAX_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// Parses the value of a `connect_timeout=` or `request_timeout=` parameter: a duration above
+/// zero and at most an hour. Returns the rule broken.
+fn parse_timeout(value: &str) -> Result<std::time::Duration, String> {
+    let rule = "must be a duration above zero and at most 1h, such as 2s or 500ms";
+    match humantime::parse_duration(value) {
+        Ok(d) if !d.is_zero() && d <= MAX_TIMEOUT => Ok(d),
+        Ok(_) => Err(rule.to_string()),
+        Err(e) => Err(format!("{rule} ({e})")),
+    }
+}
 
 /// A PostgreSQL connection URL with our own parameters taken out.
 #[derive(Clone, PartialEq, Eq)]
@@ -249,6 +268,10 @@ pub struct CosmosUrl {
     pub container: String,
     /// `?endpoint=URL`: a server other than the account's (the emulator, a local server).
     pub endpoint: Option<String>,
+    /// `?connect_timeout=`: opening a connection.
+    pub connect_timeout: Option<std::time::Duration>,
+    /// `?request_timeout=`: one attempt of one request.
+    pub request_timeout: Option<std::time::Duration>,
 }
 
 impl CosmosUrl {
@@ -258,6 +281,8 @@ impl CosmosUrl {
             "cosmos:// needs ACCOUNT/DATABASE/CONTAINER, e.g. cosmos://myaccount/app/leases";
         let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
         let mut endpoint = None;
+        let mut connect_timeout = None;
+        let mut request_timeout = None;
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             match pair.split_once('=') {
                 Some(("endpoint", v)) if !v.is_empty() => {
@@ -269,9 +294,22 @@ impl CosmosUrl {
                     })?;
                     endpoint = Some(v.to_string());
                 }
+                Some((name @ ("connect_timeout" | "request_timeout"), v)) => {
+                    let d = parse_timeout(v).map_err(|rule| {
+                        bad(format!(
+                            "cosmos:// parameter {name}: \"{}\" {rule}",
+                            v.escape_debug()
+                        ))
+                    })?;
+                    if name == "connect_timeout" {
+                        connect_timeout = Some(d);
+                    } else {
+                        request_timeout = Some(d);
+                    }
+                }
                 _ => {
                     return Err(bad(format!(
-                        "cosmos:// accepts only ?endpoint=URL (the key comes from {COSMOS_KEY_VAR}), got \"{}\"",
+                        "cosmos:// accepts only ?endpoint=URL, ?connect_timeout=DURATION and ?request_timeout=DURATION (the key comes from {COSMOS_KEY_VAR}), got \"{}\"",
                         pair.escape_debug()
                     )))
                 }
@@ -309,6 +347,8 @@ impl CosmosUrl {
             database: database.to_string(),
             container: container.to_string(),
             endpoint,
+            connect_timeout,
+            request_timeout,
         })
     }
 
@@ -325,7 +365,13 @@ impl CosmosUrl {
     /// A [`UsageError`] when no key is given for an account (only a server named by
     /// `?endpoint=` may go without: it gets the emulator's published key).
     pub fn options(&self, key: Option<String>) -> Result<CosmosOptions, UsageError> {
-        let options = CosmosOptions::new(self.endpoint(), &self.database, &self.container);
+        let mut options = CosmosOptions::new(self.endpoint(), &self.database, &self.container);
+        if let Some(d) = self.connect_timeout {
+            options = options.connect_timeout(d);
+        }
+        if let Some(d) = self.request_timeout {
+            options = options.timeout(d);
+        }
         match (key.filter(|k| !k.is_empty()), &self.endpoint) {
             (Some(key), _) => Ok(options.key(key)),
             (None, Some(_)) => Ok(options),
@@ -372,6 +418,10 @@ pub struct AwsUrl {
     pub endpoint: Option<String>,
     /// `?region=R`.
     pub region: Option<String>,
+    /// `?connect_timeout=`: opening a connection.
+    pub connect_timeout: Option<std::time::Duration>,
+    /// `?request_timeout=`: one attempt of one call.
+    pub request_timeout: Option<std::time::Duration>,
 }
 
 impl AwsUrl {
@@ -382,6 +432,8 @@ impl AwsUrl {
             name: name.to_string(),
             endpoint: None,
             region: None,
+            connect_timeout: None,
+            request_timeout: None,
         };
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             match pair.split_once('=') {
@@ -406,9 +458,22 @@ impl AwsUrl {
                     }
                     url.region = Some(v.to_string());
                 }
+                Some((name @ ("connect_timeout" | "request_timeout"), v)) => {
+                    let d = parse_timeout(v).map_err(|rule| {
+                        bad(format!(
+                            "{scheme}:// parameter {name}: \"{}\" {rule}",
+                            v.escape_debug()
+                        ))
+                    })?;
+                    if name == "connect_timeout" {
+                        url.connect_timeout = Some(d);
+                    } else {
+                        url.request_timeout = Some(d);
+                    }
+                }
                 _ => {
                     return Err(bad(format!(
-                        "{scheme}:// accepts only ?endpoint=URL and ?region=R, got \"{}\"",
+                        "{scheme}:// accepts only ?endpoint=URL, ?region=R, ?connect_timeout=DURATION and ?request_timeout=DURATION, got \"{}\"",
                         pair.escape_debug()
                     )))
                 }
@@ -450,11 +515,14 @@ impl AwsUrl {
         Ok(url)
     }
 
-    fn options(&self) -> changefeed_dynamodb::AwsOptions {
+    /// The SDK options: endpoint, region and timeouts as given, the rest from the AWS chain.
+    pub fn options(&self) -> changefeed_dynamodb::AwsOptions {
         changefeed_dynamodb::AwsOptions {
             endpoint_url: self.endpoint.clone(),
             region: self.region.clone(),
             static_credentials: None,
+            connect_timeout: self.connect_timeout,
+            request_timeout: self.request_timeout,
         }
     }
 }
@@ -694,12 +762,7 @@ impl BackendUrl {
             }
             BackendUrl::PostgresOutbox(pg) => Ok(Arc::new(open_outbox(pg).await?)),
             BackendUrl::Kinesis(aws) => {
-                let o = aws.options();
-                let options = changefeed_kinesis::AwsOptions {
-                    endpoint_url: o.endpoint_url,
-                    region: o.region,
-                    static_credentials: None,
-                };
+                let options = aws.options();
                 let names: Vec<&str> = aws.name.split(',').collect();
                 if names.len() == 1 {
                     let feed = KinesisFeed::connect_with(&options, &aws.name, kinesis.clone());
@@ -754,11 +817,13 @@ mod tests {
                 name: "leases".into(),
                 endpoint: Some("http://127.0.0.1:8000".into()),
                 region: Some("eu-west-1".into()),
+                connect_timeout: None,
+                request_timeout: None,
             })
         );
         assert!(matches!(
             BackendUrl::source("--source", "kinesis://orders").expect("valid"),
-            BackendUrl::Kinesis(AwsUrl { ref name, endpoint: None, region: None }) if name == "orders"
+            BackendUrl::Kinesis(AwsUrl { ref name, endpoint: None, region: None, .. }) if name == "orders"
         ));
         let err = BackendUrl::source("--source", "dynamodb://t").expect_err("a store");
         assert!(err.to_string().contains("--source"), "{err}");
@@ -1014,6 +1079,75 @@ mod tests {
         assert!(err.0.contains("table name \"t%%\""), "{err}");
         let err = BackendUrl::source("--source", "kinesis://ok,bad*").expect_err("stream name");
         assert!(err.0.contains("stream name \"bad*\""), "{err}");
+    }
+
+    #[test]
+    fn timeouts_are_url_parameters_of_the_aws_and_cosmos_urls_and_bad_values_name_the_parameter() {
+        use std::time::Duration;
+        let BackendUrl::Dynamodb(aws) = BackendUrl::store(
+            "--store",
+            "dynamodb://leases?connect_timeout=500ms&request_timeout=3s",
+        )
+        .expect("valid") else {
+            panic!("dynamodb")
+        };
+        let options = aws.options();
+        assert_eq!(options.connect_timeout, Some(Duration::from_millis(500)));
+        assert_eq!(options.request_timeout, Some(Duration::from_secs(3)));
+        let BackendUrl::Kinesis(aws) =
+            BackendUrl::source("--source", "kinesis://orders?request_timeout=10s").expect("valid")
+        else {
+            panic!("kinesis")
+        };
+        assert_eq!(aws.request_timeout, Some(Duration::from_secs(10)));
+        assert_eq!(aws.connect_timeout, None, "the backend's default");
+        let BackendUrl::Cosmos(cosmos) = BackendUrl::store(
+            "--store",
+            "cosmos://local/app/leases?endpoint=http://127.0.0.1:8081&connect_timeout=2s&request_timeout=4s",
+        )
+        .expect("valid") else {
+            panic!("cosmos")
+        };
+        assert_eq!(cosmos.connect_timeout, Some(Duration::from_secs(2)));
+        assert_eq!(cosmos.request_timeout, Some(Duration::from_secs(4)));
+        let shown = format!("{:?}", cosmos.options(None).expect("options"));
+        assert!(
+            shown.contains("connect_timeout: 2s") && shown.contains("timeout: 4s"),
+            "{shown}"
+        );
+        for (text, says) in [
+            (
+                "dynamodb://t?connect_timeout=soon",
+                "dynamodb:// parameter connect_timeout: \"soon\"",
+            ),
+            (
+                "dynamodb://t?request_timeout=0s",
+                "dynamodb:// parameter request_timeout: \"0s\"",
+            ),
+            (
+                "dynamodb://t?request_timeout=",
+                "dynamodb:// parameter request_timeout: \"\"",
+            ),
+            ("dynamodb://t?request_timeout=2h", "at most 1h"),
+            (
+                "cosmos://acct/app/leases?request_timeout=-1s",
+                "cosmos:// parameter request_timeout",
+            ),
+            (
+                "cosmos://acct/app/leases?connect_timeout=5",
+                "cosmos:// parameter connect_timeout",
+            ),
+        ] {
+            let err = BackendUrl::store("--store", text).expect_err(text);
+            assert!(err.0.starts_with("--store: "), "{text}: {err}");
+            assert!(err.0.contains(says), "{text}: {err}");
+        }
+        let err =
+            BackendUrl::source("--source", "kinesis://s?connect_timeout=1").expect_err("no unit");
+        assert!(
+            err.0.contains("kinesis:// parameter connect_timeout") && err.0.contains("such as 2s"),
+            "{err}"
+        );
     }
 
     proptest::proptest! {

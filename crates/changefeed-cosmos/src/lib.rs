@@ -28,6 +28,22 @@
 //! [`CosmosOptions::changes_kept`] counter moves are removed, and `deletions_from` says from
 //! which counter value on they are all there.
 //!
+//! # Timeouts and recovery
+//!
+//! Every request is bounded ([`CosmosOptions::connect_timeout`], [`CosmosOptions::timeout`]):
+//! connecting (TCP) [`DEFAULT_CONNECT_TIMEOUT`] (1 s); one attempt of a request, from
+//! connecting to the last byte of the answer, [`DEFAULT_REQUEST_TIMEOUT`] (1 s); a request
+//! safe to send twice (a read, a query, a `PUT` with `If-Match`, as a heartbeat or checkpoint
+//! is) gets [`REQUEST_ATTEMPTS`] (2) attempts when one got no answer, others one. Pooled
+//! connections are closed after [`POOL_IDLE_TIMEOUT`] (5 s) idle and probed by TCP keepalive
+//! after [`TCP_KEEPALIVE`] (10 s). A connection whose request failed, timed out or was
+//! cancelled is never reused (the `rest` module's docs say why, from hyper's source). So a
+//! store call cut off by a network fault fails, retryable, within about 2 s a request, and with
+//! the processor's defaults a host heartbeats again within `renew_interval + connect` (3 s) of
+//! the path coming back. Socket faults are tested in `tests/it/faults.rs` and, with real
+//! processes, in the CLI's `tests/it/faults_cosmos.rs`; see `docs/operations.md`, "Timeouts
+//! and recovery", for the recoveries measured.
+//!
 //! # Example
 //!
 //! ```no_run
@@ -62,4 +78,7 @@ pub use import::{
     import_dotnet_leases, DotnetLeaseContainer, ImportError, ImportOptions, ImportReport,
 };
 pub use rest::{Usage, API_VERSION};
-pub use store::{CosmosLeaseStore, CosmosOptions, DEFAULT_CHANGES_KEPT, EMULATOR_KEY};
+pub use store::{
+    CosmosLeaseStore, CosmosOptions, DEFAULT_CHANGES_KEPT, DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_REQUEST_TIMEOUT, EMULATOR_KEY, POOL_IDLE_TIMEOUT, REQUEST_ATTEMPTS, TCP_KEEPALIVE,
+};

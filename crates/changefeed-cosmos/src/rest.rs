@@ -4,6 +4,29 @@
 //!
 //! This module owns HTTP and authorization; what the documents hold is `doc`'s, and what the
 //! operations mean is the store's.
+//!
+//! # Bounded waits
+//!
+//! Every wait is bounded ([`Timeouts`]; the crate docs, "Timeouts and recovery", give the
+//! defaults): connecting (TCP) by `connect`, one attempt of a request (connecting, TLS, sending
+//! and reading the whole answer) by `request`; a request that is safe to send again (a read, a
+//! query, a `PUT` conditioned on an ETag) gets `attempts` attempts when one fails without an
+//! answer (times out, or its connection fails).
+//!
+//! No connection outlives a request that failed or was cancelled. The HTTP client is
+//! hyper-util's legacy client over HTTP/1.1. When an attempt times out (or its caller drops
+//! it), its `Pooled` connection is dropped with the request in flight: in hyper-util 0.1.21
+//! (`client/legacy/pool.rs`, `impl Drop for Pooled`) a connection goes back to the pool only if
+//! it `is_open()`, which for HTTP/1 is hyper's `SendRequest::is_ready()`, true only while the
+//! connection's dispatcher waits for a *new* request; with one in flight it is not, so the
+//! connection is never handed out again, and hyper 1.12's dispatcher closes it once the
+//! request's caller is gone (`proto/h1/dispatch.rs`, `poll_read_head`: "dispatch no longer
+//! receiving messages"). A connection the server or a middlebox reset is dropped from the pool
+//! when next checked out, and a request not yet written on such a reused connection is sent
+//! again on a new one by hyper-util itself. What no client can see is an idle pooled
+//! connection whose flow a NAT or load balancer forgot during a fault (its packets dropped for
+//! ever): such connections are closed after `pool_idle` idle, and TCP keepalive (probes after
+//! `keepalive` idle) finds them dead on a real network.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -18,7 +41,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
 use serde_json::Value;
 
@@ -169,6 +192,22 @@ pub(crate) struct OpResult {
     pub body: Option<Value>,
 }
 
+/// How long the parts of a request may take; see the module docs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Timeouts {
+    /// Opening a TCP connection.
+    pub connect: Duration,
+    /// One attempt of a request: connecting, TLS, sending and reading the whole answer.
+    pub request: Duration,
+    /// Attempts of a request that is safe to send again (at least 1).
+    pub attempts: u32,
+    /// How long an idle pooled connection is kept.
+    pub pool_idle: Duration,
+    /// Idle time of a connection before TCP keepalive probes it (then every `keepalive / 2`,
+    /// three probes).
+    pub keepalive: Duration,
+}
+
 /// A signed REST client of one container.
 #[derive(Clone)]
 pub(crate) struct Rest {
@@ -177,7 +216,7 @@ pub(crate) struct Rest {
     base: String,
     key: Arc<Vec<u8>>,
     clock: Arc<dyn Clock>,
-    timeout: Duration,
+    timeouts: Timeouts,
     pub database: String,
     pub container: String,
     usage: Arc<UsageCounter>,
@@ -190,7 +229,7 @@ impl std::fmt::Debug for Rest {
             .field("endpoint", &self.base)
             .field("database", &self.database)
             .field("container", &self.container)
-            .field("timeout", &self.timeout)
+            .field("timeouts", &self.timeouts)
             .finish_non_exhaustive()
     }
 }
@@ -226,7 +265,7 @@ impl Rest {
         key: &str,
         database: &str,
         container: &str,
-        timeout: Duration,
+        timeouts: Timeouts,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, CosmosError> {
         let uri: http::Uri = endpoint.parse().map_err(|e| CosmosError::Setting {
@@ -291,16 +330,28 @@ impl Rest {
                 })
             }
         };
-        let connector = builder.https_or_http().enable_http1().build();
+        // TCP: connect timeout, keepalive (so that a dead idle connection is found on a real
+        // network), no Nagle delay. TLS is bounded by the request timeout around each attempt.
+        let mut tcp = HttpConnector::new();
+        tcp.enforce_http(false);
+        tcp.set_nodelay(true);
+        tcp.set_connect_timeout(Some(positive(timeouts.connect)));
+        tcp.set_keepalive(Some(positive(timeouts.keepalive)));
+        tcp.set_keepalive_interval(Some(positive(timeouts.keepalive / 2)));
+        tcp.set_keepalive_retries(Some(3));
+        let connector = builder.https_or_http().enable_http1().wrap_connector(tcp);
+        // An idle connection is closed after `pool_idle`: checked at every checkout, and by the
+        // pool's reaper, which needs the timer.
         let http = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(30))
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(positive(timeouts.pool_idle))
             .build(connector);
         Ok(Self {
             http,
             base: endpoint.trim_end_matches('/').to_string(),
             key: Arc::new(key),
             clock,
-            timeout,
+            timeouts,
             database: database.to_string(),
             container: container.to_string(),
             usage: Arc::new(UsageCounter::default()),
@@ -350,8 +401,47 @@ impl Rest {
         }
     }
 
-    /// Sends one signed request and returns the answer, whatever its status.
+    /// Sends one signed request and returns the answer, whatever its status. A request safe to
+    /// send again (a read, a query, a `PUT` with `If-Match`) that got no answer (it timed out
+    /// or its connection failed) is sent again, up to [`Timeouts::attempts`] in all; each
+    /// attempt on a connection of its own choosing (a failed one is never reused).
     pub async fn send(
+        &self,
+        method: Method,
+        resource: Resource<'_>,
+        headers: &[(&'static str, String)],
+        body: Option<Vec<u8>>,
+    ) -> Result<Answer, CosmosError> {
+        let repeatable = method == Method::GET
+            || headers.iter().any(|(n, _)| *n == "x-ms-documentdb-isquery")
+            || (method == Method::PUT && headers.iter().any(|(n, _)| *n == "if-match"));
+        let attempts = if repeatable {
+            self.timeouts.attempts.max(1)
+        } else {
+            1
+        };
+        let mut attempt = 1;
+        loop {
+            match self
+                .send_once(method.clone(), resource, headers, body.clone())
+                .await
+            {
+                Err(e @ (CosmosError::Timeout { .. } | CosmosError::Transport { .. }))
+                    if attempt < attempts =>
+                {
+                    tracing::debug!(error = %e, attempt, "no answer; sending again");
+                    attempt += 1;
+                    // A short wait, so that a refused connection is not retried in a spin.
+                    let ms = rand::random::<u64>() % 50 + 1;
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// One attempt of [`Rest::send`], bounded by [`Timeouts::request`].
+    async fn send_once(
         &self,
         method: Method,
         resource: Resource<'_>,
@@ -407,11 +497,13 @@ impl Rest {
                 .to_bytes();
             Ok::<_, CosmosError>((parts, body))
         };
-        let (parts, body) = tokio::time::timeout(self.timeout, exchange)
+        // Dropping `exchange` at the timeout drops its connection with the request in flight:
+        // it never goes back to the pool (see the module docs).
+        let (parts, body) = tokio::time::timeout(positive(self.timeouts.request), exchange)
             .await
             .map_err(|_| CosmosError::Timeout {
                 request: request_name.clone(),
-                timeout: self.timeout,
+                timeout: self.timeouts.request,
             })??;
         if let Some(charge) = parts
             .headers
@@ -795,6 +887,11 @@ impl WallTime for Arc<dyn Clock> {
             std::time::UNIX_EPOCH
         }
     }
+}
+
+/// A zero duration would time everything out at once: at least a millisecond.
+fn positive(d: Duration) -> Duration {
+    d.max(Duration::from_millis(1))
 }
 
 /// A lock that a panic elsewhere cannot poison for good: the data behind these locks is plain.

@@ -42,6 +42,22 @@ pub const DEFAULT_CHANGES_KEPT: u64 = 16_384;
 /// row; a writer gives up only after about a minute of losing (500 waits of at most 160 ms).
 const COUNTER_ATTEMPTS: u32 = 500;
 
+/// The default of [`CosmosOptions::connect_timeout`].
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The default of [`CosmosOptions::timeout`].
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Attempts of a request that is safe to send again (a read, a query, a `PUT` with
+/// `If-Match`) when an attempt gets no answer.
+pub const REQUEST_ATTEMPTS: u32 = 2;
+
+/// How long an idle pooled connection is kept.
+pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Idle time of a connection before TCP keepalive probes it.
+pub const TCP_KEEPALIVE: Duration = Duration::from_secs(10);
+
 /// How many times a write is retried when its row changed without its version moving (a hand
 /// edit), before giving up with a retryable error.
 const SAME_VERSION_ATTEMPTS: u32 = 3;
@@ -63,6 +79,7 @@ pub struct CosmosOptions {
     key: String,
     database: String,
     container: String,
+    connect_timeout: Duration,
     timeout: Duration,
     changes_kept: u64,
     page_size: i64,
@@ -76,6 +93,7 @@ impl std::fmt::Debug for CosmosOptions {
             .field("key", &"<not shown>")
             .field("database", &self.database)
             .field("container", &self.container)
+            .field("connect_timeout", &self.connect_timeout)
             .field("timeout", &self.timeout)
             .field("changes_kept", &self.changes_kept)
             .field("page_size", &self.page_size)
@@ -97,7 +115,8 @@ impl CosmosOptions {
             key: EMULATOR_KEY.into(),
             database: database.into(),
             container: container.into(),
-            timeout: Duration::from_secs(30),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            timeout: DEFAULT_REQUEST_TIMEOUT,
             changes_kept: DEFAULT_CHANGES_KEPT,
             page_size: 1_000,
             clock: Arc::new(SystemClock),
@@ -110,9 +129,18 @@ impl CosmosOptions {
         self
     }
 
-    /// How long one request may take before it fails (retryable). Default 30 s.
+    /// How long one attempt of a request may take, from connecting to the last byte of its
+    /// answer, before it fails (retryable; a read, a query or a `PUT` with `If-Match` is sent
+    /// once more first, on another connection). Default [`DEFAULT_REQUEST_TIMEOUT`] (1 s): see
+    /// the crate docs, "Timeouts and recovery".
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        self
+    }
+
+    /// How long opening a TCP connection may take. Default [`DEFAULT_CONNECT_TIMEOUT`] (1 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
         self
     }
 
@@ -158,7 +186,13 @@ impl CosmosOptions {
             &self.key,
             &self.database,
             &self.container,
-            self.timeout,
+            crate::rest::Timeouts {
+                connect: self.connect_timeout,
+                request: self.timeout,
+                attempts: REQUEST_ATTEMPTS,
+                pool_idle: POOL_IDLE_TIMEOUT,
+                keepalive: TCP_KEEPALIVE,
+            },
             self.clock.clone(),
         )
     }

@@ -1,4 +1,4 @@
 //! Building an AWS SDK configuration: shared with the other AWS backend through
 //! `changefeed-aws`.
 
-pub use changefeed_aws::AwsOptions;
+pub use changefeed_aws::{AwsOptions, Timeouts};

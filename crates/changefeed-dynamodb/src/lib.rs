@@ -15,6 +15,19 @@
 //! cost against KCL's pattern on the same table. [`DynamoLeaseStore::capacity`] reports the
 //! capacity units DynamoDB charged a handle.
 //!
+//! # Timeouts and recovery
+//!
+//! [`DynamoLeaseStore::connect`] builds its client with [`Timeouts::DYNAMODB`] (less what
+//! [`AwsOptions`] overrides): connecting 1 s, one attempt of a call 1 s, 3 attempts (a timeout,
+//! a connection error, throttling or a 5xx is tried again after 50 ms doubling to at most 1 s
+//! with full jitter), 5 s for a whole call, and pooled connections closed after 5 s idle. A
+//! connection whose request failed, timed out or was cancelled is never reused (see
+//! `changefeed_aws`). So a store call cut off by a network fault fails, retryable, within 5 s,
+//! and with the processor's defaults a host heartbeats again within `renew_interval +
+//! connect` (3 s) of the path coming back. Socket faults are tested in `tests/it/faults.rs`
+//! and, with real processes, in the CLI's `tests/it/faults_dynamodb.rs`; see
+//! `docs/operations.md`, "Timeouts and recovery", for the recoveries measured.
+//!
 //! # Example
 //!
 //! ```no_run
@@ -41,7 +54,7 @@ mod shards;
 mod store;
 mod view;
 
-pub use aws::AwsOptions;
+pub use aws::{AwsOptions, Timeouts};
 pub use error::DynamoError;
 pub use kcl::{import_kcl, ImportReport};
 pub use shards::{heartbeat_shard_pk, A_SHARDS, DEFAULT_HEARTBEAT_SHARDS, MAX_HEARTBEAT_SHARDS};

@@ -224,8 +224,10 @@ impl DynamoLeaseStore {
         &self.inner
     }
 
-    /// Connects with `options` (endpoint, region, credentials; the rest from the standard AWS
-    /// chain), and creates the table if absent.
+    /// Connects with `options` (endpoint, region, credentials, timeouts; the rest from the
+    /// standard AWS chain), and creates the table if absent. The client's timeouts are
+    /// [`Timeouts::DYNAMODB`](crate::Timeouts::DYNAMODB) less what `options` overrides: see
+    /// the crate docs, "Timeouts and recovery".
     ///
     /// # Errors
     /// [`LeaseError::Store`] if the table cannot be described or created.
@@ -233,7 +235,7 @@ impl DynamoLeaseStore {
         options: &crate::AwsOptions,
         table: impl Into<String>,
     ) -> Result<Self, LeaseError> {
-        let config = options.load().await;
+        let config = options.load_with(crate::Timeouts::DYNAMODB).await;
         let store = Self::new(Client::new(&config), table);
         store.ensure_table().await?;
         Ok(store)

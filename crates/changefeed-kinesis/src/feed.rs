@@ -232,13 +232,15 @@ impl KinesisFeed {
         Self::connect_with(options, stream, ReadOptions::default()).await
     }
 
-    /// As [`KinesisFeed::connect`], reading as `read` says.
+    /// As [`KinesisFeed::connect`], reading as `read` says. The client's timeouts are
+    /// [`Timeouts::KINESIS`](crate::Timeouts::KINESIS) less what `options` overrides: see the
+    /// crate docs, "Timeouts and recovery".
     pub async fn connect_with(
         options: &crate::AwsOptions,
         stream: impl Into<String>,
         read: ReadOptions,
     ) -> Self {
-        let config = options.load().await;
+        let config = options.load_with(crate::Timeouts::KINESIS).await;
         Self::with_options(Client::new(&config), stream, read)
     }
 

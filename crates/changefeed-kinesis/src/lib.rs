@@ -6,6 +6,18 @@
 //! partitions, positions and continuations; leases, balancing and lineage stay in the core,
 //! which starts a child shard only after its parents are finished.
 //!
+//! # Timeouts and recovery
+//!
+//! [`KinesisFeed::connect`] builds its client with [`Timeouts::KINESIS`] (less what
+//! [`AwsOptions`] overrides): connecting 1 s, one attempt of a call 5 s (a `GetRecords` answer
+//! may hold 10 MB), 3 attempts (a timeout, a connection error, throttling or a 5xx is tried
+//! again after 50 ms doubling to at most 1 s with full jitter), 17 s for a whole call, and
+//! pooled connections closed after 5 s idle. A connection whose request failed, timed out or
+//! was cancelled is never reused (see `changefeed_aws`). So a read cut off by a network fault
+//! fails, retryable, within 17 s, and the reader reads on from where it was once the path is
+//! back. Socket faults are tested in `tests/it/faults.rs` and, with real processes, in the
+//! CLI's `tests/it/faults_kinesis.rs`; see `docs/operations.md`, "Timeouts and recovery".
+//!
 //! # Example
 //!
 //! ```no_run
@@ -28,7 +40,7 @@ mod aws;
 mod feed;
 mod kpl;
 
-pub use aws::AwsOptions;
+pub use aws::{AwsOptions, Timeouts};
 pub use feed::{KinesisError, KinesisFeed, KinesisReader, ReadOptions};
 pub use kpl::ExtendedSequenceNumber;
 

@@ -9,6 +9,7 @@
 //! `CHANGEFEED_TEST_COSMOS_SOURCE_URL` and `CHANGEFEED_TEST_COSMOS_KEY` are set, and
 //! otherwise the test named for it says it did not run (see `feed.rs`).
 
+mod faults;
 mod feed;
 mod fleet;
 mod import;

@@ -5,6 +5,7 @@
 //! Every client here is built from `AwsOptions::local`: static test credentials and a region,
 //! so the AWS SDK never asks the EC2 instance-metadata address; tests never leave the machine.
 
+mod faults;
 mod fleet;
 mod kcl;
 mod store;

@@ -4,6 +4,7 @@
 //! so the AWS SDK never asks the EC2 instance-metadata address; tests never leave the machine.
 
 mod e2e;
+mod faults;
 mod feed;
 mod kpl;
 

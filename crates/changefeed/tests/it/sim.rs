@@ -210,6 +210,7 @@ async fn stall_inside_a_slow_call(broken: Broken) -> Vec<Violation> {
         history: true,
         head_reads_per_second: None,
         share_tables: false,
+        pool: None,
     })
     .await;
     fleet.set_broken(broken);
@@ -375,6 +376,7 @@ async fn under_conditions(
         history: true,
         head_reads_per_second: None,
         share_tables: false,
+        pool: None,
     })
     .await;
     fleet.store_conditions(latency, counter);
@@ -415,6 +417,7 @@ fn store_latency_delays_every_call() {
                 history: false,
                 head_reads_per_second: None,
                 share_tables: false,
+                pool: None,
             })
             .await;
             fleet.store_conditions(latency, false);
@@ -454,4 +457,93 @@ fn the_shared_counter_conflicts_only_when_ownership_writes_overlap() {
         run((ms(5), ms(10)), true) > 0,
         "overlapping ownership writes conflict"
     );
+}
+
+#[test]
+#[ignore]
+fn calibrate_liveness_gaps() {
+    let from: u64 = std::env::var("CAL_FROM")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let n: u64 = std::env::var("CAL_N")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(200);
+    let broken = std::env::var("CAL_BROKEN")
+        .ok()
+        .map(|b| changefeed::sim::parse_broken(&b).expect("variant"));
+    if let Some(seed) = std::env::var("CAL_TRACE").ok().and_then(|s| s.parse().ok()) {
+        let mut cfg = all_faults(seed);
+        if let Some(b) = broken {
+            cfg.broken = b;
+        }
+        cfg.trace = TraceMode::Full;
+        let out = run(&cfg).expect("runs");
+        std::fs::write("/tmp/cal_trace.txt", &out.trace).expect("write");
+        println!("{:?}\n{:?}", out.violations, out.longest_gaps);
+        return;
+    }
+    let next = std::sync::atomic::AtomicU64::new(from);
+    let results = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| loop {
+                let seed = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if seed >= from + n {
+                    break;
+                }
+                let mut cfg = all_faults(seed);
+                if let Some(b) = broken {
+                    cfg.broken = b;
+                }
+                let out = run(&cfg).expect("runs");
+                results.lock().unwrap().push((
+                    seed,
+                    out.longest_gaps,
+                    out.violations,
+                    out.liveness_windows,
+                ));
+            });
+        }
+    });
+    let mut r = results.into_inner().unwrap();
+    r.sort_by_key(|x| x.0);
+    let mut hb: Vec<(Duration, u64, String)> = Vec::new();
+    let mut ls: Vec<(Duration, u64, String)> = Vec::new();
+    let mut viol = 0;
+    for (seed, gaps, v, w) in &r {
+        if !v.is_empty() {
+            viol += 1;
+            println!(
+                "seed {seed} {w:?}: {}",
+                v.iter()
+                    .map(|v| v.to_string())
+                    .collect::<Vec<_>>()
+                    .join("\n   ")
+            );
+        }
+        for g in gaps {
+            let e = (g.len(), *seed, format!("{g:?}"));
+            if g.what == "heartbeat" {
+                hb.push(e)
+            } else {
+                ls.push(e)
+            }
+        }
+    }
+    hb.sort();
+    ls.sort();
+    println!("violating seeds: {viol}");
+    for (name, v) in [("heartbeat", &hb), ("lease", &ls)] {
+        println!("{name}: top");
+        for e in v.iter().rev().take(8) {
+            println!("  {:?} seed {} {}", e.0, e.1, e.2);
+        }
+        let q = |f: f64| {
+            v.get(((v.len() as f64 * f) as usize).min(v.len().saturating_sub(1)))
+                .map(|e| e.0)
+        };
+        println!("  p50 {:?} p90 {:?} p99 {:?}", q(0.5), q(0.9), q(0.99));
+    }
 }

@@ -578,10 +578,19 @@ pub(crate) async fn run(
                 fence.record.set_registered(false);
                 rejoins += 1;
                 let token = format!("{base_incarnation}.r{rejoins}");
-                match store
-                    .heartbeat(&row.group, &row.host, &token, clock.wall(), None)
-                    .await
-                {
+                // Bounded as a renewal is: a hung call must not hold the loop.
+                let register = store.heartbeat(&row.group, &row.host, &token, clock.wall(), None);
+                let registered = tokio::select! {
+                    biased;
+                    r = register => r,
+                    _ = clock.sleep(write_timeout) => Err(LeaseError::store(
+                        "heartbeat",
+                        Some(row.host.to_string()),
+                        true,
+                        format!("no answer within {write_timeout:?}"),
+                    )),
+                };
+                match registered {
                     Ok(hb) => {
                         warn!(host = %row.host, "heartbeat row had been removed; registered again");
                         link.set_incarnation(Arc::clone(&hb.incarnation));

@@ -702,3 +702,200 @@ fn ownership_timelines(
     }
     (share, owns)
 }
+
+#[cfg(test)]
+mod liveness_tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::model::{GroupName, Lease, LeaseKey, Position};
+    use crate::sim::world::WriteOp;
+
+    fn s(secs: u64) -> Duration {
+        Duration::from_secs(secs)
+    }
+
+    fn mark(at: u64, host: &str, healthy: bool) -> HealthMark {
+        HealthMark {
+            at: s(at),
+            host: host.into(),
+            healthy,
+        }
+    }
+
+    /// Heartbeats of `host` every 2 s from `from` to `to`.
+    fn beats(host: &str, from: u64, to: u64) -> Vec<HeartbeatRec> {
+        (from..=to)
+            .step_by(2)
+            .map(|at| HeartbeatRec {
+                at: s(at),
+                host: host.into(),
+            })
+            .collect()
+    }
+
+    fn write(
+        at: u64,
+        p: &str,
+        state: LeaseState,
+        owner: Option<&str>,
+        parents: &[&str],
+    ) -> WriteRec {
+        let id = |x: &str| PartitionId::new(x).unwrap();
+        let mut lease = Lease::new(
+            LeaseKey::new(GroupName::new("g").unwrap(), id(p)),
+            Position::Beginning,
+        )
+        .with_parents(parents.iter().map(|x| id(x)).collect());
+        lease.state = state;
+        lease.owner = owner.map(|o| crate::model::HostName::new(o).unwrap());
+        WriteRec {
+            at: s(at),
+            host: "driver".into(),
+            op: WriteOp::Replace,
+            partition: id(p),
+            after: Some(lease),
+            owner_before: None,
+            next_owner_before: None,
+        }
+    }
+
+    fn windows(heartbeat: u64, lease: Option<u64>) -> LivenessWindows {
+        LivenessWindows {
+            heartbeat: s(heartbeat),
+            lease: lease.map(s),
+        }
+    }
+
+    fn rule(
+        health: &[HealthMark],
+        heartbeats: &[HeartbeatRec],
+        writes: &[WriteRec],
+        hosts: usize,
+        windows: LivenessWindows,
+        end: u64,
+    ) -> Vec<String> {
+        liveness(&LivenessInput {
+            health,
+            heartbeats,
+            writes,
+            hosts,
+            windows,
+            end: s(end),
+        })
+        .into_iter()
+        .map(|v| {
+            assert_eq!(v.rule, "liveness");
+            v.detail
+        })
+        .collect()
+    }
+
+    #[test]
+    fn liveness_names_a_healthy_host_that_stops_heartbeating_and_since_when() {
+        let health = [mark(10, "h1", true)];
+        let found = rule(&health, &beats("h1", 12, 14), &[], 1, windows(20, None), 60);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].starts_with("host h1: up and its path to the store healthy since 10s, no heartbeat reached the store from 14s to 60s (the end of the run)"),
+            "{}",
+            found[0]
+        );
+        // Within the window, nothing.
+        assert!(rule(&health, &beats("h1", 12, 44), &[], 1, windows(20, None), 60).is_empty());
+    }
+
+    #[test]
+    fn liveness_does_not_count_time_the_path_was_unhealthy() {
+        // Cut off from 10 s to 50 s: no heartbeat is owed then; one is owed within the window
+        // of the path healing.
+        let health = [
+            mark(0, "h1", true),
+            mark(10, "h1", false),
+            mark(50, "h1", true),
+        ];
+        let mut hb = beats("h1", 0, 10);
+        hb.extend(beats("h1", 64, 100));
+        assert!(rule(&health, &hb, &[], 1, windows(20, None), 100).is_empty());
+        let hb: Vec<HeartbeatRec> = beats("h1", 0, 10)
+            .into_iter()
+            .chain(beats("h1", 74, 100))
+            .collect();
+        let found = rule(&health, &hb, &[], 1, windows(20, None), 100);
+        assert!(
+            found[0].contains("healthy since 50s, no heartbeat reached the store from 50s to 74s"),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn liveness_keeps_the_order_marks_of_one_instant_were_logged_in() {
+        // Started and crashed at the same instant: down, owing nothing (a host once seemed up
+        // from then on, its crash sorted before its start).
+        let health = [mark(0, "h1", true), mark(0, "h1", false)];
+        assert!(rule(&health, &[], &[], 1, windows(20, Some(40)), 100).is_empty());
+    }
+
+    #[test]
+    fn liveness_names_a_healthy_host_without_a_lease_while_the_fleet_has_one_for_each_host() {
+        let health = [mark(0, "h0", true), mark(0, "h1", true)];
+        let mut hb = beats("h0", 0, 100);
+        hb.extend(beats("h1", 0, 100));
+        let writes = [
+            write(0, "a", LeaseState::Owned, Some("h0"), &[]),
+            write(0, "b", LeaseState::Owned, Some("h0"), &[]),
+        ];
+        let found = rule(&health, &hb, &writes, 2, windows(20, Some(40)), 100);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].starts_with("host h1: up and its path to the store healthy since 0ns, held no lease from 0ns to 100s (the end of the run) while the fleet had a lease for each of its 2 hosts"),
+            "{}",
+            found[0]
+        );
+        // Handed one at 30 s: fine.
+        let mut moved = writes.to_vec();
+        moved.push(write(30, "b", LeaseState::Owned, Some("h1"), &[]));
+        assert!(rule(&health, &hb, &moved, 2, windows(20, Some(40)), 100).is_empty());
+        // A strategy that may leave a host without a lease is not judged on it.
+        assert!(rule(&health, &hb, &writes, 2, windows(20, None), 100).is_empty());
+    }
+
+    #[test]
+    fn liveness_owes_no_lease_while_the_eligible_leases_are_fewer_than_the_hosts() {
+        let health = [mark(0, "h0", true), mark(0, "h1", true)];
+        let mut hb = beats("h0", 0, 100);
+        hb.extend(beats("h1", 0, 100));
+        // "c" is a child of "a", which is not finished: one eligible lease for two hosts.
+        let writes = [
+            write(0, "a", LeaseState::Owned, Some("h0"), &[]),
+            write(0, "c", LeaseState::Available, None, &["a"]),
+        ];
+        assert!(rule(&health, &hb, &writes, 2, windows(20, Some(40)), 100).is_empty());
+        // Once "a" is finished and a second partition opens, there is one for each from 50 s.
+        let mut more = writes.to_vec();
+        more.push(write(50, "a", LeaseState::Finished, None, &[]));
+        more.push(write(50, "d", LeaseState::Owned, Some("h0"), &[]));
+        more.push(write(50, "c", LeaseState::Owned, Some("h0"), &["a"]));
+        let found = rule(&health, &hb, &more, 2, windows(20, Some(40)), 100);
+        assert!(
+            found[0].contains("held no lease from 50s to 100s"),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn liveness_windows_follow_the_settings_and_the_client() {
+        let settings = crate::sim::sim_settings();
+        let of = |pool: Option<PoolConfig>| LivenessWindows::of(&settings, pool.as_ref(), true);
+        assert_eq!(of(Some(PoolConfig::correct(None))), windows(29, Some(90)));
+        assert_eq!(
+            of(Some(PoolConfig::correct(Some(s(3))))),
+            windows(24, Some(65))
+        );
+        assert_eq!(of(None), windows(19, Some(48)));
+        assert_eq!(
+            LivenessWindows::of(&settings, None, false),
+            windows(19, None)
+        );
+    }
+}

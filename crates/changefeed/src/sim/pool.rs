@@ -307,3 +307,167 @@ impl Pool {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use rand::SeedableRng;
+
+    use super::*;
+    use crate::lease::{LeaseStore, MemoryLeaseStore};
+    use crate::model::GroupName;
+    use crate::sim::seams::SimStore;
+    use crate::sim::world::World;
+    use crate::sim::TraceMode;
+
+    /// A host's store behind a pool of two connections made by `client`.
+    fn store(client: PoolConfig) -> (SimStore, Arc<Pool>) {
+        let world = Arc::new(World::new(
+            rand::rngs::SmallRng::seed_from_u64(1),
+            TraceMode::Off,
+            false,
+        ));
+        let ctl = Arc::new(HostCtl::new("h", world.clone()));
+        let pool = Arc::new(Pool::new(
+            PoolConfig { size: 2, ..client },
+            Net::Store,
+            ctl.clone(),
+        ));
+        let store = SimStore {
+            inner: MemoryLeaseStore::new(),
+            ctl,
+            world,
+            pool: Some(pool.clone()),
+        };
+        (store, pool)
+    }
+
+    fn group() -> GroupName {
+        GroupName::new("g").unwrap()
+    }
+
+    fn paused() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap()
+    }
+
+    /// The caller's own timeout: `None` when it gave the call up.
+    async fn within<T>(d: Duration, call: impl Future<Output = T>) -> Option<T> {
+        tokio::time::timeout(d, call).await.ok()
+    }
+
+    /// Opens both connections of the pool (calls that answer), then black-holes the path with
+    /// a forget cut, and ends it.
+    async fn both_connections_through_a_forget(store: &SimStore) {
+        for _ in 0..2 {
+            store.membership(&group()).await.unwrap();
+        }
+        store.ctl.set_cut(Cut::Forget);
+        store.ctl.set_cut(Cut::None);
+    }
+
+    #[test]
+    fn a_call_on_a_black_holed_path_hangs_until_its_caller_gives_up() {
+        paused().block_on(async {
+            let (store, pool) = store(PoolConfig::correct(None));
+            store.ctl.set_cut(Cut::Forget);
+            // Pending, not failing: only the caller's timeout ends it.
+            assert!(within(Duration::from_secs(600), store.membership(&group()))
+                .await
+                .is_none());
+            // Its handshake never completed: nothing was opened, nothing is left open.
+            assert_eq!(pool.counts().opened, 0);
+            assert_eq!(lock(&pool.state).open, 0);
+            store.ctl.set_cut(Cut::None);
+            assert!(store.membership(&group()).await.is_ok());
+        });
+    }
+
+    #[test]
+    fn connections_open_during_a_forget_cut_are_dead_after_it_and_the_correct_client_closes_them() {
+        paused().block_on(async {
+            let (store, pool) = store(PoolConfig::correct(None));
+            both_connections_through_a_forget(&store).await;
+            // The path is healthy again, but an old connection hangs its call for ever.
+            assert!(within(Duration::from_secs(60), store.membership(&group()))
+                .await
+                .is_none());
+            // It was closed when its call was cancelled: the next call opens a fresh one.
+            assert!(store.membership(&group()).await.is_ok());
+            // The pool is full again; the other old connection is next, and hangs too.
+            assert!(within(Duration::from_secs(60), store.membership(&group()))
+                .await
+                .is_none());
+            let counts = pool.counts();
+            assert_eq!((counts.dead_requests, counts.discarded), (2, 2));
+            for _ in 0..4 {
+                assert!(store.membership(&group()).await.is_ok());
+            }
+            assert_eq!(
+                pool.counts().opened,
+                4,
+                "two fresh connections replace the dead"
+            );
+        });
+    }
+
+    #[test]
+    fn the_clients_own_timeout_fails_a_call_on_a_dead_connection() {
+        paused().block_on(async {
+            let (store, pool) = store(PoolConfig::correct(Some(Duration::from_secs(3))));
+            both_connections_through_a_forget(&store).await;
+            let started = tokio::time::Instant::now();
+            let err = store.membership(&group()).await.unwrap_err();
+            assert!(err.is_retryable(), "{err}");
+            assert_eq!(started.elapsed(), Duration::from_secs(3));
+            assert_eq!(pool.counts().discarded, 1);
+        });
+    }
+
+    #[test]
+    fn the_broken_client_gives_dead_connections_back_and_every_later_call_hangs() {
+        paused().block_on(async {
+            let (store, pool) = store(PoolConfig::no_timeouts());
+            both_connections_through_a_forget(&store).await;
+            for _ in 0..10 {
+                assert!(within(Duration::from_secs(60), store.membership(&group()))
+                    .await
+                    .is_none());
+            }
+            let counts = pool.counts();
+            assert_eq!(
+                (
+                    counts.opened,
+                    counts.dead_requests,
+                    counts.reused_after_cancel
+                ),
+                (2, 10, 10),
+                "no fresh connection is ever opened"
+            );
+        });
+    }
+
+    #[test]
+    fn a_full_pool_makes_a_call_wait_for_a_connection() {
+        paused().block_on(async {
+            let (store, _pool) = store(PoolConfig::correct(None));
+            store.ctl.set_latency(1_000);
+            let g = group();
+            // Two calls hold both connections for up to a second each; the third waits.
+            let (a, b, c) = tokio::join!(store.membership(&g), store.membership(&g), async {
+                tokio::task::yield_now().await;
+                let started = tokio::time::Instant::now();
+                store.membership(&g).await.map(|_| started.elapsed())
+            });
+            assert!(a.is_ok() && b.is_ok());
+            assert!(c.unwrap() > Duration::ZERO, "the third call waited");
+        });
+    }
+}

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use changefeed::model::PartitionId;
 use changefeed::sim::{
-    broken_name, check, run, sim_settings, Broken, CheckInput, Delivery, Fault, Faults,
-    FleetConfig, SimConfig, SimFleet, StrategyKind, TraceMode, Violation,
+    broken_name, check, run, sim_settings, Broken, CheckInput, Cut, Delivery, Fault, Faults,
+    FleetConfig, PoolConfig, PoolCounts, SimConfig, SimFleet, StrategyKind, TraceMode, Violation,
 };
 
 /// The per-seed size of the acceptance runs: 4 hosts, 8 partitions, 2 virtual minutes.
@@ -459,91 +459,120 @@ fn the_shared_counter_conflicts_only_when_ownership_writes_overlap() {
     );
 }
 
+/// Three hosts on six partitions, each behind `client`, the processor `broken` or not. Once
+/// the fleet is balanced, h01's network is black-holed for 20 s by a forget cut, which leaves
+/// every connection it had open dead; the fleet runs 150 s more and stops. Returns the rules
+/// broken, and what h01's store pool did.
+async fn after_a_forget_cut(client: PoolConfig, broken: Broken) -> (Vec<Violation>, PoolCounts) {
+    let mut fleet = SimFleet::simulated(FleetConfig {
+        seed: 5,
+        partitions: 6,
+        settings: sim_settings(),
+        strategy: StrategyKind::EqualShare,
+        anchor_costs: false,
+        trace: TraceMode::Hash,
+        history: true,
+        head_reads_per_second: None,
+        share_tables: false,
+        pool: Some(client),
+    })
+    .await;
+    fleet.set_broken(broken);
+    for host in ["h00", "h01", "h02"] {
+        fleet.start(host);
+    }
+    run_writing(&mut fleet, 30).await;
+    let (owners, _) = fleet.ownership().await;
+    assert_eq!(
+        owners.get("h01"),
+        Some(&2),
+        "balanced before the cut: {owners:?}"
+    );
+    fleet.cut("h01", Cut::Forget, Duration::from_secs(20));
+    run_writing(&mut fleet, 170).await;
+    let (store, _) = fleet.pool_counts("h01").expect("a pool");
+    fleet.stop_all().await;
+    (fleet.check(None).await, store)
+}
+
+/// Runs `fleet` for `secs` of virtual time, writing 4 records a second.
+async fn run_writing(fleet: &mut SimFleet, secs: u64) {
+    for _ in 0..secs * 2 {
+        fleet.write_random_keys(2, 32);
+        fleet.advance(Duration::from_millis(500)).await;
+    }
+}
+
+fn liveness_of(violations: &[Violation], host: &str) -> Vec<String> {
+    violations
+        .iter()
+        .filter(|v| v.rule == "liveness" && v.detail.starts_with(&format!("host {host}:")))
+        .map(|v| v.detail.clone())
+        .collect()
+}
+
 #[test]
-#[ignore]
-fn calibrate_liveness_gaps() {
-    let from: u64 = std::env::var("CAL_FROM")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let n: u64 = std::env::var("CAL_N")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(200);
-    let broken = std::env::var("CAL_BROKEN")
-        .ok()
-        .map(|b| changefeed::sim::parse_broken(&b).expect("variant"));
-    if let Some(seed) = std::env::var("CAL_TRACE").ok().and_then(|s| s.parse().ok()) {
-        let mut cfg = all_faults(seed);
-        if let Some(b) = broken {
-            cfg.broken = b;
-        }
-        cfg.trace = TraceMode::Full;
-        let out = run(&cfg).expect("runs");
-        std::fs::write("/tmp/cal_trace.txt", &out.trace).expect("write");
-        println!("{:?}\n{:?}", out.violations, out.longest_gaps);
-        return;
-    }
-    let next = std::sync::atomic::AtomicU64::new(from);
-    let results = std::sync::Mutex::new(Vec::new());
-    std::thread::scope(|s| {
-        for _ in 0..2 {
-            s.spawn(|| loop {
-                let seed = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                if seed >= from + n {
-                    break;
-                }
-                let mut cfg = all_faults(seed);
-                if let Some(b) = broken {
-                    cfg.broken = b;
-                }
-                let out = run(&cfg).expect("runs");
-                results.lock().unwrap().push((
-                    seed,
-                    out.longest_gaps,
-                    out.violations,
-                    out.liveness_windows,
-                ));
-            });
-        }
-    });
-    let mut r = results.into_inner().unwrap();
-    r.sort_by_key(|x| x.0);
-    let mut hb: Vec<(Duration, u64, String)> = Vec::new();
-    let mut ls: Vec<(Duration, u64, String)> = Vec::new();
-    let mut viol = 0;
-    for (seed, gaps, v, w) in &r {
-        if !v.is_empty() {
-            viol += 1;
-            println!(
-                "seed {seed} {w:?}: {}",
-                v.iter()
-                    .map(|v| v.to_string())
-                    .collect::<Vec<_>>()
-                    .join("\n   ")
-            );
-        }
-        for g in gaps {
-            let e = (g.len(), *seed, format!("{g:?}"));
-            if g.what == "heartbeat" {
-                hb.push(e)
-            } else {
-                ls.push(e)
-            }
-        }
-    }
-    hb.sort();
-    ls.sort();
-    println!("violating seeds: {viol}");
-    for (name, v) in [("heartbeat", &hb), ("lease", &ls)] {
-        println!("{name}: top");
-        for e in v.iter().rev().take(8) {
-            println!("  {:?} seed {} {}", e.0, e.1, e.2);
-        }
-        let q = |f: f64| {
-            v.get(((v.len() as f64 * f) as usize).min(v.len().saturating_sub(1)))
-                .map(|e| e.0)
-        };
-        println!("  p50 {:?} p90 {:?} p99 {:?}", q(0.5), q(0.9), q(0.99));
-    }
+fn liveness_holds_after_a_forget_cut_behind_the_correct_client() {
+    // Each dead connection costs one call a timeout and is closed; the host heartbeats and
+    // takes its share again.
+    let (violations, pool) = paused_runtime().block_on(after_a_forget_cut(
+        PoolConfig::correct(Some(Duration::from_secs(5))),
+        Broken::None,
+    ));
+    assert!(violations.is_empty(), "{violations:?}");
+    assert!(pool.dead_requests > 0 && pool.discarded > 0, "{pool:?}");
+    assert_eq!(pool.reused_after_cancel, 0, "{pool:?}");
+}
+
+#[test]
+fn liveness_holds_after_a_forget_cut_behind_a_client_without_timeouts_thanks_to_the_bounds() {
+    // The client has no per-call timeout: only the processor's bound on every store call
+    // (lease_expiry − safety_margin) ends a call on a dead connection, which the client then
+    // closes.
+    let (violations, pool) =
+        paused_runtime().block_on(after_a_forget_cut(PoolConfig::correct(None), Broken::None));
+    assert!(violations.is_empty(), "{violations:?}");
+    assert!(pool.dead_requests > 0 && pool.discarded > 0, "{pool:?}");
+}
+
+#[test]
+fn liveness_catches_a_processor_without_bounds_behind_a_client_without_timeouts() {
+    // The same client, the processor's bounds gone: the host loop's call on a dead
+    // connection never ends. The heartbeat's own bound still recovers the heartbeat, so the
+    // host looks alive, but it never takes a lease again.
+    let (violations, _) = paused_runtime().block_on(after_a_forget_cut(
+        PoolConfig::correct(None),
+        Broken::NoTimeouts,
+    ));
+    let found = liveness_of(&violations, "h01");
+    assert!(
+        found.iter().any(|d| d.contains("held no lease")),
+        "{violations:?}"
+    );
+}
+
+#[test]
+fn liveness_catches_a_client_that_gives_dead_connections_back_whatever_the_bounds() {
+    // The production bug: a call cancelled by its caller's timeout gives its dead connection
+    // back, so every later call takes a dead one and hangs. The processor's bounds end each
+    // call, but no call ever reaches the store again: the host never heartbeats.
+    let (violations, pool) =
+        paused_runtime().block_on(after_a_forget_cut(PoolConfig::no_timeouts(), Broken::None));
+    let found = liveness_of(&violations, "h01");
+    assert!(
+        found
+            .iter()
+            .any(|d| d.contains("no heartbeat reached the store")),
+        "{violations:?}"
+    );
+    assert!(pool.reused_after_cancel > 0, "{pool:?}");
+}
+
+#[test]
+fn broken_no_timeouts_is_caught_by_the_liveness_rule() {
+    // The no-timeouts client and processor together (`--broken no-timeouts`): a host whose
+    // connections a forget cut left dead stays up, connected and idle.
+    let caught = first_caught(Broken::NoTimeouts);
+    let (_, what) = caught.expect("no-timeouts not caught in 200 seeds");
+    assert!(what.contains("liveness: host "), "{what}");
 }

@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 mod balance;
 mod dynamodb_cost;
 mod dynamodb_keys;
+mod faults_cmd;
 mod outbox;
 mod rebalance;
 mod run_throughput;
@@ -44,6 +45,8 @@ enum Command {
     StoreIo(store_io::Args),
     /// Records/s through `changefeed run`: per-batch, long-lived and KCL protocol modes.
     RunThroughput(run_throughput::Args),
+    /// Recovery of a real fleet after network and server faults injected at the socket.
+    Faults(faults_cmd::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -58,5 +61,6 @@ fn main() -> anyhow::Result<()> {
         Command::Throughput(args) => throughput::run(args),
         Command::StoreIo(args) => store_io::run(args),
         Command::RunThroughput(args) => run_throughput::run(args),
+        Command::Faults(args) => faults_cmd::run(args),
     }
 }

@@ -116,6 +116,17 @@ pub struct RunArgs {
     /// command is killed. At most lease_expiry. Default 5s.
     #[arg(long, value_name = "DURATION", env = "CHANGEFEED_SHUTDOWN_TIMEOUT")]
     pub shutdown_timeout: Option<String>,
+    /// How long this host may stay fenced or unregistered (cut off from its store) before it
+    /// reports itself unhealthy: /healthz answers 503, an error is logged. At least
+    /// lease_expiry. Default 3 × lease_expiry.
+    #[arg(long, value_name = "DURATION", env = "CHANGEFEED_MAX_UNHEALTHY")]
+    pub max_unhealthy: Option<String>,
+    /// How long to keep retrying, at start, a store or source that cannot be reached (does not
+    /// resolve, refuses connections, times out) before exiting with 75; 0 = do not retry.
+    /// A store or source that refuses us (authentication, unknown database …) exits with 78 at
+    /// once. Default 60s.
+    #[arg(long, value_name = "DURATION", env = "CHANGEFEED_START_TIMEOUT")]
+    pub start_timeout: Option<String>,
     /// Failures of one batch (across hosts) before it goes to --dead-letter-command and the
     /// partition moves past it. Default none: a failing batch is never skipped.
     #[arg(long, value_name = "N", env = "CHANGEFEED_DEAD_LETTER_AFTER")]
@@ -146,7 +157,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "BOOL", env = "CHANGEFEED_LAG_PER_PARTITION", num_args = 0..=1, default_missing_value = "true")]
     pub lag_per_partition: Option<String>,
     /// Serve HTTP at ADDR, e.g. 127.0.0.1:9898: Prometheus metrics at /metrics, /healthz (200
-    /// while the process is alive) and /readyz (200 when registered, heartbeat fresh and not
+    /// while the host is healthy; 503 with the reason once it has been fenced or unregistered
+    /// for longer than max_unhealthy) and /readyz (200 when registered, heartbeat fresh and not
     /// fenced; 503 with the reason otherwise).
     #[arg(long, value_name = "ADDR", env = "CHANGEFEED_HTTP")]
     pub http: Option<String>,
@@ -206,6 +218,8 @@ const KEYS: &[&str] = &[
     "handler_max_retries",
     "handler_timeout",
     "shutdown_timeout",
+    "max_unhealthy",
+    "start_timeout",
     "dead_letter_after",
     "dead_letter_command",
     "checkpoint",
@@ -245,7 +259,13 @@ pub struct RunConfig {
     pub protocol: Protocol,
     /// How a Kinesis source reads (`kinesis_deliver_outside_shard`); the defaults otherwise.
     pub kinesis: ReadOptions,
+    /// How long transient faults opening the store and the source are retried at start
+    /// (`start_timeout`); zero: not at all.
+    pub start_timeout: Duration,
 }
+
+/// The default `start_timeout`.
+pub const DEFAULT_START_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl RunArgs {
     fn field(&mut self, key: &str) -> Option<&mut Option<String>> {
@@ -268,6 +288,8 @@ impl RunArgs {
             "handler_max_retries" => &mut self.handler_max_retries,
             "handler_timeout" => &mut self.handler_timeout,
             "shutdown_timeout" => &mut self.shutdown_timeout,
+            "max_unhealthy" => &mut self.max_unhealthy,
+            "start_timeout" => &mut self.start_timeout,
             "dead_letter_after" => &mut self.dead_letter_after,
             "dead_letter_command" => &mut self.dead_letter_command,
             "checkpoint" => &mut self.checkpoint,
@@ -430,6 +452,14 @@ impl RunArgs {
         if let Some(v) = &self.max_wait_time {
             settings.max_wait_time = Some(parse_duration("max_wait_time", v)?);
         }
+        if let Some(v) = &self.max_unhealthy {
+            settings.max_unhealthy = Some(parse_duration("max_unhealthy", v)?);
+        }
+        // Not a library setting: zero is allowed (fail at once).
+        let start_timeout = match &self.start_timeout {
+            Some(v) => parse_duration("start_timeout", v)?,
+            None => DEFAULT_START_TIMEOUT,
+        };
         if let Some(v) = &self.lag_per_partition {
             settings.lag_per_partition = parse_bool("lag_per_partition", v)?;
         }
@@ -521,6 +551,7 @@ impl RunArgs {
             dead_letter_command,
             protocol,
             kinesis,
+            start_timeout,
         })
     }
 
@@ -877,6 +908,47 @@ mod tests {
                 .kinesis
                 .deliver_outside_shard
         );
+    }
+
+    #[test]
+    fn max_unhealthy_and_start_timeout_are_read_and_checked_by_name() {
+        // --max-unhealthy reaches the library (default none: 3 × lease_expiry) and is checked
+        // by it; --start-timeout is the CLI's own, 60s by default, and may be zero.
+        let c = args().resolve().expect("valid");
+        assert_eq!(c.settings.max_unhealthy, None);
+        assert_eq!(c.settings.unhealthy_after(), Duration::from_secs(30));
+        assert_eq!(c.start_timeout, DEFAULT_START_TIMEOUT);
+        let mut a = args();
+        a.max_unhealthy = Some("45s".into());
+        a.merge_file("f.toml", "start_timeout = \"0s\"\nmax_unhealthy = \"1m\"\n")
+            .expect("valid file");
+        let c = a.resolve().expect("valid");
+        assert_eq!(c.settings.max_unhealthy, Some(Duration::from_secs(45)));
+        assert_eq!(c.start_timeout, Duration::ZERO);
+        for (max, start, message) in [
+            (
+                Some("5s"),
+                None,
+                "max_unhealthy: 5s must be at least lease_expiry (10s)",
+            ),
+            (Some("0s"), None, "max_unhealthy: must be greater than zero"),
+            (
+                None,
+                Some("soon"),
+                "start_timeout: \"soon\" is not a duration",
+            ),
+            (
+                None,
+                Some("400days"),
+                "start_timeout: \"400days\" is longer than the longest accepted duration",
+            ),
+        ] {
+            let mut a = args();
+            a.max_unhealthy = max.map(Into::into);
+            a.start_timeout = start.map(Into::into);
+            let err = a.resolve().expect_err(message);
+            assert!(err.0.starts_with(message), "{err}");
+        }
     }
 
     #[test]

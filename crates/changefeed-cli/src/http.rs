@@ -2,15 +2,21 @@
 //! orchestrator's probes:
 //!
 //! - `GET /metrics`: every metric in Prometheus's text format (`docs/metrics.md`);
-//! - `GET /healthz`: `200 ok` while the process is alive (it answers at all);
+//! - `GET /healthz`: `200 ok` while the process is alive and the host healthy; `503` once the
+//!   host has stayed fenced or unregistered for longer than `max_unhealthy` (its recovery has
+//!   failed: the library's [`changefeed::processor::Health::unhealthy`]), the body one line
+//!   saying why and since when, e.g. `unhealthy: fenced: no successful heartbeat since
+//!   2024-05-01T11:59:52.000Z; fenced or unregistered for 38.1s, longer than max_unhealthy
+//!   (30s)`. A liveness probe: restart the process on it;
 //! - `GET /readyz`: `200` while the host is ready (registered, heartbeat fresh, not fenced,
 //!   not stopping: the library's [`changefeed::processor::Health::is_ready`]), `503` otherwise; the body is one line
 //!   saying which, e.g. `not ready: fenced: last successful heartbeat 4.1s ago`.
 //!
 //! This module owns the listeners, the connections and the recorder's upkeep; what readiness
-//! means is the library's ([`changefeed::processor::Health`]). Until the processor exists (the
-//! lease store is still being opened) `/readyz` answers `503 not ready: starting`. Each
-//! connection is HTTP/1.1 (hyper), with a 10 s limit on reading a request's headers.
+//! and health mean is the library's ([`changefeed::processor::Health`]). Until the processor
+//! exists (the lease store is still being opened, within `start_timeout`) `/readyz` answers
+//! `503 not ready: starting` and `/healthz` `200 ok`. Each connection is HTTP/1.1 (hyper), with
+//! a 10 s limit on reading a request's headers.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -93,7 +99,7 @@ impl Endpoints {
         Ok(Self { state })
     }
 
-    /// From now on `/readyz` answers from `probe`.
+    /// From now on `/readyz` and `/healthz` answer from `probe`.
     pub fn ready_from(&self, probe: HealthProbe) {
         // Set once, right after the processor is built; a second call would change nothing.
         let _ = self.state.probe.set(probe);
@@ -173,7 +179,10 @@ fn answer(state: &State, method: &Method, path: &str) -> Response<Full<Bytes>> {
                 .insert(CONTENT_TYPE, HeaderValue::from_static(PROMETHEUS_TEXT));
             response
         }
-        "/healthz" => text(StatusCode::OK, "ok\n".into()),
+        "/healthz" => match state.probe.get().and_then(|p| p.health().unhealthy) {
+            Some(unhealthy) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{unhealthy}\n")),
+            None => text(StatusCode::OK, "ok\n".into()),
+        },
         "/readyz" => {
             let (ready, line) = match state.probe.get().map(HealthProbe::health) {
                 Some(health) => (health.is_ready(), health.to_string()),

@@ -26,6 +26,7 @@ mod outbox;
 mod plan;
 mod run;
 mod simulate;
+mod start;
 mod url;
 
 #[derive(Debug, Parser)]

@@ -110,6 +110,10 @@ fn describe() {
         "changefeed_malformed_leases",
         "Unreadable lease rows in the last listing, by group."
     );
+    describe_gauge!(
+        "changefeed_unhealthy_since_seconds",
+        "When this host's unbroken spell of being fenced or unregistered began (Unix seconds), once it has lasted longer than max_unhealthy; 0 while healthy."
+    );
     describe_histogram!(
         "changefeed_checkpoint_seconds",
         Unit::Seconds,

@@ -43,7 +43,14 @@
 //! `shutdown_timeout`.
 //!
 //! With `--http ADDR` the host serves `/metrics`, `/healthz` and `/readyz` ([`crate::http`]);
-//! `/readyz` is 503 while the host is not ready (not registered yet, fenced, stopping).
+//! `/readyz` is 503 while the host is not ready (not registered yet, fenced, stopping), and
+//! `/healthz` once it has stayed fenced or unregistered for longer than `max_unhealthy`.
+//!
+//! At start the store and the source are opened within `start_timeout` ([`crate::start`]):
+//! faults that may pass (a name that does not resolve, a refused connection, a timeout) are
+//! retried with backoff until then, and the host exits with 75 if they outlast it; faults that
+//! will not pass (authentication refused, an unknown database, a newer schema) exit at once
+//! with 78.
 //!
 //! This module owns the process shell around the library's [`Processor`]: configuration,
 //! telemetry, the handler processes and the signals. The first SIGINT/SIGTERM stops
@@ -52,7 +59,8 @@
 //! one SIGKILLs every handler process group at once and exits with 1 without releasing.
 //! Lease creation, lineage and cleanup are the library's (its leader's partition sync). Exit
 //! codes: 0 after a graceful stop, 1 on an operational error or a second signal, 2 on a usage
-//! error.
+//! error, 75 when the store or source stayed unreachable for `start_timeout`, 78 when one of
+//! them refused the host at start.
 
 use std::collections::HashMap;
 use std::process::{ExitCode, ExitStatus, Stdio};
@@ -117,8 +125,23 @@ async fn run_host(config: RunConfig) -> anyhow::Result<ExitCode> {
         Some(crate::http::Endpoints::start(&config.http_addrs, http_stop.clone()).await?)
     };
     let _stop_http = http_stop.drop_guard();
-    let store = config.store.open_store().await?;
-    let source = config.source.open_source_with(&config.kinesis).await?;
+    let window = crate::start::Window::new(config.start_timeout);
+    let store = match crate::start::open("lease store", &config.store.redacted(), window, || {
+        config.store.open_store()
+    })
+    .await
+    {
+        Ok(store) => store,
+        Err(err) => return Ok(err.exit()),
+    };
+    let source = match crate::start::open("feed source", &config.source.redacted(), window, || {
+        config.source.open_source_with(&config.kinesis)
+    })
+    .await
+    {
+        Ok(source) => source,
+        Err(err) => return Ok(err.exit()),
+    };
     let groups = ProcessGroups::default();
     let cancel = CancellationToken::new();
     let handler: Arc<dyn Handler> = match config.handler.strip_prefix(INTERNAL_PREFIX) {

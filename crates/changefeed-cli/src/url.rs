@@ -24,10 +24,13 @@
 //! - `postgres-outbox://…` (source): a [`PostgresOutbox`] over the tables `{prefix}_outbox…`,
 //!   e.g. `postgres-outbox://user:pw@db:5432/app?prefix=orders`.
 //!
-//! The PostgreSQL URLs are libpq URLs plus two parameters of ours, removed before connecting:
-//! `prefix` (the table prefix, default `changefeed`) and `pool_size` (most connections, default
-//! 8). Every other parameter (`sslmode`, `connect_timeout`, `application_name` …) goes to the
-//! driver. A URL's password never appears in `Debug` output or error messages.
+//! The PostgreSQL URLs are libpq URLs plus parameters of ours, removed before connecting:
+//! `prefix` (the table prefix, default `changefeed`), `pool_size` (most connections, default
+//! 8), `request_timeout` (how long one call may take on the client, default 5 s) and
+//! `statement_timeout` (the server's limit per statement, default 4 s), the two durations as
+//! `5s` or `1500ms`. Every other parameter (`sslmode`, `connect_timeout` in whole seconds,
+//! `keepalives_idle`, `tcp_user_timeout`, `application_name` …) goes to the driver. A URL's
+//! password never appears in `Debug` output or error messages.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -57,6 +60,10 @@ pub struct PgUrl {
     prefix: String,
     /// The pool size, if given.
     pool_size: Option<usize>,
+    /// `request_timeout`, if given.
+    request_timeout: Option<std::time::Duration>,
+    /// `statement_timeout`, if given.
+    statement_timeout: Option<std::time::Duration>,
 }
 
 impl std::fmt::Debug for PgUrl {
@@ -65,23 +72,39 @@ impl std::fmt::Debug for PgUrl {
             .field("conn", &redact(&self.conn))
             .field("prefix", &self.prefix)
             .field("pool_size", &self.pool_size)
+            .field("request_timeout", &self.request_timeout)
+            .field("statement_timeout", &self.statement_timeout)
             .finish()
     }
 }
 
-/// `text` with the password of its `user:password@` part replaced by `***`.
+/// `text` with the password of its `user:password@` part, and the value of a `password=`
+/// query parameter (libpq takes one there too), replaced by `***`.
 pub fn redact(text: &str) -> String {
     let Some((scheme, rest)) = text.split_once("://") else {
         return text.to_string();
     };
     let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(authority_end);
+    let tail = match tail.split_once('?') {
+        Some((path, query)) => {
+            let pairs: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some(("password", _)) => "password=***".to_string(),
+                    _ => pair.to_string(),
+                })
+                .collect();
+            format!("{path}?{}", pairs.join("&"))
+        }
+        None => tail.to_string(),
+    };
     match authority.rsplit_once('@') {
         Some((userinfo, host)) => match userinfo.split_once(':') {
             Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
-            None => text.to_string(),
+            None => format!("{scheme}://{authority}{tail}"),
         },
-        None => text.to_string(),
+        None => format!("{scheme}://{authority}{tail}"),
     }
 }
 
@@ -95,7 +118,20 @@ impl PgUrl {
         };
         let mut prefix = changefeed_postgres::DEFAULT_PREFIX.to_string();
         let mut pool_size = None;
+        let mut request_timeout = None;
+        let mut statement_timeout = None;
         let mut kept = Vec::new();
+        let duration = |name: &str, value: &str| {
+            humantime::parse_duration(value)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| {
+                    bad(format!(
+                        "{scheme}:// parameter {name}: \"{}\" must be a duration above zero, e.g. 5s or 1500ms",
+                        value.escape_debug()
+                    ))
+                })
+        };
         for pair in query.into_iter().flat_map(|q| q.split('&')) {
             if pair.is_empty() {
                 continue;
@@ -116,6 +152,8 @@ impl PgUrl {
                     })?;
                     pool_size = Some(n);
                 }
+                "request_timeout" => request_timeout = Some(duration(key, value)?),
+                "statement_timeout" => statement_timeout = Some(duration(key, value)?),
                 _ => kept.push(pair),
             }
         }
@@ -139,20 +177,43 @@ impl PgUrl {
                 redact(&format!("{scheme}://{rest}")).escape_debug()
             )));
         }
+        if let (Some(request), Some(statement)) = (request_timeout, statement_timeout) {
+            if request < statement {
+                return Err(bad(format!(
+                    "{scheme}:// parameter request_timeout ({request:?}) must be at least statement_timeout ({statement:?})"
+                )));
+            }
+        }
         Ok(Self {
             conn,
             prefix,
             pool_size,
+            request_timeout,
+            statement_timeout,
         })
     }
 
-    /// The driver's options: the connection URL, the prefix and the pool size.
+    /// The driver's options: the connection URL, the prefix, the pool size and the timeouts.
+    /// A request timeout given alone below the default statement timeout lowers that too.
     pub fn options(&self) -> PgOptions {
-        let options = PgOptions::new(self.conn.clone()).prefix(self.prefix.clone());
-        match self.pool_size {
-            Some(n) => options.pool_size(n),
-            None => options,
+        let mut options = PgOptions::new(self.conn.clone()).prefix(self.prefix.clone());
+        if let Some(n) = self.pool_size {
+            options = options.pool_size(n);
         }
+        let default_statement = options.statement_timeout_value();
+        let default_client = options.client_timeout_value();
+        let statement = self
+            .statement_timeout
+            .or_else(|| self.request_timeout.filter(|r| *r < default_statement));
+        if let Some(d) = statement {
+            options = options.statement_timeout(d);
+        }
+        if let Some(d) = self.request_timeout {
+            options = options.client_timeout(d);
+        } else if let Some(d) = self.statement_timeout {
+            options = options.client_timeout(d.max(default_client));
+        }
+        options
     }
 }
 
@@ -514,6 +575,39 @@ impl BackendUrl {
         Ok(url)
     }
 
+    /// The URL as it may be printed: without a password (see [`redact`]) and without the
+    /// parameters of ours that a PostgreSQL URL had (`prefix`, `pool_size`).
+    pub fn redacted(&self) -> String {
+        match self {
+            BackendUrl::Sqlite(path) => format!("sqlite://{}", path.display()),
+            BackendUrl::Postgres(pg) => redact(&pg.conn),
+            BackendUrl::PostgresOutbox(pg) => {
+                let url = redact(&pg.conn);
+                match url.strip_prefix("postgres://") {
+                    Some(rest) => format!("postgres-outbox://{rest}"),
+                    None => url,
+                }
+            }
+            BackendUrl::Dynamodb(aws) | BackendUrl::Kinesis(aws) => {
+                let scheme = match self {
+                    BackendUrl::Dynamodb(_) => "dynamodb",
+                    _ => "kinesis",
+                };
+                match &aws.endpoint {
+                    Some(endpoint) => format!("{scheme}://{}?endpoint={endpoint}", aws.name),
+                    None => format!("{scheme}://{}", aws.name),
+                }
+            }
+            BackendUrl::Cosmos(c) => format!(
+                "cosmos://{}/{}/{} at {}",
+                c.account,
+                c.database,
+                c.container,
+                c.endpoint()
+            ),
+        }
+    }
+
     /// Opens the lease store this URL names.
     ///
     /// # Errors
@@ -788,6 +882,42 @@ mod tests {
     }
 
     #[test]
+    fn postgres_urls_take_out_the_timeouts_and_leave_the_drivers_own() {
+        // Our timeouts configure the pool; libpq's connect_timeout and keepalives go on.
+        let BackendUrl::Postgres(pg) = BackendUrl::store(
+            "--store",
+            "postgres://u@db/app?request_timeout=2s&statement_timeout=1500ms&connect_timeout=2&keepalives_idle=5",
+        )
+        .expect("valid") else {
+            panic!("a lease store URL");
+        };
+        assert_eq!(
+            pg.conn,
+            "postgres://u@db/app?connect_timeout=2&keepalives_idle=5"
+        );
+        let options = pg.options();
+        assert_eq!(
+            options.client_timeout_value(),
+            std::time::Duration::from_secs(2)
+        );
+        assert_eq!(
+            options.statement_timeout_value(),
+            std::time::Duration::from_millis(1500)
+        );
+        for bad in [
+            "postgres://u@db/app?request_timeout=soon",
+            "postgres://u@db/app?statement_timeout=0s",
+            "postgres://u@db/app?request_timeout=1s&statement_timeout=2s",
+        ] {
+            let err = BackendUrl::store("--store", bad).expect_err(bad);
+            assert!(
+                err.0.starts_with("--store:") && err.0.contains("_timeout"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
     fn bad_postgres_urls_name_the_flag_and_hide_the_password() {
         // DESIGN "Bad input": the error names the setting; secrets never reach the output.
         let err = BackendUrl::store("--store", "postgres://u:secret@db/app?prefix=Bad-Name")
@@ -807,6 +937,17 @@ mod tests {
         let err = BackendUrl::store("--store", "postgres://db/app?pool_size=0").expect_err("zero");
         assert!(err.0.contains("pool_size"), "{err}");
         let url = BackendUrl::store("--store", "postgres://u:secret@db/app").expect("valid");
+        assert!(!format!("{url:?}").contains("secret"));
+        assert_eq!(url.redacted(), "postgres://u:***@db/app");
+        let url = BackendUrl::source(
+            "--source",
+            "postgres-outbox://u@db/app?password=secret&prefix=p&sslmode=disable",
+        )
+        .expect("valid");
+        assert_eq!(
+            url.redacted(),
+            "postgres-outbox://u@db/app?password=***&sslmode=disable"
+        );
         assert!(!format!("{url:?}").contains("secret"));
     }
 

@@ -14,6 +14,12 @@ use tokio_postgres::config::{Host, SslMode};
 
 use crate::error::PostgresError;
 
+/// Idle time before the first keepalive probe, the time between probes, and how many go
+/// unanswered before the kernel closes the connection: a silent peer is found in about 16 s.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
+const KEEPALIVE_RETRIES: u32 = 3;
+
 /// The default table prefix.
 pub const DEFAULT_PREFIX: &str = "changefeed";
 /// Longest accepted table prefix, in bytes: PostgreSQL identifiers are at most 63 bytes and
@@ -37,6 +43,7 @@ pub struct PgOptions {
     prefix: String,
     statement_timeout: Duration,
     client_timeout: Duration,
+    connect_timeout: Duration,
     pool_size: usize,
     tls_roots: Option<Arc<rustls::RootCertStore>>,
 }
@@ -48,6 +55,7 @@ impl std::fmt::Debug for PgOptions {
             .field("prefix", &self.prefix)
             .field("statement_timeout", &self.statement_timeout)
             .field("client_timeout", &self.client_timeout)
+            .field("connect_timeout", &self.connect_timeout)
             .field("pool_size", &self.pool_size)
             .finish_non_exhaustive()
     }
@@ -55,14 +63,15 @@ impl std::fmt::Debug for PgOptions {
 
 impl PgOptions {
     /// Options for `url` (`postgres://user[:password]@host[:port]/database[?sslmode=…]`),
-    /// with prefix [`DEFAULT_PREFIX`], a 5 s `statement_timeout`, a 7 s client-side timeout
-    /// and a pool of 8 connections.
+    /// with prefix [`DEFAULT_PREFIX`], a 4 s `statement_timeout`, a 5 s client-side timeout,
+    /// a 3 s connect timeout and a pool of 8 connections.
     pub fn new(url: impl Into<String>) -> Self {
         Self {
             url: url.into(),
             prefix: DEFAULT_PREFIX.to_string(),
-            statement_timeout: Duration::from_secs(5),
-            client_timeout: Duration::from_secs(7),
+            statement_timeout: Duration::from_secs(4),
+            client_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(3),
             pool_size: 8,
             tls_roots: None,
         }
@@ -88,6 +97,13 @@ impl PgOptions {
         self
     }
 
+    /// How long opening a connection (TCP, TLS and the start-up exchange) may take; a
+    /// `connect_timeout` in the URL (whole seconds, as libpq takes it) wins over it.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
     /// The most connections the pool opens.
     pub fn pool_size(mut self, size: usize) -> Self {
         self.pool_size = size;
@@ -98,6 +114,16 @@ impl PgOptions {
     pub fn tls_roots(mut self, roots: rustls::RootCertStore) -> Self {
         self.tls_roots = Some(Arc::new(roots));
         self
+    }
+
+    /// The server-side statement timeout these options set.
+    pub fn statement_timeout_value(&self) -> Duration {
+        self.statement_timeout
+    }
+
+    /// The client-side timeout of one call these options set.
+    pub fn client_timeout_value(&self) -> Duration {
+        self.client_timeout
     }
 
     /// The table prefix.
@@ -210,6 +236,12 @@ impl Db {
                 ),
             });
         }
+        if options.connect_timeout.is_zero() {
+            return Err(PostgresError::Config {
+                setting: "connect_timeout",
+                reason: "must be above zero".into(),
+            });
+        }
         if options.pool_size == 0 {
             return Err(PostgresError::Config {
                 setting: "pool_size",
@@ -235,7 +267,23 @@ impl Db {
         };
         config.options(merged);
         if config.get_connect_timeout().is_none() {
-            config.connect_timeout(options.client_timeout);
+            config.connect_timeout(options.connect_timeout.min(options.client_timeout));
+        }
+        // A peer gone without a word (a dead switch, a host powered off) is noticed by the
+        // kernel: an idle connection by keepalive probes, one with unanswered bytes by the
+        // user timeout. Both close the socket, so the pool never hands it out again. The URL's
+        // own `keepalives_*` and `tcp_user_timeout` win.
+        if !options.url.contains("keepalives_idle") {
+            config.keepalives_idle(KEEPALIVE_IDLE);
+        }
+        if !options.url.contains("keepalives_interval") {
+            config.keepalives_interval(KEEPALIVE_INTERVAL);
+        }
+        if !options.url.contains("keepalives_retries") {
+            config.keepalives_retries(KEEPALIVE_RETRIES);
+        }
+        if config.get_tcp_user_timeout().is_none() {
+            config.tcp_user_timeout(options.client_timeout * 2);
         }
         let tls =
             tokio_postgres_rustls::MakeRustlsConnect::new(tls_config(options.tls_roots.clone())?);
@@ -270,22 +318,44 @@ impl Db {
 
     /// Runs `f` with a pooled connection, the whole call (waiting for a connection included)
     /// bounded by the client-side timeout: a hung server becomes a retryable
-    /// [`PostgresError::Timeout`]. A connection whose call timed out is dropped, not reused.
+    /// [`PostgresError::Timeout`].
+    ///
+    /// A connection goes back to the pool only when `f` finished. One whose call timed out,
+    /// or whose caller gave up on it (dropped this future), may still have a request on the
+    /// wire that will never be answered: it is closed, and so is every idle connection of the
+    /// pool, since a path that hung one probably hung the others opened before it. The next
+    /// call opens a fresh connection, so a host whose path comes back is served at once
+    /// instead of queueing behind dead connections.
     pub(crate) async fn run<T, F, Fut>(
         &self,
         operation: &'static str,
         f: F,
     ) -> Result<T, PostgresError>
     where
-        F: FnOnce(Object) -> Fut,
+        F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = Result<T, PostgresError>>,
     {
+        let lent = Arc::new(std::sync::Mutex::new(Unfinished {
+            object: None,
+            pool: self.pool.clone(),
+        }));
         let work = async {
-            let client = self.pool.get().await.map_err(pool_error)?;
-            f(client).await
+            let object = self.pool.get().await.map_err(pool_error)?;
+            f(Conn {
+                object: Some(object),
+                back: Arc::clone(&lent),
+            })
+            .await
         };
-        match tokio::time::timeout(self.client_timeout, work).await {
-            Ok(result) => result,
+        let result = tokio::time::timeout(self.client_timeout, work).await;
+        match result {
+            Ok(result) => {
+                // Finished: the connection may serve again (the pool checks it is not closed).
+                let object = lent.lock().unwrap_or_else(|p| p.into_inner()).object.take();
+                drop(object);
+                result
+            }
+            // `lent` holds the connection; dropping it closes the connection.
             Err(_) => Err(PostgresError::Timeout {
                 operation,
                 after: self.client_timeout,
@@ -353,6 +423,66 @@ impl Db {
             Ok(())
         })
         .await
+    }
+}
+
+/// A pooled connection lent to one call of [`Db::run`]; derefs to the pool's client. When
+/// the call's future is dropped it hands the connection back to [`Db::run`], which returns it
+/// to the pool only if the call finished.
+pub(crate) struct Conn {
+    object: Option<Object>,
+    back: Arc<std::sync::Mutex<Unfinished>>,
+}
+
+impl std::ops::Deref for Conn {
+    type Target = Object;
+
+    fn deref(&self) -> &Object {
+        self.object
+            .as_ref()
+            .expect("a lent connection is held until the call's future is dropped")
+    }
+}
+
+impl std::ops::DerefMut for Conn {
+    fn deref_mut(&mut self) -> &mut Object {
+        self.object
+            .as_mut()
+            .expect("a lent connection is held until the call's future is dropped")
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if let Some(object) = self.object.take() {
+            self.back.lock().unwrap_or_else(|p| p.into_inner()).object = Some(object);
+        }
+    }
+}
+
+/// A connection whose call has not (yet) been seen to finish. Dropped while it still holds
+/// the connection (a timeout, a caller that gave up), it closes it and every idle connection
+/// of the pool rather than give them out again.
+struct Unfinished {
+    object: Option<Object>,
+    pool: Pool,
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if let Some(object) = self.object.take() {
+            // Detached from the pool, the client is dropped and its connection task aborted,
+            // which closes the socket.
+            drop(Object::take(object));
+            let closed = self.pool.retain(|_, _| false).removed.len();
+            let status = self.pool.status();
+            tracing::warn!(
+                closed_idle = closed,
+                open = status.size,
+                waiting = status.waiting,
+                "a PostgreSQL call did not finish; its connection and the pool's idle ones are closed"
+            );
+        }
     }
 }
 

@@ -621,7 +621,7 @@ impl PostgresOutbox {
             }
         }
         let sql = self.sql.clone();
-        let work = |mut client: deadpool_postgres::Object| async move {
+        let work = |mut client: crate::db::Conn| async move {
             let inner = async {
                 let tx = client.transaction().await?;
                 let Some(row) = tx.query_opt(&sql.lock_meta, &[]).await? else {

@@ -1,20 +1,22 @@
 //! `changefeed run --http`: `/healthz`, `/readyz` and `/metrics` on real host processes.
 //! `/readyz` follows the host's health (issue 22): 503 before the host has registered, 200
 //! while it runs, 503 once a store cut-off has fenced it, and 200 again once it has registered
-//! again. Every wait is a bounded poll.
+//! again. `/healthz` is 503 only once the host has stayed fenced for longer than
+//! `--max-unhealthy`, and 200 again once it has recovered. Every wait is a bounded poll.
 
 use std::io::{Read as _, Write as _};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use changefeed::lease::LeaseStore as _;
 use changefeed::model::{GroupName, HostName, PartitionId, Timestamp};
+use changefeed::testkit::net::FaultProxy;
 use changefeed_postgres::{PgOptions, PostgresLeaseStore};
 
 use crate::pg_failure::{via_proxy, Proxy};
 use crate::postgres::{drop_tables, pg_url, store_url, unique_prefix};
-use crate::support::{bin, terminate, wait_exit, wait_for, Fixture};
+use crate::support::{bin, read, terminate, wait_exit, wait_for, Fixture};
 
 /// Fast timings (a host fences 2 s after its last successful heartbeat), without the expiry.
 const TIMINGS: &[&str] = &[
@@ -272,6 +274,177 @@ fn readyz_is_503_while_a_store_cut_off_fences_the_host_and_200_once_it_registere
         "h1 wrote a new row: {:?}",
         row.incarnation
     );
+
+    for child in &hosts.0 {
+        terminate(child);
+    }
+    for child in &mut hosts.0 {
+        let status = wait_exit(child, Duration::from_secs(20));
+        assert!(status.success(), "graceful stop exits 0: {status}");
+    }
+    rt.block_on(drop_tables(&prefix));
+}
+
+/// The value of the gauge `changefeed_unhealthy_since_seconds` of group g in a scrape.
+fn unhealthy_since(port: u16) -> Option<f64> {
+    let scrape = get(port, "/metrics")?;
+    let line = scrape
+        .body
+        .lines()
+        .find(|l| l.starts_with("changefeed_unhealthy_since_seconds{group=\"g\"} "))?;
+    line.rsplit(' ').next()?.parse().ok()
+}
+
+#[test]
+fn healthz_is_503_once_a_black_holed_host_stays_fenced_past_max_unhealthy_and_200_once_it_recovers()
+{
+    // The production failure: a host cut off from PostgreSQL by a silent network fault (the
+    // proxy holds every byte, closes nothing) stays alive doing nothing. It fences itself
+    // 2 s after its last successful heartbeat (/readyz 503) but stays healthy until it has been
+    // fenced for longer than --max-unhealthy (4 s); then /healthz is 503 with the reason, the
+    // gauge says since when and the log says so once. Once the path is back the host recovers
+    // (its peer h2 has removed its row meanwhile, so it registers again) and /healthz is 200.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let prefix = unique_prefix("hu");
+    let url = pg_url();
+    let store = store_url(&prefix);
+    let proxy = rt
+        .block_on(FaultProxy::start(via_proxy(&url, 0).1))
+        .expect("proxy");
+    let (proxied_store, _) = via_proxy(&store, proxy.port());
+    let leases = rt
+        .block_on(PostgresLeaseStore::connect_with(
+            PgOptions::new(url.clone())
+                .prefix(prefix.clone())
+                .pool_size(1),
+        ))
+        .unwrap_or_else(|e| {
+            panic!("cannot reach PostgreSQL at {url}: {e} (start it with `bash .ci/run`)")
+        });
+    let group = GroupName::new("g").expect("group");
+    let fx = Fixture::new();
+    feed(&fx);
+    let port = free_port();
+    let log = fx.path("h1.log");
+    let host = |name: &str, store: &str, extra: &[&str], stderr: Stdio| {
+        bin()
+            .args(["run", "--store", store, "--source", &fx.url()])
+            .args([
+                "--handler",
+                "cat > /dev/null",
+                "--host",
+                name,
+                "--group",
+                "g",
+            ])
+            .args(["--lease-expiry", "3s", "--max-unhealthy", "4s"])
+            .args(TIMINGS)
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("start run")
+    };
+    let http = format!("127.0.0.1:{port}");
+    let mut hosts = Hosts(vec![host(
+        "h1",
+        &proxied_store,
+        &["--http", &http],
+        Stdio::from(std::fs::File::create(&log).expect("log file")),
+    )]);
+    hosts.0.push(host("h2", &store, &[], Stdio::null()));
+    wait_for(Duration::from_secs(30), "h1 ready", || {
+        get(port, "/readyz").filter(|a| a.status == 200)
+    });
+    let healthy = get(port, "/healthz").expect("/healthz answers");
+    assert_eq!((healthy.status, healthy.body.as_str()), (200, "ok\n"));
+    assert_eq!(unhealthy_since(port), Some(0.0), "0 while healthy");
+
+    let cut_at = Instant::now();
+    proxy.black_hole();
+    // Fenced (not ready) soon, but still healthy.
+    wait_for(
+        Duration::from_secs(10),
+        "/readyz 503 for the black-holed h1",
+        || get(port, "/readyz").filter(|a| a.status == 503),
+    );
+    let fenced = get(port, "/healthz").expect("/healthz answers while fenced");
+    assert_eq!(
+        fenced.status, 200,
+        "fenced is not yet unhealthy: {fenced:?}"
+    );
+    let unhealthy = wait_for(Duration::from_secs(20), "/healthz 503", || {
+        get(port, "/healthz").filter(|a| a.status == 503)
+    });
+    let after = cut_at.elapsed();
+    // The last successful heartbeat was at most a renew interval (500 ms) before the cut; the
+    // fence fell 2 s after it, and max_unhealthy is 4 s.
+    assert!(
+        after >= Duration::from_millis(5_500 - 500),
+        "unhealthy only after max_unhealthy of fencing: {after:?} after the cut"
+    );
+    assert!(
+        unhealthy
+            .body
+            .starts_with("unhealthy: fenced: no successful heartbeat since ")
+            && unhealthy
+                .body
+                .ends_with(", longer than max_unhealthy (4s)\n"),
+        "{unhealthy:?}"
+    );
+    let since = wait_for(Duration::from_secs(5), "the gauge set", || {
+        unhealthy_since(port).filter(|v| *v > 0.0)
+    });
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs_f64();
+    assert!(
+        since < now - 4.0 && since > now - 60.0,
+        "the gauge says when the spell began: {since} (now {now})"
+    );
+    wait_for(Duration::from_secs(5), "the error logged", || {
+        read(&log)
+            .contains("unhealthy: fenced: no successful heartbeat since ")
+            .then_some(())
+    });
+    // h2 judges h1 dead, takes what it owned, and removes its heartbeat row.
+    wait_for(Duration::from_secs(30), "h1's row removed by h2", || {
+        let members = rt.block_on(leases.membership(&group)).ok()?;
+        members
+            .hosts
+            .iter()
+            .all(|hb| hb.host.as_str() != "h1")
+            .then_some(())
+    });
+    let still = get(port, "/healthz").expect("/healthz answers");
+    assert_eq!(still.status, 503, "still cut off: {still:?}");
+
+    proxy.pass();
+    let recovered = wait_for(
+        Duration::from_secs(30),
+        "/healthz 200 after the cut",
+        || get(port, "/healthz").filter(|a| a.status == 200),
+    );
+    assert_eq!(recovered.body, "ok\n");
+    wait_for(Duration::from_secs(30), "/readyz 200 after the cut", || {
+        get(port, "/readyz").filter(|a| a.status == 200)
+    });
+    wait_for(Duration::from_secs(5), "the gauge back to 0", || {
+        unhealthy_since(port).filter(|v| *v == 0.0)
+    });
+    let text = read(&log);
+    assert_eq!(
+        text.matches("unhealthy: fenced: no successful heartbeat since ")
+            .count(),
+        1,
+        "said once: {text}"
+    );
+    assert!(text.contains("healthy again"), "{text}");
 
     for child in &hosts.0 {
         terminate(child);

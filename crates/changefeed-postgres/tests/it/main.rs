@@ -12,6 +12,7 @@
 mod change_stamps;
 mod common;
 mod dead_letter;
+mod faults;
 mod feed;
 mod fleet;
 mod store;

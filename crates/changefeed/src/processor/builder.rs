@@ -243,6 +243,11 @@ impl ProcessorBuilder {
         /// See [`Settings::lag_per_partition`].
         lag_per_partition: bool
     );
+    setting!(
+        /// See [`Settings::max_unhealthy`]: how long this host may stay fenced or unregistered
+        /// before [`ProcessorHandle::health`] says it is unhealthy. `None`: 3 × `lease_expiry`.
+        max_unhealthy: Option<Duration>
+    );
 
     /// Calls `f` with the partition each time this host starts reading a lease it acquired
     /// (Cosmos DB's `WithLeaseAcquireNotification`). Every call is followed, once that worker
@@ -476,6 +481,13 @@ impl ProcessorHandle {
     /// last successful heartbeat) and ready again once a heartbeat succeeds (registering
     /// afresh if its row was removed meanwhile). See [`Health`].
     ///
+    /// It also says whether the host is [healthy](Health::is_healthy): one that has stayed
+    /// fenced or unregistered, without a break, for longer than
+    /// [`max_unhealthy`](super::Settings::max_unhealthy) is not recovering by itself, and
+    /// [`Health::unhealthy`] says since when and why (for a liveness probe: restart it). The
+    /// host also logs an error once when it turns unhealthy, an info line when it is healthy
+    /// again, and sets the gauge `changefeed_unhealthy_since_seconds`.
+    ///
     /// ```
     /// # use std::sync::Arc;
     /// # use changefeed::lease::MemoryLeaseStore;
@@ -495,6 +507,7 @@ impl ProcessorHandle {
     /// // Nothing has run yet: the heartbeat row is not written.
     /// assert!(!health.is_ready());
     /// assert_eq!(health.to_string(), "not ready: not registered yet");
+    /// assert!(health.is_healthy());
     /// running.stop().await?;
     /// # Ok(()) }
     /// ```
@@ -504,6 +517,7 @@ impl ProcessorHandle {
             // Ended, perhaps by a panic or an abort: nothing runs any more.
             health.registered = false;
             health.stopping = true;
+            health.unhealthy = None;
         }
         health
     }

@@ -120,6 +120,14 @@ pub struct Settings {
     /// `group` and `partition`), beside the group totals. Default off: one series per
     /// partition may be many.
     pub lag_per_partition: bool,
+    /// How long this host may stay fenced or unregistered, without a break, before it says it
+    /// is unhealthy ([`super::Health::unhealthy`], an error log, the gauge
+    /// `changefeed_unhealthy_since_seconds`; `changefeed run`'s `/healthz` then answers 503):
+    /// its recovery has failed, and a restart is the remedy left. A host cut off from its store
+    /// fences itself and recovers by itself once the store answers again; one still fenced or
+    /// unregistered after this long is not recovering. Default none: 3 × `lease_expiry`
+    /// ([`Settings::unhealthy_after`]). At least `lease_expiry`.
+    pub max_unhealthy: Option<Duration>,
 }
 
 impl Default for Settings {
@@ -149,6 +157,7 @@ impl Default for Settings {
             max_leases: None,
             max_wait_time: None,
             lag_per_partition: false,
+            max_unhealthy: None,
         }
     }
 }
@@ -204,6 +213,9 @@ impl Settings {
         }
         if let Some(d) = self.max_wait_time {
             positive.push(("max_wait_time", d));
+        }
+        if let Some(d) = self.max_unhealthy {
+            positive.push(("max_unhealthy", d));
         }
         if let CheckpointMode::Interval(d) = self.checkpoint_mode {
             positive.push(("checkpoint_mode", d));
@@ -283,6 +295,17 @@ impl Settings {
                     .into(),
             );
         }
+        if let Some(d) = self.max_unhealthy {
+            if d < self.lease_expiry {
+                return bad(
+                    "max_unhealthy",
+                    format!(
+                        "{d:?} must be at least lease_expiry ({:?}): a store outage that short is one a host rides out by itself (it fences, then renews or registers again), so calling it unhealthy would only restart it for every brief outage",
+                        self.lease_expiry
+                    ),
+                );
+            }
+        }
         self.lease_limits()?;
         if self.min_backoff > self.max_backoff {
             return bad(
@@ -322,6 +345,13 @@ impl Settings {
     /// heartbeat's renewals have a shorter bound, `min(safety_margin, renew_interval)`.
     pub fn call_timeout(&self) -> Duration {
         self.fence_after()
+    }
+
+    /// How long this host may stay fenced or unregistered before it is unhealthy:
+    /// `max_unhealthy`, or 3 × `lease_expiry` when that is not set.
+    pub fn unhealthy_after(&self) -> Duration {
+        self.max_unhealthy
+            .unwrap_or_else(|| self.lease_expiry.saturating_mul(3))
     }
 
     /// How long the batch in flight may still run once a graceful stop has begun: half the

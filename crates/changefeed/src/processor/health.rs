@@ -2,16 +2,19 @@
 //! [`super::ProcessorHandle::health`].
 //!
 //! It owns nothing of the host's decisions: it reads the record the heartbeat task keeps (the
-//! fence deadline, whether the fence is raised, whether the heartbeat row is in the store) on
-//! the processor's clock, by the same rule the workers obey, and adds whether the processor is
-//! stopping. Readiness therefore says what the host's workers do: a ready host may deliver, and
-//! one that is not has stopped delivering (or never started).
+//! fence deadline, whether the fence is raised, since when the heartbeat row has been missing
+//! from the store) on the processor's clock, by the same rule the workers obey, and adds
+//! whether the processor is stopping. Readiness therefore says what the host's workers do: a
+//! ready host may deliver, and one that is not has stopped delivering (or never started).
+//! Health in the liveness sense ([`Health::unhealthy`]) says whether that has lasted too long:
+//! a host fenced or unregistered for longer than `max_unhealthy` is not recovering by itself.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use super::heartbeat::FenceDeadline;
-use crate::clock::Clock;
+use super::heartbeat::{FenceDeadline, Trouble};
+use crate::clock::{Clock, Instant};
+use crate::model::Timestamp;
 
 /// A processor host's health at one moment, as an orchestrator's probes ask for it.
 ///
@@ -43,6 +46,12 @@ pub struct Health {
     pub fenced: bool,
     /// Whether the processor is stopping (a graceful stop has begun) or has ended.
     pub stopping: bool,
+    /// Set once the host has been fenced or unregistered, without a break, for longer than
+    /// `max_unhealthy` (see [`super::Settings::max_unhealthy`]): its recovery has failed, and
+    /// restarting the process is the remedy left. `None` while it is healthy, which includes
+    /// being briefly fenced or unregistered (a store outage it rides out by itself), and once
+    /// a stop has begun or the processor has ended.
+    pub unhealthy: Option<Unhealthy>,
 }
 
 impl Health {
@@ -50,6 +59,132 @@ impl Health {
     pub fn is_ready(&self) -> bool {
         self.registered && !self.fenced && !self.stopping
     }
+
+    /// Whether the host is healthy: not fenced or unregistered for longer than
+    /// `max_unhealthy` ([`Health::unhealthy`] says why not).
+    pub fn is_healthy(&self) -> bool {
+        self.unhealthy.is_none()
+    }
+}
+
+/// Why, and since when, a host is unhealthy: it has been fenced or unregistered, without a
+/// break, for longer than `max_unhealthy`.
+///
+/// Its [`Display`](std::fmt::Display) is one line for a liveness probe's answer and the log:
+/// `unhealthy: fenced: no successful heartbeat since 2024-05-01T11:59:52.000Z; fenced or
+/// unregistered for 38.1s, longer than max_unhealthy (30s)`, or `unhealthy: not registered
+/// since 2024-05-01T12:00:05.000Z; …` when its heartbeat row is gone. Times are this host's
+/// wall clock, in UTC.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Unhealthy {
+    /// What keeps the host from working.
+    pub reason: UnhealthyReason,
+    /// When the host became fenced or unregistered (whichever was first), on its wall clock.
+    pub since: Timestamp,
+    /// How long ago that was: more than [`Unhealthy::max_unhealthy`].
+    pub duration: Duration,
+    /// The `max_unhealthy` setting it was judged by.
+    pub max_unhealthy: Duration,
+}
+
+/// What keeps an [`Unhealthy`] host from working.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum UnhealthyReason {
+    /// Fenced: no heartbeat has succeeded (returned in time) for `lease_expiry −
+    /// safety_margin` and more; its workers deliver nothing. Usually the store cannot be
+    /// reached, or answers too slowly.
+    Fenced {
+        /// When the last successful heartbeat was sent, on this host's wall clock.
+        last_heartbeat: Timestamp,
+    },
+    /// The host's heartbeat row is gone from the store (a peer judged it dead and removed it,
+    /// or an operator released it) and registering again has not succeeded since.
+    NotRegistered {
+        /// When the host found its row gone, on its wall clock.
+        since: Timestamp,
+    },
+}
+
+impl Unhealthy {
+    /// Judges `trouble` seen at `now` (wall time `wall`): unhealthy once it has lasted longer
+    /// than `max_unhealthy`. `fence_after` is `lease_expiry − safety_margin`.
+    pub(crate) fn judge(
+        trouble: &Trouble,
+        now: Instant,
+        wall: Timestamp,
+        fence_after: Duration,
+        max_unhealthy: Duration,
+    ) -> Option<Self> {
+        let since = trouble.since();
+        let duration = now.saturating_duration_since(since);
+        if duration <= max_unhealthy {
+            return None;
+        }
+        // A moment on the monotonic clock, on the wall clock as it reads now.
+        let wall_of = |at: Instant| {
+            let ago = now.saturating_duration_since(at).as_millis();
+            Timestamp(
+                wall.0
+                    .saturating_sub(i64::try_from(ago).unwrap_or(i64::MAX)),
+            )
+        };
+        let reason = match (trouble.unregistered_at, trouble.fenced_at) {
+            (Some(at), _) => UnhealthyReason::NotRegistered { since: wall_of(at) },
+            (None, Some(deadline)) => UnhealthyReason::Fenced {
+                last_heartbeat: wall_of(deadline.checked_sub(fence_after).unwrap_or(deadline)),
+            },
+            (None, None) => return None,
+        };
+        Some(Self {
+            reason,
+            since: wall_of(since),
+            duration,
+            max_unhealthy,
+        })
+    }
+}
+
+impl std::fmt::Display for Unhealthy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (what, at) = match &self.reason {
+            UnhealthyReason::Fenced { last_heartbeat } => {
+                ("fenced: no successful heartbeat since", *last_heartbeat)
+            }
+            UnhealthyReason::NotRegistered { since } => ("not registered since", *since),
+        };
+        write!(
+            f,
+            "unhealthy: {what} {}; fenced or unregistered for {:.1?}, longer than max_unhealthy ({:?})",
+            utc(at),
+            Duration::from_millis(self.duration.as_millis() as u64),
+            self.max_unhealthy
+        )
+    }
+}
+
+/// `t` as an RFC 3339 UTC time with milliseconds, e.g. `2024-05-01T12:00:00.000Z`.
+fn utc(t: Timestamp) -> String {
+    let ms = t.0.rem_euclid(1000);
+    let secs = t.0.div_euclid(1000);
+    let (days, rest) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Howard Hinnant's civil_from_days: days since 1970-01-01 to a proleptic Gregorian date.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{ms:03}Z",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    )
 }
 
 impl std::fmt::Display for Health {
@@ -146,15 +281,28 @@ impl HealthCell {
                 heartbeat_age: None,
                 fenced: false,
                 stopping: state.stopping,
+                unhealthy: None,
             };
         };
         let now = self.clock.now();
         let sent = fence.get().checked_sub(self.fence_after);
+        // A stopping host has given up recovering on purpose: its state is no failure.
+        let unhealthy = match (state.stopping, fence.trouble(now)) {
+            (false, Some(trouble)) => Unhealthy::judge(
+                &trouble,
+                now,
+                self.clock.wall(),
+                self.fence_after,
+                fence.max_unhealthy(),
+            ),
+            _ => None,
+        };
         Health {
             registered: fence.is_registered() && !state.ended,
             heartbeat_age: sent.map(|at| now.saturating_duration_since(at)),
             fenced: fence.is_fenced(now),
             stopping: state.stopping,
+            unhealthy,
         }
     }
 }
@@ -179,7 +327,62 @@ mod tests {
             heartbeat_age: age.map(Duration::from_millis),
             fenced,
             stopping,
+            unhealthy: None,
         }
+    }
+
+    #[test]
+    fn utc_times_are_rfc_3339_with_milliseconds() {
+        for (ms, text) in [
+            (0, "1970-01-01T00:00:00.000Z"),
+            (1_500, "1970-01-01T00:00:01.500Z"),
+            (951_782_400_000, "2000-02-29T00:00:00.000Z"),
+            (1_714_564_800_123, "2024-05-01T12:00:00.123Z"),
+            (-1, "1969-12-31T23:59:59.999Z"),
+        ] {
+            assert_eq!(utc(Timestamp(ms)), text);
+        }
+    }
+
+    #[test]
+    fn unhealthy_only_after_max_unhealthy_of_unbroken_trouble_and_says_why_since_when() {
+        // The rule /healthz answers by: fenced or unregistered for longer than max_unhealthy.
+        let t0 = crate::clock::SystemClock.now();
+        let fence_after = Duration::from_secs(8);
+        let max = Duration::from_secs(30);
+        let fenced = Trouble::new(Some(t0), None).expect("fenced");
+        let wall_at = |after: Duration| Timestamp(1_714_564_800_000 + after.as_millis() as i64);
+        // At exactly max_unhealthy: not yet.
+        let at = t0 + max;
+        assert_eq!(
+            Unhealthy::judge(&fenced, at, wall_at(max), fence_after, max),
+            None
+        );
+        let later = max + Duration::from_millis(100);
+        let u = Unhealthy::judge(&fenced, t0 + later, wall_at(later), fence_after, max)
+            .expect("unhealthy past max_unhealthy");
+        assert_eq!(u.since, wall_at(Duration::ZERO));
+        assert_eq!(u.duration, later);
+        assert_eq!(
+            u.reason,
+            UnhealthyReason::Fenced {
+                last_heartbeat: Timestamp(1_714_564_800_000 - 8_000)
+            }
+        );
+        assert_eq!(
+            u.to_string(),
+            "unhealthy: fenced: no successful heartbeat since 2024-05-01T11:59:52.000Z; fenced or unregistered for 30.1s, longer than max_unhealthy (30s)"
+        );
+        // Fenced first, then the row found removed: the spell began with the fence, the
+        // reason is the missing row.
+        let both = Trouble::new(Some(t0), Some(t0 + Duration::from_secs(5))).expect("both");
+        let u = Unhealthy::judge(&both, t0 + later, wall_at(later), fence_after, max)
+            .expect("unhealthy");
+        assert_eq!(u.since, wall_at(Duration::ZERO));
+        assert_eq!(
+            u.to_string(),
+            "unhealthy: not registered since 2024-05-01T12:00:05.000Z; fenced or unregistered for 30.1s, longer than max_unhealthy (30s)"
+        );
     }
 
     #[test]

@@ -127,7 +127,7 @@ impl Host {
             head_reads_per_second: p.store.head_reads_per_second(),
             share: p.share.clone(),
         };
-        let fence_deadline = heartbeat::FenceDeadline::new(fence_at);
+        let fence_deadline = heartbeat::FenceDeadline::new(fence_at, p.settings.unhealthy_after());
         // Registered: from now on the host's health reads its fence record.
         p.health.registered(fence_deadline.clone());
         Self {

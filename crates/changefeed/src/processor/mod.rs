@@ -51,7 +51,7 @@ pub use config::{CheckpointMode, ConfigError, Settings, MAX_BATCH_LIMIT, MAX_DUR
 pub use handler::{
     handler_fn, CloseReason, Context, DeadLetter, DeadLetterSink, FnHandler, Handler, HandlerError,
 };
-pub use health::{Health, HealthProbe};
+pub use health::{Health, HealthProbe, Unhealthy, UnhealthyReason};
 pub use heartbeat::{Liveness, ProcessorError};
 #[cfg(feature = "sim-broken")]
 pub use hooks::Broken;

@@ -1,15 +1,22 @@
 //! `ProcessorHandle::health`: a host is ready only while registered, unfenced and running;
 //! cut off from its store it becomes unready when it fences itself, and ready again once it
-//! has registered again. Virtual time throughout; every wait is bounded.
+//! has registered again. It is unhealthy once it has stayed fenced or unregistered for longer
+//! than `max_unhealthy`, and healthy again once it recovers. Virtual time throughout; every
+//! wait is bounded.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use changefeed::lease::{LeaseStore, MemoryLeaseStore};
-use changefeed::model::{GroupName, HostName, Lease, LeaseKey, PartitionId, Position, Timestamp};
-use changefeed::processor::{handler_fn, Health, Processor, ProcessorHandle};
+use async_trait::async_trait;
+use changefeed::lease::{ForwardingStore, LeaseStore, MemoryLeaseStore};
+use changefeed::model::{
+    GroupName, Heartbeat, HostName, Lease, LeaseKey, PartitionId, Position, Timestamp, Version,
+};
+use changefeed::processor::{handler_fn, Health, Processor, ProcessorHandle, UnhealthyReason};
 use changefeed::source::MemoryFeed;
 use changefeed::testkit::fleet::{FaultMode, Faulty};
+use changefeed::LeaseError;
 use tokio::time::Instant;
 
 /// The default timings: a host fences itself 8 s after its last successful heartbeat.
@@ -20,6 +27,9 @@ const RENEW: Duration = Duration::from_secs(2);
 fn group() -> GroupName {
     GroupName::new("g").unwrap()
 }
+
+/// `max_unhealthy` in these tests.
+const MAX_UNHEALTHY: Duration = Duration::from_secs(30);
 
 fn start(store: Arc<dyn LeaseStore>, feed: &MemoryFeed, host: &str) -> ProcessorHandle {
     Processor::builder()
@@ -32,6 +42,7 @@ fn start(store: Arc<dyn LeaseStore>, feed: &MemoryFeed, host: &str) -> Processor
         .lease_expiry(LEASE_EXPIRY)
         .safety_margin(LEASE_EXPIRY - FENCE_AFTER)
         .renew_interval(RENEW)
+        .max_unhealthy(Some(MAX_UNHEALTHY))
         .build()
         .unwrap()
         .start()
@@ -193,4 +204,183 @@ async fn cut_off_host_is_unready_once_fenced_and_ready_again_after_registering_a
 
     a.stop().await.unwrap();
     b.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn cut_off_host_is_unhealthy_only_after_max_unhealthy_fenced_and_healthy_once_it_renews() {
+    // The liveness rule: a host whose heartbeats keep failing is fenced after
+    // lease_expiry − safety_margin, and unhealthy once it has been fenced for longer than
+    // max_unhealthy: not a moment before (every 100 ms sample until then is healthy), and
+    // healthy again as soon as a heartbeat succeeds.
+    let store = MemoryLeaseStore::new();
+    let feed = MemoryFeed::new(1);
+    let faulty = Faulty::new(Arc::new(store.clone()));
+    let a = start(Arc::new(faulty.clone()), &feed, "a");
+    until(RENEW * 2, "a ready", || a.health(), Health::is_ready).await;
+    tokio::time::sleep(LEASE_EXPIRY).await;
+    let h = a.health();
+    assert!(h.is_ready() && h.is_healthy(), "{h:?}");
+
+    faulty.set(FaultMode::Fail);
+    let (h, _) = until(FENCE_AFTER, "a fenced", || a.health(), |h| h.fenced).await;
+    assert!(h.is_healthy(), "fenced is not yet unhealthy: {h:?}");
+    // When the fence fell: the last successful heartbeat's sending plus FENCE_AFTER.
+    let fenced_at =
+        Instant::now() - h.heartbeat_age.expect("a registered host has a heartbeat") + FENCE_AFTER;
+
+    let (h, unhealthy_at) = until(
+        MAX_UNHEALTHY + Duration::from_secs(1),
+        "a unhealthy",
+        || a.health(),
+        |h| !h.is_healthy(),
+    )
+    .await;
+    let spell = unhealthy_at - fenced_at;
+    assert!(
+        spell > MAX_UNHEALTHY && spell <= MAX_UNHEALTHY + Duration::from_millis(100),
+        "unhealthy {spell:?} after the fence, max_unhealthy {MAX_UNHEALTHY:?}"
+    );
+    let u = h.unhealthy.clone().expect("unhealthy");
+    assert!(matches!(u.reason, UnhealthyReason::Fenced { .. }), "{u:?}");
+    assert_eq!(u.duration, spell);
+    assert_eq!(u.max_unhealthy, MAX_UNHEALTHY);
+    let text = u.to_string();
+    assert!(
+        text.starts_with("unhealthy: fenced: no successful heartbeat since ")
+            && text.ends_with(", longer than max_unhealthy (30s)"),
+        "{text}"
+    );
+    assert!(h.fenced && !h.is_ready(), "{h:?}");
+    // It stays unhealthy while the store stays away.
+    tokio::time::sleep(LEASE_EXPIRY).await;
+    assert!(!a.health().is_healthy(), "{:?}", a.health());
+
+    faulty.set(FaultMode::Healthy);
+    let (h, _) = until(
+        RENEW * 2,
+        "a healthy again",
+        || a.health(),
+        |h| h.is_healthy() && h.is_ready(),
+    )
+    .await;
+    assert!(h.registered && !h.fenced, "{h:?}");
+    tokio::time::sleep(LEASE_EXPIRY).await;
+    assert!(a.health().is_healthy(), "{:?}", a.health());
+    a.stop().await.unwrap();
+}
+
+/// A store that, while `refuse` is set, refuses every registration (a heartbeat write that
+/// expects no row) with a retryable error, as a server would that answers but cannot take
+/// new rows; renewals of an existing row go through.
+#[derive(Debug)]
+struct RefuseRegistration {
+    inner: MemoryLeaseStore,
+    refuse: AtomicBool,
+}
+
+#[async_trait]
+impl ForwardingStore for RefuseRegistration {
+    fn inner(&self) -> &dyn LeaseStore {
+        &self.inner
+    }
+
+    async fn heartbeat(
+        &self,
+        group: &GroupName,
+        host: &HostName,
+        incarnation: &str,
+        written_at: Timestamp,
+        expected: Option<Version>,
+    ) -> Result<Heartbeat, LeaseError> {
+        if expected.is_none() && self.refuse.load(Ordering::SeqCst) {
+            return Err(LeaseError::store(
+                "heartbeat",
+                Some(host.to_string()),
+                true,
+                "registration refused (test)",
+            ));
+        }
+        self.inner
+            .heartbeat(group, host, incarnation, written_at, expected)
+            .await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn host_whose_row_is_gone_and_cannot_register_again_is_unhealthy_after_max_unhealthy() {
+    // The other way recovery fails: the host's heartbeat row is removed (an operator released
+    // it) and registering afresh keeps failing. From finding its row gone the host is
+    // unregistered (and fenced once its deadline passes); after max_unhealthy of that it is
+    // unhealthy, "not registered since …"; healthy again once it has registered.
+    let memory = MemoryLeaseStore::new();
+    let store = Arc::new(RefuseRegistration {
+        inner: memory.clone(),
+        refuse: AtomicBool::new(false),
+    });
+    let feed = MemoryFeed::new(1);
+    let a = start(store.clone(), &feed, "a");
+    until(RENEW * 2, "a ready", || a.health(), Health::is_ready).await;
+
+    store.refuse.store(true, Ordering::SeqCst);
+    let host = HostName::new("a").unwrap();
+    loop {
+        let members = memory.membership(&group()).await.unwrap();
+        let row = members
+            .hosts
+            .iter()
+            .find(|hb| hb.host == host)
+            .expect("a's row");
+        if memory
+            .remove_heartbeat(&group(), &host, &row.incarnation, row.version)
+            .await
+            .is_ok()
+        {
+            break;
+        }
+    }
+    let (h, unregistered_seen) = until(
+        RENEW * 2,
+        "a unregistered",
+        || a.health(),
+        |h| !h.registered,
+    )
+    .await;
+    assert!(h.is_healthy(), "{h:?}");
+
+    let (h, unhealthy_at) = until(
+        MAX_UNHEALTHY + RENEW * 2,
+        "a unhealthy",
+        || a.health(),
+        |h| !h.is_healthy(),
+    )
+    .await;
+    // It found its row gone at most one 100 ms step before it was seen unregistered.
+    let spell = unhealthy_at - unregistered_seen;
+    assert!(
+        spell > MAX_UNHEALTHY - Duration::from_millis(100)
+            && spell <= MAX_UNHEALTHY + Duration::from_millis(100),
+        "unhealthy {spell:?} after the row was found gone"
+    );
+    let u = h.unhealthy.clone().expect("unhealthy");
+    assert!(
+        matches!(u.reason, UnhealthyReason::NotRegistered { .. }),
+        "{u:?}"
+    );
+    assert!(
+        u.to_string()
+            .starts_with("unhealthy: not registered since "),
+        "{u}"
+    );
+    assert!(h.fenced && !h.registered, "{h:?}");
+
+    store.refuse.store(false, Ordering::SeqCst);
+    let (h, _) = until(
+        RENEW * 2,
+        "a healthy again",
+        || a.health(),
+        |h| h.is_healthy() && h.is_ready(),
+    )
+    .await;
+    assert!(h.registered, "{h:?}");
+    a.stop().await.unwrap();
 }

@@ -153,6 +153,40 @@ async fn max_wait_time_of_zero_is_refused_by_name() {
     );
 }
 
+#[tokio::test]
+async fn max_unhealthy_below_lease_expiry_or_zero_is_refused_by_name() {
+    // max_unhealthy: none means 3 × lease_expiry; below lease_expiry (or zero) is refused,
+    // naming the setting and the rule.
+    let feed = MemoryFeed::new(1);
+    let build = |max: Option<Duration>| {
+        builder(Arc::new(MemoryLeaseStore::new()), &feed)
+            .handler(handler_fn(|_, _| async { Ok(()) }))
+            .lease_expiry(Duration::from_secs(10))
+            .max_unhealthy(max)
+            .build()
+    };
+    assert!(build(None).is_ok());
+    assert!(build(Some(Duration::from_secs(10))).is_ok());
+    for (max, rule) in [
+        (
+            Duration::from_secs(9),
+            "9s must be at least lease_expiry (10s)",
+        ),
+        (Duration::ZERO, "must be greater than zero"),
+    ] {
+        let err = build(Some(max)).unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::Invalid { setting: "max_unhealthy", rule: r } if r.starts_with(rule)),
+            "{err}"
+        );
+    }
+    let defaults = changefeed::processor::Settings {
+        lease_expiry: Duration::from_secs(7),
+        ..Default::default()
+    };
+    assert_eq!(defaults.unhealthy_after(), Duration::from_secs(21));
+}
+
 /// What the notifications said, in order.
 #[derive(Debug, Clone, PartialEq)]
 enum Note {

@@ -14,129 +14,16 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+mod liveness;
+
+pub use liveness::Liveness;
+
 use super::callbacks::{Callbacks, ErrorOrigin};
+use super::health::Unhealthy;
 use crate::clock::Clock;
 use crate::error::LeaseError;
 use crate::lease::LeaseStore;
-use crate::model::{GroupName, Heartbeat, HostName, Membership, Version};
-
-/// What an observer remembers of each host's heartbeat.
-#[derive(Debug, Default, Clone)]
-pub struct Liveness {
-    /// Sorted by host name.
-    seen: Vec<(HostName, Seen)>,
-}
-
-#[derive(Debug, Clone)]
-struct Seen {
-    version: Version,
-    incarnation: Arc<str>,
-    changed_at: Instant,
-}
-
-impl Seen {
-    fn new(hb: &Heartbeat, now: Instant) -> Self {
-        Self {
-            version: hb.version,
-            incarnation: hb.incarnation.clone(),
-            changed_at: now,
-        }
-    }
-
-    fn observe(&mut self, hb: &Heartbeat, now: Instant) {
-        if self.version != hb.version || self.incarnation != hb.incarnation {
-            self.version = hb.version;
-            if self.incarnation != hb.incarnation {
-                self.incarnation = hb.incarnation.clone();
-            }
-            self.changed_at = now;
-        }
-    }
-}
-
-impl Liveness {
-    /// Takes in a membership read made at `now` (this host's monotonic clock).
-    pub fn observe(&mut self, membership: &Membership, now: Instant) {
-        // Every host observes every other every cycle, and the membership rarely changes:
-        // when it lists the same hosts in the same order, update in place.
-        let same_hosts = self.seen.len() == membership.hosts.len()
-            && self
-                .seen
-                .iter()
-                .zip(&membership.hosts)
-                .all(|((host, _), hb)| *host == hb.host);
-        if same_hosts {
-            for ((_, seen), hb) in self.seen.iter_mut().zip(&membership.hosts) {
-                seen.observe(hb, now);
-            }
-            return;
-        }
-        let old = std::mem::take(&mut self.seen);
-        for hb in &membership.hosts {
-            let seen = match old.binary_search_by(|(h, _)| h.cmp(&hb.host)) {
-                Ok(i) => {
-                    let mut seen = old[i].1.clone();
-                    seen.observe(hb, now);
-                    seen
-                }
-                Err(_) => Seen::new(hb, now),
-            };
-            self.seen.push((hb.host.clone(), seen));
-        }
-        self.seen.sort_by(|a, b| a.0.cmp(&b.0));
-        self.seen.dedup_by(|a, b| a.0 == b.0);
-    }
-
-    /// Takes in a copy of `host`'s heartbeat, seen at `now` in a row written after its
-    /// heartbeat row (the leader's, in the membership view): the copy counts as an observation
-    /// of the row only when it is newer than what was seen, since a copy may lag the row.
-    pub fn observe_copy(
-        &mut self,
-        host: &HostName,
-        incarnation: &Arc<str>,
-        version: Version,
-        now: Instant,
-    ) {
-        match self.seen.binary_search_by(|(h, _)| h.cmp(host)) {
-            Ok(i) => {
-                let seen = &mut self.seen[i].1;
-                if seen.incarnation != *incarnation || version > seen.version {
-                    seen.version = version;
-                    seen.incarnation = Arc::clone(incarnation);
-                    seen.changed_at = now;
-                }
-            }
-            Err(i) => self.seen.insert(
-                i,
-                (
-                    host.clone(),
-                    Seen {
-                        version,
-                        incarnation: Arc::clone(incarnation),
-                        changed_at: now,
-                    },
-                ),
-            ),
-        }
-    }
-
-    /// The hosts whose heartbeat changed less than `expiry` ago, sorted by name.
-    pub fn live(&self, now: Instant, expiry: Duration) -> Vec<HostName> {
-        self.seen
-            .iter()
-            .filter(|(_, s)| now.saturating_duration_since(s.changed_at) < expiry)
-            .map(|(h, _)| h.clone())
-            .collect()
-    }
-
-    /// When `host`'s heartbeat was last seen to change, if it is known.
-    pub fn changed_at(&self, host: &HostName) -> Option<Instant> {
-        self.seen
-            .binary_search_by(|(h, _)| h.cmp(host))
-            .ok()
-            .map(|i| self.seen[i].1.changed_at)
-    }
-}
+use crate::model::{GroupName, Heartbeat, HostName};
 
 /// Why the processor could not run or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -261,11 +148,52 @@ pub(crate) async fn register(
 /// even though the deadline has moved forward again (after a stall, the heartbeat task may
 /// renew before a worker gets to look at the clock): see [`FenceDeadline::fenced_since`].
 ///
-/// It also notes whether the host's heartbeat row is in the store, as far as the heartbeat
-/// task knows; only the host's health reads that ([`super::HealthProbe`]), and it decides
-/// nothing.
+/// It also notes since when the host's heartbeat row has been missing from the store, as far
+/// as the heartbeat task knows, and how long the host may stay fenced or unregistered before
+/// it is unhealthy (`max_unhealthy`); only the host's health reads those
+/// ([`super::HealthProbe`], [`HealthReport`]), and they decide nothing.
 #[derive(Debug, Clone)]
 pub(crate) struct FenceDeadline(Arc<std::sync::Mutex<FenceState>>);
+
+/// What keeps a host from working at one moment: fenced, unregistered, or both, and since
+/// when. A host in trouble for longer than `max_unhealthy` without a break is unhealthy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Trouble {
+    /// The host is fenced, since its fence deadline (the last counted heartbeat's sending plus
+    /// `lease_expiry − safety_margin`).
+    pub(crate) fenced_at: Option<Instant>,
+    /// The host's heartbeat row is not in the store, since it found it removed or taken over.
+    pub(crate) unregistered_at: Option<Instant>,
+    /// When this spell of trouble began: the earlier of the two.
+    since: Instant,
+}
+
+impl Trouble {
+    /// The trouble of a host fenced since `fenced_at` and unregistered since
+    /// `unregistered_at`; `None` if it is neither.
+    pub(crate) fn new(
+        fenced_at: Option<Instant>,
+        unregistered_at: Option<Instant>,
+    ) -> Option<Self> {
+        let since = match (fenced_at, unregistered_at) {
+            (Some(f), Some(u)) => f.min(u),
+            (Some(t), None) | (None, Some(t)) => t,
+            (None, None) => return None,
+        };
+        Some(Self {
+            fenced_at,
+            unregistered_at,
+            since,
+        })
+    }
+
+    /// When this spell of trouble began: the earlier of the two. Both end together (a
+    /// renewal cannot succeed without the row, and registering again lowers the fence), so
+    /// the spell is unbroken from then on.
+    pub(crate) fn since(&self) -> Instant {
+        self.since
+    }
+}
 
 #[derive(Debug, Clone, Copy)]
 struct FenceState {
@@ -275,18 +203,23 @@ struct FenceState {
     lapses: u64,
     /// Raised by the heartbeat task, until a renewal lowers it.
     raised: bool,
-    /// The heartbeat row is in the store (false from finding it removed or taken over until
-    /// registering again).
-    registered: bool,
+    /// Since when the heartbeat row has not been in the store (from finding it removed or
+    /// taken over until registering again); `None` while it is.
+    unregistered_at: Option<Instant>,
+    /// How long the host may be in [`Trouble`] without a break before it is unhealthy.
+    max_unhealthy: Duration,
 }
 
 impl FenceDeadline {
-    pub(crate) fn new(at: Instant) -> Self {
+    /// A record whose deadline is `at`, for a host that is unhealthy after `max_unhealthy` of
+    /// trouble ([`super::Settings::unhealthy_after`]).
+    pub(crate) fn new(at: Instant, max_unhealthy: Duration) -> Self {
         Self(Arc::new(std::sync::Mutex::new(FenceState {
             at,
             lapses: 0,
             raised: false,
-            registered: true,
+            unregistered_at: None,
+            max_unhealthy,
         })))
     }
 
@@ -321,7 +254,21 @@ impl FenceDeadline {
 
     /// Whether the heartbeat row is in the store, as far as the heartbeat task knows.
     pub(crate) fn is_registered(&self) -> bool {
-        self.lock().registered
+        self.lock().unregistered_at.is_none()
+    }
+
+    /// How long the host may be in [`Trouble`] without a break before it is unhealthy.
+    pub(crate) fn max_unhealthy(&self) -> Duration {
+        self.lock().max_unhealthy
+    }
+
+    /// What keeps the host from working at `now`, if anything: fenced (its deadline has
+    /// passed) or unregistered.
+    pub(crate) fn trouble(&self, now: Instant) -> Option<Trouble> {
+        let state = self.lock();
+        // The fence is raised only once its deadline has passed, or when the row was taken
+        // over, which marks the host unregistered too.
+        Trouble::new((now >= state.at).then_some(state.at), state.unregistered_at)
     }
 
     /// A renewal sent at `sent` succeeded: the deadline moves to `at`, and if `sent` was past
@@ -342,8 +289,14 @@ impl FenceDeadline {
         self.lock().raised = raised;
     }
 
-    fn set_registered(&self, registered: bool) {
-        self.lock().registered = registered;
+    /// The heartbeat row was found missing at `now` (kept if it already was).
+    fn set_unregistered(&self, now: Instant) {
+        let mut state = self.lock();
+        state.unregistered_at.get_or_insert(now);
+    }
+
+    fn set_registered(&self) {
+        self.lock().unregistered_at = None;
     }
 }
 
@@ -455,6 +408,74 @@ impl ViewLink {
     }
 }
 
+/// Says once, in the log and the gauge `changefeed_unhealthy_since_seconds`, when this host
+/// turns unhealthy (in [`Trouble`] for longer than `max_unhealthy` without a break), and once
+/// when it is healthy again. The heartbeat task checks after every attempt, so it says so
+/// within about a renew interval; [`super::HealthProbe`] reads the same record exactly when
+/// asked.
+struct HealthReport {
+    fence_after: Duration,
+    /// The gauge's `group` label.
+    group: String,
+    /// When the trouble reported as unhealthy began, while it lasts.
+    reported: Option<Instant>,
+}
+
+impl HealthReport {
+    fn new(group: &GroupName, fence_after: Duration) -> Self {
+        let report = Self {
+            fence_after,
+            group: group.to_string(),
+            reported: None,
+        };
+        // Healthy to begin with; the series is there from the start, for alerts on its value.
+        report.gauge(0.0);
+        report
+    }
+
+    fn gauge(&self, value: f64) {
+        metrics::gauge!("changefeed_unhealthy_since_seconds", "group" => self.group.clone())
+            .set(value);
+    }
+
+    fn check(&mut self, record: &FenceDeadline, clock: &dyn Clock, host: &HostName) {
+        let now = clock.now();
+        let trouble = record.trouble(now);
+        if let Some(since) = self.reported {
+            if trouble.is_some_and(|t| t.since() == since) {
+                return;
+            }
+            // The spell reported is over (another may have begun since).
+            info!(%host, unhealthy_for = ?now.saturating_duration_since(since), "healthy again: a heartbeat succeeded");
+            self.reported = None;
+            self.gauge(0.0);
+        }
+        let Some(trouble) = trouble else { return };
+        let judged = Unhealthy::judge(
+            &trouble,
+            now,
+            clock.wall(),
+            self.fence_after,
+            record.max_unhealthy(),
+        );
+        if let Some(unhealthy) = judged {
+            error!(%host, "{unhealthy}; it stays so until a heartbeat succeeds (a restart may be needed)");
+            self.gauge(unhealthy.since.millis() as f64 / 1000.0);
+            self.reported = Some(trouble.since());
+        }
+    }
+}
+
+impl Drop for HealthReport {
+    fn drop(&mut self) {
+        // The heartbeat task has ended (a stop, or the row taken over): nothing recovers any
+        // more, and the host's health no longer says unhealthy.
+        if self.reported.is_some() {
+            self.gauge(0.0);
+        }
+    }
+}
+
 /// Heartbeat loop: renews the row every `renew_interval`, and raises the fence when the last
 /// successful renewal was sent `fence_after` ago. Lowers it again when a renewal succeeds.
 /// Returns an error if the row was taken over or removed.
@@ -479,6 +500,7 @@ pub(crate) async fn run(
     let mut last_ok_sent = clock.now();
     fence.record.set(last_ok_sent + fence_after);
     let base_incarnation = row.incarnation.clone();
+    let mut report = HealthReport::new(&row.group, fence_after);
     let mut rejoins = 0u32;
     let mut lapses_seen = 0u32;
     // Every incarnation this process writes starts with the one it registered with.
@@ -521,13 +543,22 @@ pub(crate) async fn run(
                 Some(row.version),
             )
         };
-        // A hung store must not hold the loop: the fence deadline still fires.
-        let fence_in = (last_ok_sent + fence_after).saturating_duration_since(clock.now());
+        // A hung store must not hold the loop past the fence deadline, which must still fire.
+        // Once the fence is raised that deadline has passed, and the renewal gets the whole
+        // write timeout: cut to nothing, it could never succeed on a store that takes more
+        // than an instant to answer (a new connection after a network fault), and the host
+        // would stay fenced for ever with its store reachable again.
+        let limit = if fence.is_raised() {
+            write_timeout
+        } else {
+            let fence_in = (last_ok_sent + fence_after).saturating_duration_since(clock.now());
+            write_timeout.min(fence_in.max(Duration::from_millis(1)))
+        };
         let result = tokio::select! {
             biased;
             _ = cancel.cancelled() => return Ok(row),
             r = write => Some(r),
-            _ = clock.sleep(write_timeout.min(fence_in.max(Duration::from_millis(1)))) => None,
+            _ = clock.sleep(limit) => None,
         };
         match result {
             Some(Ok(hb)) if clock.now().saturating_duration_since(sent) > write_timeout => {
@@ -575,29 +606,34 @@ pub(crate) async fn run(
                 // new row starts again at version 1: it carries a new incarnation, or one back
                 // at a version an observer saw before would look unchanged and its host dead
                 // while alive (`tests::reregistered_row_is_seen_to_change`).
-                fence.record.set_registered(false);
+                fence.record.set_unregistered(clock.now());
                 rejoins += 1;
                 let token = format!("{base_incarnation}.r{rejoins}");
-                // Bounded as a renewal is: a hung call must not hold the loop.
+                // Bounded like a renewal: a hung store must not hold the loop (and with it the
+                // fence and health reports). A registration that lands after the bound is
+                // adopted by the next renewal's conflict, as its incarnation is ours.
                 let register = store.heartbeat(&row.group, &row.host, &token, clock.wall(), None);
                 let registered = tokio::select! {
                     biased;
-                    r = register => r,
-                    _ = clock.sleep(write_timeout) => Err(LeaseError::store(
-                        "heartbeat",
-                        Some(row.host.to_string()),
-                        true,
-                        format!("no answer within {write_timeout:?}"),
-                    )),
+                    _ = cancel.cancelled() => return Ok(row),
+                    r = register => Some(r),
+                    _ = clock.sleep(write_timeout) => None,
                 };
-                match registered {
+                match registered.unwrap_or_else(|| {
+                    Err(LeaseError::store(
+                        "heartbeat",
+                        Some(format!("{}/{}", row.group, row.host)),
+                        true,
+                        format!("registering again took longer than {write_timeout:?}"),
+                    ))
+                }) {
                     Ok(hb) => {
                         warn!(host = %row.host, "heartbeat row had been removed; registered again");
                         link.set_incarnation(Arc::clone(&hb.incarnation));
                         row = hb;
                         last_ok_sent = sent;
                         fence.record.renewed(sent, sent + fence_after);
-                        fence.record.set_registered(true);
+                        fence.record.set_registered();
                         if fence.is_raised() {
                             fence.lower();
                         }
@@ -607,7 +643,7 @@ pub(crate) async fn run(
             }
             Some(Err(LeaseError::HeartbeatConflict { current, .. })) => {
                 error!(host = %row.host, current = ?current.map(|c| c.incarnation), "heartbeat row taken over or removed; stopping");
-                fence.record.set_registered(false);
+                fence.record.set_unregistered(clock.now());
                 fence.raise();
                 return Err(ProcessorError::Superseded {
                     group: row.group.to_string(),
@@ -632,6 +668,7 @@ pub(crate) async fn run(
             metrics::counter!("changefeed_fenced_total").increment(1);
             fence.raise();
         }
+        report.check(&fence.record, clock.as_ref(), &row.host);
     }
 }
 

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use super::*;
 use crate::clock::{Sleep, SystemClock};
 use crate::lease::{ForwardingStore, MemoryLeaseStore};
-use crate::model::Timestamp;
+use crate::model::{Timestamp, Version};
 
 const RENEW: Duration = Duration::from_secs(2);
 const FENCE_AFTER: Duration = Duration::from_secs(8);
@@ -92,7 +92,7 @@ fn start(
     row: Heartbeat,
     cancel: &CancellationToken,
 ) -> (FenceDeadline, watch::Receiver<bool>) {
-    let record = FenceDeadline::new(clock.now() + FENCE_AFTER);
+    let record = FenceDeadline::new(clock.now() + FENCE_AFTER, FENCE_AFTER * 4);
     let (doorbell, raised) = watch::channel(false);
     let row_incarnation = Arc::clone(&row.incarnation);
     tokio::spawn(run(
@@ -212,5 +212,70 @@ async fn reregistered_row_is_seen_to_change() {
         "still live one expiry after the first read"
     );
     assert_eq!(record.get(), t0 + Duration::from_secs(2) + FENCE_AFTER);
+    cancel.cancel();
+}
+
+/// A store that answers every call `latency` late, and not at all while `cut`.
+#[derive(Debug)]
+struct SlowPath {
+    inner: MemoryLeaseStore,
+    latency: Duration,
+    cut: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait]
+impl ForwardingStore for SlowPath {
+    fn inner(&self) -> &dyn LeaseStore {
+        &self.inner
+    }
+
+    async fn heartbeat(
+        &self,
+        group: &GroupName,
+        host: &HostName,
+        incarnation: &str,
+        written_at: Timestamp,
+        expected: Option<Version>,
+    ) -> Result<Heartbeat, LeaseError> {
+        while self.cut.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(self.latency).await;
+        self.inner
+            .heartbeat(group, host, incarnation, written_at, expected)
+            .await
+    }
+}
+
+/// Once fenced, a renewal still gets the whole `write_timeout`: the fence deadline it must not
+/// outlast has passed, and a renewal cut to nothing can never succeed on a store that takes
+/// more than an instant (a new connection after a network fault), which left a host fenced
+/// for ever with its store reachable again.
+#[tokio::test(start_paused = true)]
+async fn a_fenced_host_renews_again_once_its_store_answers_within_the_write_timeout() {
+    let t0 = Instant::now();
+    let inner = MemoryLeaseStore::new();
+    let row = inner
+        .heartbeat(&group(), &host(), "inc", Timestamp(0), None)
+        .await
+        .expect("registered");
+    let store = Arc::new(SlowPath {
+        inner: inner.clone(),
+        latency: Duration::from_millis(300),
+        cut: std::sync::atomic::AtomicBool::new(true),
+    });
+    let cancel = CancellationToken::new();
+    let (record, raised) = start(store.clone(), Arc::new(SystemClock), row, &cancel);
+    // Cut off past the fence deadline (8 s), then the path is back, each answer 300 ms late.
+    tokio::time::sleep_until(t0 + FENCE_AFTER + Duration::from_secs(4)).await;
+    assert!(*raised.borrow(), "fenced while cut off");
+    let healed = Instant::now();
+    store.cut.store(false, Ordering::SeqCst);
+    // Within one renew interval plus the answer's latency (and the attempt cut off by the
+    // heal, at most one write timeout), the fence is lowered.
+    let bound = RENEW + WRITE_TIMEOUT + Duration::from_millis(300);
+    tokio::time::sleep_until(healed + bound).await;
+    assert!(!*raised.borrow(), "renewed within {bound:?} of the heal");
+    assert!(record.get() > healed);
     cancel.cancel();
 }

@@ -1,0 +1,145 @@
+//! Where a fault fleet runs: the lease store's backend, the PostgreSQL outbox, the proxies'
+//! upstream addresses and URLs with `{addr}` where a proxy's address goes.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use changefeed::lease::LeaseStore;
+use changefeed_postgres::{PgOptions, PostgresLeaseStore};
+
+use super::{Setup, Timings};
+
+/// `host:port` of a `scheme://[user@]host[:port]/…` URL, and the URL with `{addr}` in its place.
+pub(super) fn split_addr(url: &str) -> anyhow::Result<(String, String)> {
+    let (scheme, rest) = url.split_once("://").context("a URL with a scheme")?;
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let (userinfo, hostport) = match authority.rsplit_once('@') {
+        Some((u, h)) => (format!("{u}@"), h),
+        None => (String::new(), authority),
+    };
+    let upstream = if hostport.contains(':') {
+        hostport.to_string()
+    } else {
+        format!("{hostport}:5432")
+    };
+    Ok((upstream, format!("{scheme}://{userinfo}{{addr}}{tail}")))
+}
+
+/// The lease store a fleet runs on; the source is always a PostgreSQL outbox.
+#[derive(Debug, Clone)]
+pub enum StoreBackend {
+    /// The same PostgreSQL server as the outbox.
+    Postgres,
+    /// DynamoDB Local (or another DynamoDB endpoint) at this `http://host:port`.
+    Dynamodb(String),
+    /// A Cosmos DB server (the emulator or a local server) at this `http://host:port`.
+    Cosmos(String),
+}
+
+impl StoreBackend {
+    /// The name in RESULT lines and on the command line.
+    pub fn name(&self) -> &'static str {
+        match self {
+            StoreBackend::Postgres => "postgres",
+            StoreBackend::Dynamodb(_) => "dynamodb",
+            StoreBackend::Cosmos(_) => "cosmos",
+        }
+    }
+}
+
+/// A fleet on `backend` with its outbox on PostgreSQL at `pg_url` (a plain `postgres://`
+/// URL), under a fresh table prefix, the ledger and logs in a new temporary directory (kept,
+/// so that a failure can be read).
+///
+/// # Errors
+///
+/// A server cannot be reached, or the directory cannot be made.
+pub async fn setup(
+    changefeed: &Path,
+    backend: StoreBackend,
+    pg_url: &str,
+    hosts: usize,
+    partitions: u32,
+    timings: Timings,
+) -> anyhow::Result<Setup> {
+    let prefix = format!(
+        "flt{}p{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_millis()
+            % 10_000_000_000,
+        std::process::id()
+    );
+    let (pg_upstream, template) = split_addr(pg_url)?;
+    let sep = if template.contains('?') { '&' } else { '?' };
+    let (store_url, store_upstream, store): (String, String, Arc<dyn LeaseStore>) = match &backend {
+        StoreBackend::Postgres => {
+            let store = PostgresLeaseStore::connect_with(
+                PgOptions::new(pg_url.to_string())
+                    .prefix(prefix.clone())
+                    .pool_size(2),
+            )
+            .await
+            .with_context(|| format!("connect to PostgreSQL at {pg_upstream}"))?;
+            (
+                format!("{template}{sep}prefix={prefix}"),
+                pg_upstream.clone(),
+                Arc::new(store),
+            )
+        }
+        StoreBackend::Dynamodb(endpoint) => {
+            let (upstream, _) = split_addr(endpoint)?;
+            let table = prefix.replace('_', "-");
+            let config = changefeed_dynamodb::AwsOptions::local(endpoint.clone())
+                .load()
+                .await;
+            let store = changefeed_dynamodb::DynamoLeaseStore::new(
+                changefeed_dynamodb::sdk::Client::new(&config),
+                &table,
+            );
+            store
+                .ensure_table()
+                .await
+                .with_context(|| format!("DynamoDB at {endpoint}"))?;
+            (
+                format!("dynamodb://{table}?endpoint=http://{{addr}}&region=us-east-1"),
+                upstream,
+                Arc::new(store),
+            )
+        }
+        StoreBackend::Cosmos(endpoint) => {
+            let (upstream, _) = split_addr(endpoint)?;
+            let options =
+                changefeed_cosmos::CosmosOptions::new(endpoint.clone(), "faults", &prefix);
+            let store = changefeed_cosmos::CosmosLeaseStore::connect(&options)
+                .await
+                .with_context(|| format!("Cosmos DB at {endpoint}"))?;
+            (
+                format!("cosmos://local/faults/{prefix}?endpoint=http://{{addr}}"),
+                upstream,
+                Arc::new(store),
+            )
+        }
+    };
+    let dir = tempfile::Builder::new().prefix("faults").tempdir()?.keep();
+    Ok(Setup {
+        changefeed: changefeed.to_path_buf(),
+        backend: backend.name().to_string(),
+        store_url,
+        store_upstream,
+        store,
+        source_url: format!(
+            "{}{sep}prefix={prefix}",
+            template.replacen("postgres://", "postgres-outbox://", 1)
+        ),
+        pg_url: pg_url.to_string(),
+        source_upstream: pg_upstream,
+        prefix,
+        hosts,
+        partitions,
+        timings,
+        dir,
+    })
+}

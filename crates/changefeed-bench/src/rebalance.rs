@@ -141,6 +141,7 @@ async fn fleet(
         history: false,
         head_reads_per_second: None,
         share_tables: false,
+        pool: None,
     })
     .await;
     conditions.apply(&fleet);

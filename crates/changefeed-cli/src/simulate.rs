@@ -42,7 +42,8 @@ pub struct Args {
     #[arg(long, default_value = "ours")]
     strategy: String,
     /// Run a deliberately broken processor: no-fencing, checkpoint-without-cas,
-    /// child-before-parent, no-handler-fence or no-admission (the checker should catch it).
+    /// child-before-parent, no-handler-fence, no-admission or no-timeouts (the checker should
+    /// catch it).
     /// Only in a build
     /// with feature `sim-broken`.
     #[cfg(feature = "sim-broken")]
@@ -198,6 +199,41 @@ fn child_waits(waits: &[Duration], acquire: Duration) -> String {
     )
 }
 
+/// The longest stretches the liveness rule judged, over runs: a healthy host without a
+/// heartbeat, without a lease it should hold, and the largest share of its window any
+/// stretch took.
+#[derive(Debug, Default, Clone, Copy)]
+struct Liveness {
+    heartbeat: Duration,
+    lease: Duration,
+    share: f64,
+}
+
+impl Liveness {
+    fn add(&mut self, out: &sim::SimOutcome) {
+        for gap in &out.longest_gaps {
+            let (longest, window) = match gap.what {
+                "heartbeat" => (&mut self.heartbeat, Some(out.liveness_windows.heartbeat)),
+                _ => (&mut self.lease, out.liveness_windows.lease),
+            };
+            *longest = (*longest).max(gap.len());
+            if let Some(w) = window.filter(|w| !w.is_zero()) {
+                self.share = self.share.max(gap.len().as_secs_f64() / w.as_secs_f64());
+            }
+        }
+    }
+
+    /// The `RESULT` fields.
+    fn fields(&self) -> String {
+        format!(
+            "heartbeat_gap_max_s={:.1} lease_gap_max_s={:.1} liveness_window_share_max={:.2}",
+            self.heartbeat.as_secs_f64(),
+            self.lease.as_secs_f64(),
+            self.share
+        )
+    }
+}
+
 /// Runs the command. Exit status: 0 when every run kept every rule, 1 when some run broke one
 /// (violations), 2 when the runs could not be made (bad arguments, a file that cannot be
 /// written): a script can tell a found bug from a mistyped flag.
@@ -248,11 +284,14 @@ fn simulate(args: Args) -> anyhow::Result<ExitCode> {
                 .with_context(|| format!("writing {}", path.display()))?;
             println!("timeline written to {}", path.display());
         }
+        let mut liveness = Liveness::default();
+        liveness.add(&out);
         println!(
-            "RESULT seeds=1 violations={} wall_s={:.2} {}",
+            "RESULT seeds=1 violations={} wall_s={:.2} {} {}",
             out.violations.len(),
             started.elapsed().as_secs_f64(),
-            child_waits(&out.child_waits, first.settings.acquire_interval)
+            child_waits(&out.child_waits, first.settings.acquire_interval),
+            liveness.fields()
         );
         return Ok(if out.violations.is_empty() {
             ExitCode::SUCCESS
@@ -266,6 +305,7 @@ fn simulate(args: Args) -> anyhow::Result<ExitCode> {
     let next = AtomicU64::new(0);
     let failures: Mutex<Vec<(u64, String)>> = Mutex::new(Vec::new());
     let waits: Mutex<Vec<Duration>> = Mutex::new(Vec::new());
+    let liveness: Mutex<Liveness> = Mutex::new(Liveness::default());
     let errors: Mutex<Vec<String>> = Mutex::new(Vec::new());
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
     std::thread::scope(|scope| {
@@ -292,6 +332,7 @@ fn simulate(args: Args) -> anyhow::Result<ExitCode> {
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
                         .extend_from_slice(&out.child_waits);
+                    liveness.lock().unwrap_or_else(|p| p.into_inner()).add(out);
                 }
                 match run {
                     Ok(out) if !out.violations.is_empty() => {
@@ -324,11 +365,13 @@ fn simulate(args: Args) -> anyhow::Result<ExitCode> {
         println!("{text}");
     }
     let waits = waits.into_inner().unwrap_or_else(|p| p.into_inner());
+    let liveness = liveness.into_inner().unwrap_or_else(|p| p.into_inner());
     println!(
-        "RESULT seeds={count} violations={} wall_s={:.1} {}",
+        "RESULT seeds={count} violations={} wall_s={:.1} {} {}",
         failures.len(),
         started.elapsed().as_secs_f64(),
-        child_waits(&waits, first.settings.acquire_interval)
+        child_waits(&waits, first.settings.acquire_interval),
+        liveness.fields()
     );
     Ok(if failures.is_empty() {
         ExitCode::SUCCESS

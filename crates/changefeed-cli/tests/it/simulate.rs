@@ -297,11 +297,15 @@ fn simulate_without_sim_broken_refuses_broken_as_an_unknown_option() {
 /// variant is caught in two or three of those seeds, which leaves room if the simulator's
 /// random choices change).
 #[cfg(feature = "sim-broken")]
-const BROKEN_CAUGHT: [(&str, &str); 4] = [
+const BROKEN_CAUGHT: [(&str, &str); 5] = [
     ("no-fencing", "two-deliverers"),
     ("checkpoint-without-cas", "continuation-backwards"),
     ("child-before-parent", "parents-first"),
     ("no-handler-fence", "overlap"),
+    // A host whose client hangs every call on a connection a forget cut left dead, and
+    // gives the connection back when the call is cancelled, stays up and connected and never
+    // heartbeats again.
+    ("no-timeouts", "liveness"),
 ];
 
 /// `--seed 69 --seeds 3` of the acceptance runs (`--faults all`, 2 virtual minutes): three seeds

@@ -10,6 +10,7 @@ use rand::{Rng, SeedableRng};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, Instrument};
 
+use super::bounded::{BoundedSource, BoundedStore};
 use super::callbacks::{Callbacks, ErrorNotice};
 use super::config::{CheckpointMode, ConfigError, Settings};
 use super::handler::{DeadLetterSink, Handler};
@@ -355,6 +356,18 @@ impl ProcessorBuilder {
         });
         let stats = Arc::new(crate::lease::StoreStats::default());
         let health = Arc::new(HealthCell::new(clock.clone(), self.settings.fence_after()));
+        // Every store and source call is bounded, so that a client that hangs a call for ever
+        // cannot stall the host (see `bounded.rs`).
+        let (store, source): (Arc<dyn LeaseStore>, Arc<dyn FeedSource>) =
+            if self.hooks.no_timeouts() {
+                (store, source)
+            } else {
+                let limit = self.settings.call_timeout();
+                (
+                    Arc::new(BoundedStore::new(store, clock.clone(), limit)),
+                    Arc::new(BoundedSource::new(source, clock.clone(), limit)),
+                )
+            };
         Ok(Processor {
             host,
             group,

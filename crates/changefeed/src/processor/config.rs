@@ -336,6 +336,17 @@ impl Settings {
         self.lease_expiry.saturating_sub(self.safety_margin)
     }
 
+    /// How long the processor waits for any one store or source call before giving it up as
+    /// failed (a retryable error its caller handles as any other): `lease_expiry −
+    /// safety_margin`. Not a setting of its own: no answer later than that is of use, since a
+    /// host whose heartbeat had waited as long would have fenced itself and every read it made
+    /// is stale. It keeps a client that can hang a call for ever (a connection to a vanished
+    /// peer, with no timeout of its own) from stalling the host loop or a worker for ever. The
+    /// heartbeat's renewals have a shorter bound, `min(safety_margin, renew_interval)`.
+    pub fn call_timeout(&self) -> Duration {
+        self.fence_after()
+    }
+
     /// How long this host may stay fenced or unregistered before it is unhealthy:
     /// `max_unhealthy`, or 3 × `lease_expiry` when that is not set.
     pub fn unhealthy_after(&self) -> Duration {

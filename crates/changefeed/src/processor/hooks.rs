@@ -23,6 +23,14 @@ pub enum Broken {
     /// comes back under a name the view judged dead resumes its leases while the others still
     /// take them as a dead host's (the bug the admission rule fixes).
     NoAdmission,
+    /// No store or source call is bounded ([`Settings::call_timeout`] is not applied), and
+    /// the simulator's client has no per-call timeout of its own and returns a connection
+    /// whose call was cancelled to its pool: after a network fault that leaves the pool's
+    /// connections dead (a forgotten flow), every call hangs for ever and the host, up and
+    /// connected, does nothing (the production bug the bounds and the client's fix address).
+    ///
+    /// [`Settings::call_timeout`]: super::Settings::call_timeout
+    NoTimeouts,
 }
 
 /// The broken variant a processor runs with; zero-sized and inert without feature
@@ -71,5 +79,9 @@ impl Hooks {
     check!(
         /// Hosts take before a membership view admits them.
         no_admission => NoAdmission
+    );
+    check!(
+        /// Store and source calls are not bounded.
+        no_timeouts => NoTimeouts
     );
 }

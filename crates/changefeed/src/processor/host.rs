@@ -695,24 +695,39 @@ impl Host {
             })
             .collect();
         let source = self.p.source.clone();
-        match lag::unleased(source.as_ref(), &rows, &BTreeSet::new()).await {
-            Ok(more) => todo.extend(more.into_iter().map(|(p, start)| (p, None, start))),
-            Err(err) => debug!(error = %err, "listing partitions for the lag estimate failed"),
-        }
-        let mut records: Option<u64> = None;
-        let mut oldest = OldestUnread::Unknown;
-        for (partition, checkpoint, start) in todo.iter().take(UNOWNED_LAG_MAX) {
-            match lag::lag_after(source.as_ref(), partition, checkpoint.as_ref(), start).await {
-                Ok(Some(n)) => records = Some(records.unwrap_or(0).saturating_add(n)),
-                Ok(None) => {}
-                Err(err) => debug!(%partition, error = %err, "lag estimate failed"),
+        let estimate = async {
+            match lag::unleased(source.as_ref(), &rows, &BTreeSet::new()).await {
+                Ok(more) => todo.extend(more.into_iter().map(|(p, start)| (p, None, start))),
+                Err(err) => debug!(error = %err, "listing partitions for the lag estimate failed"),
             }
-            match lag::oldest_after(source.as_ref(), partition, checkpoint.as_ref(), start).await {
-                Ok(found) => oldest = older(oldest, found),
-                Err(err) => debug!(%partition, error = %err, "lag in time estimate failed"),
+            let mut records: Option<u64> = None;
+            let mut oldest = OldestUnread::Unknown;
+            for (partition, checkpoint, start) in todo.iter().take(UNOWNED_LAG_MAX) {
+                match lag::lag_after(source.as_ref(), partition, checkpoint.as_ref(), start).await {
+                    Ok(Some(n)) => records = Some(records.unwrap_or(0).saturating_add(n)),
+                    Ok(None) => {}
+                    Err(err) => debug!(%partition, error = %err, "lag estimate failed"),
+                }
+                match lag::oldest_after(source.as_ref(), partition, checkpoint.as_ref(), start)
+                    .await
+                {
+                    Ok(found) => oldest = older(oldest, found),
+                    Err(err) => debug!(%partition, error = %err, "lag in time estimate failed"),
+                }
             }
-        }
-        let estimate = (!todo.is_empty()).then_some(worker::PartitionLag { records, oldest });
+            (!todo.is_empty()).then_some(worker::PartitionLag { records, oldest })
+        };
+        // Observation only: a source that answers slowly (each read bounded by the call
+        // timeout) must not hold the cycle for one bound per partition. The estimate keeps its
+        // last value until the next refresh.
+        let estimate = tokio::select! {
+            biased;
+            estimate = estimate => estimate,
+            _ = self.p.clock.sleep(self.p.settings.call_timeout()) => {
+                debug!("the lag estimate of unowned partitions took longer than the call timeout; left as it was");
+                return;
+            }
+        };
         self.lag
             .set_unowned(&self.group_label, estimate, self.p.clock.wall());
     }
@@ -826,6 +841,8 @@ impl Host {
                             if let LeaseError::Conflict { current, .. } = err {
                                 self.state.keep_and_replan(*current);
                                 self.flush();
+                            } else {
+                                self.state.write_failed();
                             }
                         }
                     }
@@ -836,7 +853,10 @@ impl Host {
                     self.state.keep_and_replan(*current);
                     self.flush();
                 }
-                Err(err) => debug!(lease = %lease.key, error = %err, "could not resume lease"),
+                Err(err) => {
+                    debug!(lease = %lease.key, error = %err, "could not resume lease");
+                    self.state.write_failed();
+                }
             }
         }
     }
@@ -863,7 +883,10 @@ impl Host {
                     retry.extend(self.state.take_conflict(lease, *current, *kind));
                     self.flush();
                 }
-                Err(err) => debug!(lease = %lease.key, error = %err, %kind, "could not take lease"),
+                Err(err) => {
+                    debug!(lease = %lease.key, error = %err, %kind, "could not take lease");
+                    self.state.write_failed();
+                }
             }
         }
         if !retry.is_empty() {
@@ -891,6 +914,7 @@ impl Host {
                     Err(LeaseError::Conflict { current: c, .. }) => current = Some(*c),
                     Err(err) => {
                         debug!(lease = %lease.key, error = %err, "hand-off request not written");
+                        self.state.write_failed();
                         break;
                     }
                 }

@@ -30,6 +30,7 @@
 //! # Ok(()) }
 //! ```
 
+mod bounded;
 mod builder;
 pub mod callbacks;
 mod config;

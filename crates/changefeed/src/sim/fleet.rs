@@ -16,6 +16,8 @@ use std::time::Duration;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
+use super::check::LivenessWindows;
+use super::pool::{Net, Pool, PoolConfig, PoolCounts};
 use super::seams::{Cut, HostCtl, SimClock, SimHandler, SimSource, SimStore};
 use super::world::{World, WriteOp, DRIVER};
 use super::StrategyKind;
@@ -56,6 +58,10 @@ pub struct FleetConfig {
     pub head_reads_per_second: Option<f64>,
     /// Whether the hosts share their lease tables (see [`super::SimConfig::share_tables`]).
     pub share_tables: bool,
+    /// Each host's client: a pool of connections to its store and one to its feed, made anew
+    /// at each start (see [`PoolConfig`]). `None`: calls reach the store and the feed
+    /// directly, and a [`Cut::Forget`] is a [`Cut::Hang`] that reaches the feed too.
+    pub pool: Option<PoolConfig>,
 }
 
 /// The simulator's [`HostKit`]: each host behind fault-injecting seams, whose switches it
@@ -72,6 +78,10 @@ pub struct SimKit {
     anchor_costs: bool,
     /// The lease tables the hosts share, if they do (see [`super::SimConfig::share_tables`]).
     tables: Option<TableShare>,
+    /// Each host's client (see [`FleetConfig::pool`]).
+    pool: Option<PoolConfig>,
+    /// Every host's switches, by name, for the fleet's events.
+    ctls: BTreeMap<String, Arc<HostCtl>>,
     #[cfg(feature = "sim-broken")]
     broken: Broken,
 }
@@ -81,6 +91,8 @@ pub struct SimKit {
 pub struct SimHost {
     ctl: Arc<HostCtl>,
     stats: Arc<StoreStats>,
+    /// The store and feed pools of its current (or last) start.
+    pools: Option<(Arc<Pool>, Arc<Pool>)>,
     /// When each timed fault (stall, cut, latency) ends.
     heal_at: Vec<(Duration, Heal)>,
 }
@@ -97,9 +109,16 @@ impl HostKit for SimKit {
     type Host = SimHost;
 
     fn host(&mut self, name: &str) -> SimHost {
+        let ctl = Arc::new(HostCtl::new(name, self.world.clone()));
+        // A second process claiming a name in use (`Fleet::processor`) gets switches of its
+        // own; the fleet's events are about the first.
+        self.ctls
+            .entry(name.to_string())
+            .or_insert_with(|| ctl.clone());
         SimHost {
-            ctl: Arc::new(HostCtl::new(name)),
+            ctl,
             stats: Arc::new(StoreStats::default()),
+            pools: None,
             heal_at: Vec::new(),
         }
     }
@@ -115,10 +134,18 @@ impl HostKit for SimKit {
         builder: ProcessorBuilder,
     ) -> (ProcessorBuilder, Option<Companion>) {
         let ctl = host.ctl.clone();
+        // A new process: new pools.
+        host.pools = self.pool.map(|cfg| {
+            (
+                Arc::new(Pool::new(cfg, Net::Store, ctl.clone())),
+                Arc::new(Pool::new(cfg, Net::Source, ctl.clone())),
+            )
+        });
         let sim_store = SimStore {
             inner: self.store.clone(),
             ctl: ctl.clone(),
             world: self.world.clone(),
+            pool: host.pools.as_ref().map(|(store, _)| store.clone()),
         };
         let counted: Arc<dyn LeaseStore> =
             Arc::new(CountingStore::new(Arc::new(sim_store), host.stats.clone()));
@@ -132,6 +159,7 @@ impl HostKit for SimKit {
                 inner: start.feed.clone(),
                 ctl: ctl.clone(),
                 world: self.world.clone(),
+                pool: host.pools.as_ref().map(|(_, source)| source.clone()),
             }))
             .handler(SimHandler {
                 ctl,
@@ -165,6 +193,13 @@ impl HostKit for SimKit {
 
     fn event(&self, kind: &'static str, host: &str, detail: String) {
         self.world.event(kind, host, detail);
+        if let Some(ctl) = self.ctls.get(host) {
+            match kind {
+                "start" => ctl.set_up(true),
+                "crash" | "stop" | "stopped" => ctl.set_up(false),
+                _ => {}
+            }
+        }
     }
 }
 
@@ -195,6 +230,8 @@ impl Fleet<SimKit> {
             strategy: cfg.strategy,
             anchor_costs: cfg.anchor_costs,
             tables: cfg.share_tables.then(TableShare::new),
+            pool: cfg.pool,
+            ctls: BTreeMap::new(),
             #[cfg(feature = "sim-broken")]
             broken: Broken::None,
         };
@@ -477,13 +514,53 @@ impl Fleet<SimKit> {
         let parents: BTreeMap<PartitionId, Vec<PartitionId>> =
             partitions.into_iter().map(|p| (p.id, p.parents)).collect();
         let log = self.kit.world.log();
-        super::check(&super::CheckInput {
+        let mut violations = super::check(&super::CheckInput {
             written: &self.written,
             deliveries: &log.deliveries,
             writes: &log.writes,
             parents: &parents,
             max_duplicates,
+        });
+        violations.extend(super::check::liveness(&super::check::LivenessInput {
+            health: &log.health,
+            heartbeats: &log.heartbeats,
+            writes: &log.writes,
+            hosts: self.hosts.len(),
+            windows: self.liveness_windows(),
+            end: self.now(),
+        }));
+        violations
+    }
+
+    /// The liveness rule's windows for this fleet's settings, client and strategy (the lease
+    /// part only with the equal share, which gives every live host a lease when there are
+    /// enough).
+    pub fn liveness_windows(&self) -> LivenessWindows {
+        LivenessWindows::of(
+            &self.settings,
+            self.kit.pool.as_ref(),
+            self.kit.strategy == StrategyKind::EqualShare,
+        )
+    }
+
+    /// Every stretch the liveness rule judged so far (see [`super::check::liveness_gaps`]).
+    pub fn liveness_gaps(&self) -> Vec<super::check::Gap> {
+        let log = self.kit.world.log();
+        super::check::liveness_gaps(&super::check::LivenessInput {
+            health: &log.health,
+            heartbeats: &log.heartbeats,
+            writes: &log.writes,
+            hosts: self.hosts.len(),
+            windows: self.liveness_windows(),
+            end: self.now(),
         })
+    }
+
+    /// What the pools of `name`'s current (or last) start have done (`None`: the fleet's
+    /// hosts have no pools): its store's, then its feed's.
+    pub fn pool_counts(&self, name: &str) -> Option<(PoolCounts, PoolCounts)> {
+        let (store, source) = self.hosts.get(name)?.kit.pools.as_ref()?;
+        Some((store.counts(), source.counts()))
     }
 
     /// Whether a host is stalled now.

@@ -26,6 +26,7 @@
 pub mod check;
 pub mod children;
 mod fleet;
+mod pool;
 mod seams;
 pub mod svg;
 mod world;
@@ -39,10 +40,11 @@ use std::time::Duration;
 use rand::seq::SliceRandom;
 use rand::Rng;
 
-pub use check::{check, CheckInput, Violation};
+pub use check::{check, liveness, CheckInput, LivenessInput, LivenessWindows, Violation};
 pub use fleet::{FleetConfig, SimFleet, SimHost, SimKit};
+pub use pool::{PoolConfig, PoolCounts};
 pub use seams::Cut;
-pub use world::{Delivery, Event, TraceMode, WriteOp, WriteRec};
+pub use world::{Delivery, Event, HealthMark, HeartbeatRec, TraceMode, WriteOp, WriteRec};
 
 use crate::balance::{BalanceStrategy, CosmosLike, EqualShare, Kcl3Like, KclLike};
 use crate::model::{Partition, PartitionId};
@@ -62,7 +64,8 @@ pub enum Fault {
     Restart,
     /// A host stalls (GC pause): its seams and timers wait, then it resumes.
     Pause,
-    /// A host's store calls fail or hang for a while.
+    /// A host's store calls fail or hang for a while; half the hangs black-hole its whole
+    /// network and leave its client's connections dead when they end ([`Cut::Forget`]).
     CutOff,
     /// A host's store calls are slow for a while.
     Latency,
@@ -274,8 +277,9 @@ pub fn parse_broken(s: &str) -> Result<Broken, String> {
         "child-before-parent" => Ok(Broken::ChildBeforeParent),
         "no-handler-fence" => Ok(Broken::NoHandlerFence),
         "no-admission" => Ok(Broken::NoAdmission),
+        "no-timeouts" => Ok(Broken::NoTimeouts),
         other => Err(format!(
-            "unknown broken variant {other:?}; expected no-fencing, checkpoint-without-cas, child-before-parent, no-handler-fence or no-admission"
+            "unknown broken variant {other:?}; expected no-fencing, checkpoint-without-cas, child-before-parent, no-handler-fence, no-admission or no-timeouts"
         )),
     }
 }
@@ -290,6 +294,7 @@ pub fn broken_name(b: Broken) -> &'static str {
         Broken::ChildBeforeParent => "child-before-parent",
         Broken::NoHandlerFence => "no-handler-fence",
         Broken::NoAdmission => "no-admission",
+        Broken::NoTimeouts => "no-timeouts",
     }
 }
 
@@ -401,6 +406,12 @@ pub struct SimOutcome {
     /// How long each child partition read in the run waited after its parents ended (see
     /// [`children::child_waits`]).
     pub child_waits: Vec<Duration>,
+    /// The longest stretch the liveness rule judged of each kind (a healthy host without a
+    /// heartbeat, then without a lease it should hold), if any: how close the run came to
+    /// its windows ([`SimOutcome::liveness_windows`]).
+    pub longest_gaps: Vec<check::Gap>,
+    /// The liveness rule's windows in this run.
+    pub liveness_windows: LivenessWindows,
 }
 
 /// Why a run could not be carried out (not a violation: the simulator itself failed).
@@ -469,6 +480,22 @@ async fn scenario(mut cfg: SimConfig) -> SimOutcome {
     };
     let head_reads_per_second = (!faults.set.is_empty() && pacing_draw < 3)
         .then(|| cfg.hosts.max(1) as f64 / (1.5 * cfg.settings.acquire_interval.as_secs_f64()));
+    // The seed's client, in front of every host's store and feed (`pool.rs`): the correct one,
+    // with a per-call timeout of its own from 3 to 10 s or, 3 seeds in 10, none (then only the
+    // processor's bounds end a call on a dead connection); the broken one with `no-timeouts`.
+    let client = {
+        use rand::SeedableRng;
+        let mut draw = rand::rngs::SmallRng::seed_from_u64(cfg.seed ^ 0x3C3C_3C3C);
+        let call_timeout = (draw.gen_range(0u32..10) >= 3)
+            .then(|| Duration::from_millis(draw.gen_range(3_000..=10_000)));
+        PoolConfig::correct(call_timeout)
+    };
+    #[cfg(feature = "sim-broken")]
+    let client = if cfg.broken == Broken::NoTimeouts {
+        PoolConfig::no_timeouts()
+    } else {
+        client
+    };
     let max_duplicates = match cfg.settings.checkpoint_mode {
         CheckpointMode::EveryBatch => Some(cfg.settings.max_batch_size),
         _ => None,
@@ -483,6 +510,7 @@ async fn scenario(mut cfg: SimConfig) -> SimOutcome {
         history: true,
         head_reads_per_second,
         share_tables: cfg.share_tables,
+        pool: Some(client),
     })
     .await;
     #[cfg(feature = "sim-broken")]
@@ -576,8 +604,10 @@ async fn scenario(mut cfg: SimConfig) -> SimOutcome {
             } else if up && on(Fault::CutOff) && fleet.rng().gen_bool(per_host_step(rate::CUT)) {
                 let mode = if fleet.rng().gen_bool(0.5) {
                     Cut::Fail
-                } else {
+                } else if fleet.rng().gen_bool(0.5) {
                     Cut::Hang
+                } else {
+                    Cut::Forget
                 };
                 let ms = fleet.rng().gen_range(2_000..=40_000);
                 fleet.cut(name, mode, Duration::from_millis(ms));
@@ -672,6 +702,15 @@ async fn scenario(mut cfg: SimConfig) -> SimOutcome {
     fleet.stop_all().await;
 
     let violations = fleet.check(max_duplicates).await;
+    let liveness_windows = fleet.liveness_windows();
+    let mut longest_gaps: Vec<check::Gap> = Vec::new();
+    for gap in fleet.liveness_gaps() {
+        match longest_gaps.iter_mut().find(|g| g.what == gap.what) {
+            Some(g) if g.len() >= gap.len() => {}
+            Some(g) => *g = gap,
+            None => longest_gaps.push(gap),
+        }
+    }
     let partitions = fleet.feed.partitions().await.unwrap_or_default();
     let virtual_time = fleet.now();
     let mut log = fleet.kit.world.log();
@@ -690,5 +729,7 @@ async fn scenario(mut cfg: SimConfig) -> SimOutcome {
         partitions,
         virtual_time,
         child_waits,
+        longest_gaps,
+        liveness_windows,
     }
 }

@@ -3,7 +3,8 @@
 //! its [`HostCtl`]), and logging what it does to the shared [`World`].
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::pool::{Lent, Pool};
 use super::world::{lock, Delivery, World, WriteOp};
 use crate::clock::{Clock, Sleep, VirtualClock};
 use crate::error::{LeaseError, SourceError};
@@ -32,6 +34,11 @@ pub enum Cut {
     /// Every call hangs until the cut ends, then fails (a client-side timeout) or, half the
     /// time, reaches the store late.
     Hang,
+    /// The host's network is black-holed (store and feed alike): every call hangs as in
+    /// [`Cut::Hang`] while it lasts, and when it ends every connection that was open during it
+    /// is dead: a request on one hangs until its caller gives up (a flow the server or a
+    /// middlebox forgot, with no reset to tell the client). See `sim::pool`.
+    Forget,
 }
 
 /// A flag tasks can wait on, waking them in a fixed order. (A `tokio::sync::watch` spreads
@@ -76,26 +83,65 @@ impl<T: Copy + PartialEq> Flag<T> {
 #[derive(Debug)]
 pub(crate) struct HostCtl {
     pub name: String,
+    world: Arc<World>,
     paused: Flag<bool>,
     cut: Flag<Cut>,
     latency_ms: AtomicU64,
     /// Handler calls begun and not yet returned or dropped.
     calls: AtomicU64,
+    /// [`Cut::Forget`]s begun: a connection opened before the latest one is dead.
+    forgets: AtomicU64,
+    /// Whether the host's processor runs (started, not crashed or stopping).
+    up: AtomicBool,
+    /// Whether the host's path was last logged healthy ([`World::health`]).
+    healthy: AtomicBool,
 }
 
 impl HostCtl {
-    pub(crate) fn new(name: &str) -> Self {
+    pub(crate) fn new(name: &str, world: Arc<World>) -> Self {
         Self {
             name: name.to_string(),
+            world,
             paused: Flag::new(false),
             cut: Flag::new(Cut::None),
             latency_ms: AtomicU64::new(0),
             calls: AtomicU64::new(0),
+            forgets: AtomicU64::new(0),
+            up: AtomicBool::new(false),
+            healthy: AtomicBool::new(false),
         }
+    }
+
+    /// Logs a change of the host's path health: healthy while it is up, not stalled, not cut
+    /// off and without a latency spike.
+    fn note_health(&self) {
+        let healthy = self.up.load(Ordering::Relaxed)
+            && !self.paused.get()
+            && self.cut.get() == Cut::None
+            && self.latency_ms.load(Ordering::Relaxed) == 0;
+        if self.healthy.swap(healthy, Ordering::Relaxed) != healthy {
+            self.world.health(&self.name, healthy);
+        }
+    }
+
+    /// Adds a line about this host to the trace.
+    pub(crate) fn trace(&self, args: std::fmt::Arguments<'_>) {
+        let at = self.world.now();
+        let mut log = self.world.log();
+        if log.trace.on() {
+            log.trace.push(at, format_args!("{} {args}", self.name));
+        }
+    }
+
+    /// The host's processor started (`true`), or crashed, began stopping or ended (`false`).
+    pub(crate) fn set_up(&self, up: bool) {
+        self.up.store(up, Ordering::Relaxed);
+        self.note_health();
     }
 
     pub(crate) fn set_paused(&self, on: bool) {
         self.paused.set(on);
+        self.note_health();
     }
 
     pub(crate) fn is_paused(&self) -> bool {
@@ -103,11 +149,37 @@ impl HostCtl {
     }
 
     pub(crate) fn set_cut(&self, cut: Cut) {
+        if cut == Cut::Forget {
+            self.forgets.fetch_add(1, Ordering::Relaxed);
+        }
         self.cut.set(cut);
+        self.note_health();
+    }
+
+    /// The cut now.
+    pub(crate) fn cut(&self) -> Cut {
+        self.cut.get()
+    }
+
+    /// Waits until the cut is no longer `cut`.
+    pub(crate) async fn cut_changed_from(&self, cut: Cut) {
+        self.cut.wait_while(cut).await;
+    }
+
+    /// [`Cut::Forget`]s begun so far.
+    pub(crate) fn forgets(&self) -> u64 {
+        self.forgets.load(Ordering::Relaxed)
+    }
+
+    /// A timer of the host's process: `d`, then any stall (a stalled process runs no timers).
+    pub(crate) async fn timer(&self, d: Duration) {
+        tokio::time::sleep(d).await;
+        self.gate().await;
     }
 
     pub(crate) fn set_latency(&self, max_ms: u64) {
         self.latency_ms.store(max_ms, Ordering::Relaxed);
+        self.note_health();
     }
 
     /// Whether a handler call of this host is in progress.
@@ -116,7 +188,7 @@ impl HostCtl {
     }
 
     /// Waits while the host is stalled.
-    async fn gate(&self) {
+    pub(crate) async fn gate(&self) {
         self.paused.wait_while(true).await;
     }
 }
@@ -124,12 +196,15 @@ impl HostCtl {
 /// Attempts of an ownership write on the shared change counter, as the DynamoDB store's.
 const COUNTER_ATTEMPTS: u32 = 60;
 
-/// A host's store: the shared memory store behind its faults, logging every write.
+/// A host's store: the shared memory store behind its faults and its client's connection pool
+/// (if it has one), logging every write.
 #[derive(Debug, Clone)]
 pub(crate) struct SimStore {
     pub inner: MemoryLeaseStore,
     pub ctl: Arc<HostCtl>,
     pub world: Arc<World>,
+    /// The client's connections; `None`: calls reach the store directly.
+    pub pool: Option<Arc<Pool>>,
 }
 
 impl SimStore {
@@ -142,18 +217,84 @@ impl SimStore {
         )
     }
 
-    async fn pre(&self, op: &'static str) -> Result<(), LeaseError> {
+    /// Makes one call: through the pool if there is one (a connection lent for the call, the
+    /// client's own timeout around it), then the host's faults ([`SimStore::pre`]), then
+    /// `body`, the call itself.
+    async fn call<T>(
+        &self,
+        op: &'static str,
+        body: impl Future<Output = Result<T, LeaseError>>,
+    ) -> Result<T, LeaseError> {
+        let Some(pool) = &self.pool else {
+            self.pre(op, None).await?;
+            return body.await;
+        };
+        let attempt = async {
+            let mut lent = pool
+                .checkout(&self.ctl)
+                .await
+                .map_err(|()| self.fail(op, "connection refused"))?;
+            self.pre(op, Some((pool, &mut lent))).await?;
+            let r = body.await;
+            lent.answered();
+            r
+        };
+        pool.timed(&self.ctl, attempt, || {
+            self.fail(op, "client timeout: no answer")
+        })
+        .await
+    }
+
+    /// The host's faults before a call reaches the store: a stall, a cut (on the connection
+    /// lent, if any: a dead one hangs for ever), latency, a transient error.
+    async fn pre(
+        &self,
+        op: &'static str,
+        mut lent: Option<(&Pool, &mut Lent<'_>)>,
+    ) -> Result<(), LeaseError> {
         self.ctl.gate().await;
-        let cut = self.ctl.cut.get();
+        if let Some((_, l)) = &lent {
+            if l.is_dead(&self.ctl) {
+                l.dead_request();
+                return std::future::pending().await;
+            }
+        }
+        let cut = match &lent {
+            Some((pool, _)) => pool.path(&self.ctl),
+            None => self.ctl.cut(),
+        };
         match cut {
             Cut::None => {}
-            Cut::Fail => return Err(self.fail(op, "store unreachable")),
-            Cut::Hang => {
+            Cut::Fail => {
+                if let Some((_, l)) = &mut lent {
+                    l.failed();
+                }
+                return Err(self.fail(op, "store unreachable"));
+            }
+            Cut::Hang | Cut::Forget => {
                 // The request hangs until the cut ends; then it either fails (the client timed
                 // out) or reaches the store late, as a delayed request may (a caller that gave
-                // up on it drops it instead).
-                self.ctl.cut.wait_while(Cut::Hang).await;
+                // up on it drops it instead). After a forget, the connection is dead.
+                match &lent {
+                    Some((pool, _)) => pool.wait_out_hang(&self.ctl).await,
+                    None => loop {
+                        let cut = self.ctl.cut();
+                        if !matches!(cut, Cut::Hang | Cut::Forget) {
+                            break;
+                        }
+                        self.ctl.cut_changed_from(cut).await;
+                    },
+                }
+                if let Some((_, l)) = &mut lent {
+                    if l.is_dead(&self.ctl) {
+                        l.dead_request();
+                        return std::future::pending().await;
+                    }
+                }
                 if self.world.roll(0.5) {
+                    if let Some((_, l)) = &mut lent {
+                        l.failed();
+                    }
                     return Err(self.fail(op, "store call timed out"));
                 }
                 self.ctl.gate().await;
@@ -171,6 +312,9 @@ impl SimStore {
             self.ctl.gate().await;
         }
         if self.world.roll(self.world.rates().store_error) {
+            if let Some((_, l)) = &mut lent {
+                l.answered();
+            }
             return Err(self.fail(op, "transient store error"));
         }
         Ok(())
@@ -220,82 +364,90 @@ impl crate::lease::ForwardingStore for SimStore {
         &self.inner
     }
 
-    /// Every call waits out a stall and may fail (`get` has nothing else to add).
-    async fn before(&self, op: crate::lease::StoreOp) -> Result<(), LeaseError> {
-        self.pre(op.as_str()).await
+    async fn get(&self, key: &LeaseKey) -> Result<Option<Lease>, LeaseError> {
+        self.call("get", self.inner.get(key)).await
     }
 
     async fn list(&self, group: &GroupName) -> Result<Listing, LeaseError> {
-        self.pre("list").await?;
-        let at = self.world.now();
-        self.world
-            .log()
-            .trace
-            .push(at, format_args!("list {}", self.ctl.name));
-        self.inner.list(group).await
+        self.call("list", async {
+            let at = self.world.now();
+            self.world
+                .log()
+                .trace
+                .push(at, format_args!("list {}", self.ctl.name));
+            self.inner.list(group).await
+        })
+        .await
     }
 
     async fn create(&self, lease: &Lease) -> Result<Option<Lease>, LeaseError> {
-        self.pre("create").await?;
-        self.through_counter("create").await?;
-        let r = self.inner.create(lease).await?;
-        if let Some(stored) = &r {
-            self.world.write(
-                &self.ctl.name,
-                WriteOp::Create,
-                &stored.key.partition,
-                Some(stored),
-                None,
-            );
-        }
-        self.post("create", r)
+        self.call("create", async {
+            self.through_counter("create").await?;
+            let r = self.inner.create(lease).await?;
+            if let Some(stored) = &r {
+                self.world.write(
+                    &self.ctl.name,
+                    WriteOp::Create,
+                    &stored.key.partition,
+                    Some(stored),
+                    None,
+                );
+            }
+            self.post("create", r)
+        })
+        .await
     }
 
     async fn replace(&self, lease: &Lease, expected: Version) -> Result<Lease, LeaseError> {
-        self.pre("replace").await?;
-        if self.world.roll(self.world.rates().conflict) {
-            if let Some(current) = self.inner.get(&lease.key).await? {
-                return Err(LeaseError::Conflict {
-                    key: lease.key.to_string(),
-                    expected,
-                    current: Box::new(current),
-                });
+        self.call("replace", async {
+            if self.world.roll(self.world.rates().conflict) {
+                if let Some(current) = self.inner.get(&lease.key).await? {
+                    return Err(LeaseError::Conflict {
+                        key: lease.key.to_string(),
+                        expected,
+                        current: Box::new(current),
+                    });
+                }
             }
-        }
-        let mut before = self.inner.get(&lease.key).await.ok().flatten();
-        let owner_changes = |b: &Option<Lease>| {
-            b.as_ref().is_none_or(|b| {
-                (b.state, &b.owner, &b.next_owner) != (lease.state, &lease.owner, &lease.next_owner)
-            })
-        };
-        if owner_changes(&before) && self.world.conditions().counter {
-            self.through_counter("replace").await?;
-            before = self.inner.get(&lease.key).await.ok().flatten();
-        }
-        let stored = self.inner.replace(lease, expected).await?;
-        self.world.write(
-            &self.ctl.name,
-            WriteOp::Replace,
-            &stored.key.partition,
-            Some(&stored),
-            before.as_ref(),
-        );
-        self.post("replace", stored)
+            let mut before = self.inner.get(&lease.key).await.ok().flatten();
+            let owner_changes = |b: &Option<Lease>| {
+                b.as_ref().is_none_or(|b| {
+                    (b.state, &b.owner, &b.next_owner)
+                        != (lease.state, &lease.owner, &lease.next_owner)
+                })
+            };
+            if owner_changes(&before) && self.world.conditions().counter {
+                self.through_counter("replace").await?;
+                before = self.inner.get(&lease.key).await.ok().flatten();
+            }
+            let stored = self.inner.replace(lease, expected).await?;
+            self.world.write(
+                &self.ctl.name,
+                WriteOp::Replace,
+                &stored.key.partition,
+                Some(&stored),
+                before.as_ref(),
+            );
+            self.post("replace", stored)
+        })
+        .await
     }
 
     async fn delete(&self, key: &LeaseKey, expected: Version) -> Result<(), LeaseError> {
-        self.pre("delete").await?;
-        self.through_counter("delete").await?;
-        let before = self.inner.get(key).await.ok().flatten();
-        self.inner.delete(key, expected).await?;
-        self.world.write(
-            &self.ctl.name,
-            WriteOp::Delete,
-            &key.partition,
-            None,
-            before.as_ref(),
-        );
-        self.post("delete", ())
+        self.call("delete", async {
+            self.through_counter("delete").await?;
+            let before = self.inner.get(key).await.ok().flatten();
+            self.inner.delete(key, expected).await?;
+            self.world.write(
+                &self.ctl.name,
+                WriteOp::Delete,
+                &key.partition,
+                None,
+                before.as_ref(),
+            );
+            self.post("delete", ())
+        })
+        .await
     }
 
     async fn heartbeat(
@@ -306,12 +458,15 @@ impl crate::lease::ForwardingStore for SimStore {
         written_at: Timestamp,
         expected: Option<Version>,
     ) -> Result<Heartbeat, LeaseError> {
-        self.pre("heartbeat").await?;
-        let hb = self
-            .inner
-            .heartbeat(group, host, incarnation, written_at, expected)
-            .await?;
-        self.post("heartbeat", hb)
+        self.call("heartbeat", async {
+            let hb = self
+                .inner
+                .heartbeat(group, host, incarnation, written_at, expected)
+                .await?;
+            self.world.heartbeat(&self.ctl.name);
+            self.post("heartbeat", hb)
+        })
+        .await
     }
 
     async fn remove_heartbeat(
@@ -321,16 +476,18 @@ impl crate::lease::ForwardingStore for SimStore {
         incarnation: &str,
         expected: Version,
     ) -> Result<(), LeaseError> {
-        self.pre("remove_heartbeat").await?;
-        self.inner
-            .remove_heartbeat(group, host, incarnation, expected)
-            .await?;
-        let at = self.world.now();
-        self.world.log().trace.push(
-            at,
-            format_args!("remove_heartbeat {} {host} {expected}", self.ctl.name),
-        );
-        Ok(())
+        self.call("remove_heartbeat", async {
+            self.inner
+                .remove_heartbeat(group, host, incarnation, expected)
+                .await?;
+            let at = self.world.now();
+            self.world.log().trace.push(
+                at,
+                format_args!("remove_heartbeat {} {host} {expected}", self.ctl.name),
+            );
+            Ok(())
+        })
+        .await
     }
 
     async fn list_changes(
@@ -338,13 +495,15 @@ impl crate::lease::ForwardingStore for SimStore {
         group: &GroupName,
         since: u64,
     ) -> Result<Option<crate::lease::Changes>, LeaseError> {
-        self.pre("list_changes").await?;
-        let at = self.world.now();
-        self.world.log().trace.push(
-            at,
-            format_args!("list_changes {} since {since}", self.ctl.name),
-        );
-        self.inner.list_changes(group, since).await
+        self.call("list_changes", async {
+            let at = self.world.now();
+            self.world.log().trace.push(
+                at,
+                format_args!("list_changes {} since {since}", self.ctl.name),
+            );
+            self.inner.list_changes(group, since).await
+        })
+        .await
     }
 
     async fn lead_heartbeat(
@@ -355,29 +514,34 @@ impl crate::lease::ForwardingStore for SimStore {
         written_at: Timestamp,
         expected: Option<Version>,
     ) -> Result<Heartbeat, LeaseError> {
-        self.pre("lead_heartbeat").await?;
-        let hb = self
-            .inner
-            .lead_heartbeat(group, host, incarnation, written_at, expected)
-            .await?;
-        self.post("lead_heartbeat", hb)
+        self.call("lead_heartbeat", async {
+            let hb = self
+                .inner
+                .lead_heartbeat(group, host, incarnation, written_at, expected)
+                .await?;
+            self.world.heartbeat(&self.ctl.name);
+            self.post("lead_heartbeat", hb)
+        })
+        .await
     }
 
     async fn head(&self, group: &GroupName) -> Result<Option<GroupHead>, LeaseError> {
-        self.pre("head").await?;
-        let head = self.inner.head(group).await?;
-        let at = self.world.now();
-        let mut log = self.world.log();
-        if log.trace.on() {
-            let view = head
-                .as_ref()
-                .and_then(|h| h.view.as_ref())
-                .map(|v| format!("v{}/{}", v.version, v.leader_heartbeat))
-                .unwrap_or_else(|| "none".into());
-            log.trace
-                .push(at, format_args!("head {} view={view}", self.ctl.name));
-        }
-        Ok(head)
+        self.call("head", async {
+            let head = self.inner.head(group).await?;
+            let at = self.world.now();
+            let mut log = self.world.log();
+            if log.trace.on() {
+                let view = head
+                    .as_ref()
+                    .and_then(|h| h.view.as_ref())
+                    .map(|v| format!("v{}/{}", v.version, v.leader_heartbeat))
+                    .unwrap_or_else(|| "none".into());
+                log.trace
+                    .push(at, format_args!("head {} view={view}", self.ctl.name));
+            }
+            Ok(head)
+        })
+        .await
     }
 
     async fn write_view(
@@ -386,76 +550,134 @@ impl crate::lease::ForwardingStore for SimStore {
         view: &MembershipView,
         expected: u64,
     ) -> Result<MembershipView, LeaseError> {
-        self.pre("write_view").await?;
-        let stored = self.inner.write_view(group, view, expected).await?;
-        let at = self.world.now();
-        let mut log = self.world.log();
-        if log.trace.on() {
-            let live: Vec<String> = stored
-                .live
-                .iter()
-                .map(|h| format!("{}/{}", h.host, h.incarnation))
-                .collect();
-            let dead: Vec<&str> = stored.dead.iter().map(|h| h.as_str()).collect();
-            log.trace.push(
-                at,
-                format_args!(
-                    "write_view {} v{} leader={}/{} live=[{}] dead=[{}]",
-                    self.ctl.name,
-                    stored.version,
-                    stored.leader,
-                    stored.leader_incarnation,
-                    live.join(" "),
-                    dead.join(" ")
-                ),
-            );
-        }
-        drop(log);
-        self.post("write_view", stored)
+        self.call("write_view", async {
+            let stored = self.inner.write_view(group, view, expected).await?;
+            let at = self.world.now();
+            let mut log = self.world.log();
+            if log.trace.on() {
+                let live: Vec<String> = stored
+                    .live
+                    .iter()
+                    .map(|h| format!("{}/{}", h.host, h.incarnation))
+                    .collect();
+                let dead: Vec<&str> = stored.dead.iter().map(|h| h.as_str()).collect();
+                log.trace.push(
+                    at,
+                    format_args!(
+                        "write_view {} v{} leader={}/{} live=[{}] dead=[{}]",
+                        self.ctl.name,
+                        stored.version,
+                        stored.leader,
+                        stored.leader_incarnation,
+                        live.join(" "),
+                        dead.join(" ")
+                    ),
+                );
+            }
+            drop(log);
+            self.post("write_view", stored)
+        })
+        .await
     }
 
     async fn membership(&self, group: &GroupName) -> Result<Membership, LeaseError> {
-        self.pre("membership").await?;
-        let m = self.inner.membership(group).await?;
-        let at = self.world.now();
-        let mut log = self.world.log();
-        if log.trace.on() {
-            let hs: Vec<String> = m
-                .hosts
-                .iter()
-                .map(|h| format!("{}={}", h.host, h.version))
-                .collect();
-            log.trace.push(
-                at,
-                format_args!("membership {} {}", self.ctl.name, hs.join(" ")),
-            );
-        }
-        Ok(m)
+        self.call("membership", async {
+            let m = self.inner.membership(group).await?;
+            let at = self.world.now();
+            let mut log = self.world.log();
+            if log.trace.on() {
+                let hs: Vec<String> = m
+                    .hosts
+                    .iter()
+                    .map(|h| format!("{}={}", h.host, h.version))
+                    .collect();
+                log.trace.push(
+                    at,
+                    format_args!("membership {} {}", self.ctl.name, hs.join(" ")),
+                );
+            }
+            Ok(m)
+        })
+        .await
     }
 }
 
-/// A host's view of the feed: the shared memory feed behind its stalls and source errors.
+/// A host's view of the feed: the shared memory feed behind its stalls, source errors and its
+/// client's connection pool (if it has one; only a [`Cut::Forget`] cuts the feed off).
 #[derive(Debug, Clone)]
 pub(crate) struct SimSource {
     pub inner: MemoryFeed,
     pub ctl: Arc<HostCtl>,
     pub world: Arc<World>,
+    /// The client's connections; `None`: calls reach the feed directly.
+    pub pool: Option<Arc<Pool>>,
 }
 
 impl SimSource {
+    fn fail(op: &'static str, partition: Option<&PartitionId>, why: &'static str) -> SourceError {
+        SourceError::source(
+            op,
+            partition.map(|p| p.to_string()),
+            true,
+            format!("{why} (simulated)"),
+        )
+    }
+
+    /// Makes one call: through the pool if there is one (see [`SimStore::call`]), then the
+    /// host's faults (a transient error only if `roll`), then `body`.
+    async fn call<T>(
+        &self,
+        op: &'static str,
+        partition: Option<&PartitionId>,
+        roll: bool,
+        body: impl Future<Output = Result<T, SourceError>>,
+    ) -> Result<T, SourceError> {
+        let Some(pool) = &self.pool else {
+            self.pre(op, partition, roll, None).await?;
+            return body.await;
+        };
+        let attempt = async {
+            let mut lent = pool
+                .checkout(&self.ctl)
+                .await
+                .map_err(|()| Self::fail(op, partition, "connection refused"))?;
+            self.pre(op, partition, roll, Some((pool, &mut lent)))
+                .await?;
+            let r = body.await;
+            lent.answered();
+            r
+        };
+        pool.timed(&self.ctl, attempt, || {
+            Self::fail(op, partition, "client timeout: no answer")
+        })
+        .await
+    }
+
     async fn pre(
         &self,
         op: &'static str,
         partition: Option<&PartitionId>,
+        roll: bool,
+        lent: Option<(&Pool, &mut Lent<'_>)>,
     ) -> Result<(), SourceError> {
         self.ctl.gate().await;
-        if self.world.roll(self.world.rates().source_error) {
-            return Err(SourceError::source(
-                op,
-                partition.map(|p| p.to_string()),
-                true,
-                "transient source error (simulated)",
-            ));
+        if let Some((pool, l)) = lent {
+            if !l.is_dead(&self.ctl) && pool.path(&self.ctl) == Cut::Forget {
+                pool.wait_out_hang(&self.ctl).await;
+                self.ctl.gate().await;
+            }
+            if l.is_dead(&self.ctl) {
+                l.dead_request();
+                return std::future::pending().await;
+            }
+            if roll && self.world.roll(self.world.rates().source_error) {
+                l.answered();
+                return Err(Self::fail(op, partition, "transient source error"));
+            }
+            return Ok(());
+        }
+        if roll && self.world.roll(self.world.rates().source_error) {
+            return Err(Self::fail(op, partition, "transient source error"));
         }
         Ok(())
     }
@@ -464,8 +686,8 @@ impl SimSource {
 #[async_trait]
 impl FeedSource for SimSource {
     async fn partitions(&self) -> Result<Vec<Partition>, SourceError> {
-        self.pre("partitions", None).await?;
-        self.inner.partitions().await
+        self.call("partitions", None, true, self.inner.partitions())
+            .await
     }
 
     async fn open(
@@ -473,8 +695,14 @@ impl FeedSource for SimSource {
         partition: &PartitionId,
         from: &Position,
     ) -> Result<Box<dyn PartitionReader>, SourceError> {
-        self.pre("open", Some(partition)).await?;
-        let reader = self.inner.open(partition, from).await?;
+        let reader = self
+            .call(
+                "open",
+                Some(partition),
+                true,
+                self.inner.open(partition, from),
+            )
+            .await?;
         Ok(Box::new(SimReader {
             inner: reader,
             source: self.clone(),
@@ -487,8 +715,13 @@ impl FeedSource for SimSource {
         partition: &PartitionId,
         after: Option<&Continuation>,
     ) -> Result<Option<u64>, SourceError> {
-        self.pre("remaining", Some(partition)).await?;
-        self.inner.remaining(partition, after).await
+        self.call(
+            "remaining",
+            Some(partition),
+            true,
+            self.inner.remaining(partition, after),
+        )
+        .await
     }
 
     async fn oldest_unread(
@@ -497,8 +730,14 @@ impl FeedSource for SimSource {
         after: Option<&Continuation>,
     ) -> Result<crate::source::OldestUnread, SourceError> {
         // No fault roll: lag in time is observation only, and rolling here would change what
-        // every recorded seed does.
-        self.inner.oldest_unread(partition, after).await
+        // every recorded seed does. (It still needs a connection.)
+        self.call(
+            "oldest_unread",
+            Some(partition),
+            false,
+            self.inner.oldest_unread(partition, after),
+        )
+        .await
     }
 }
 
@@ -512,8 +751,14 @@ struct SimReader {
 #[async_trait]
 impl PartitionReader for SimReader {
     async fn next_batch(&mut self, max: usize) -> Result<Batch, SourceError> {
-        self.source.pre("read", Some(&self.partition)).await?;
-        self.inner.next_batch(max).await
+        self.source
+            .call(
+                "read",
+                Some(&self.partition),
+                true,
+                self.inner.next_batch(max),
+            )
+            .await
     }
 }
 

@@ -141,6 +141,28 @@ pub struct Event {
     pub detail: String,
 }
 
+/// When a host's path to the store turned healthy or unhealthy: healthy while the host is up
+/// (started, not crashed or stopping), not stalled, not cut off and without a latency spike.
+/// The liveness rule ([`super::check::liveness`]) reads these.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthMark {
+    /// Virtual time.
+    pub at: Duration,
+    /// The host.
+    pub host: String,
+    /// Whether its path is healthy from now on.
+    pub healthy: bool,
+}
+
+/// A heartbeat the store applied (a renewal, a registration, a leader's renewal).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeartbeatRec {
+    /// Virtual time it was applied.
+    pub at: Duration,
+    /// The host.
+    pub host: String,
+}
+
 /// Fault probabilities applied per call while faults are on.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Rates {
@@ -191,6 +213,10 @@ pub(crate) struct Log {
     pub keep_history: bool,
     /// When the first record of each partition was appended (for [`super::children`]).
     pub first_append: BTreeMap<PartitionId, Duration>,
+    /// Every change of a host's path health (kept with the history).
+    pub health: Vec<HealthMark>,
+    /// Every heartbeat the store applied (kept with the history).
+    pub heartbeats: Vec<HeartbeatRec>,
 }
 
 /// State shared by every seam of every host.
@@ -225,6 +251,8 @@ impl World {
                 delivered_count: 0,
                 keep_history,
                 first_append: BTreeMap::new(),
+                health: Vec::new(),
+                heartbeats: Vec::new(),
             }),
             rates: Mutex::new(Rates::default()),
             conditions: Mutex::new(StoreConditions::default()),
@@ -308,6 +336,32 @@ impl World {
             subject: subject.to_string(),
             detail,
         });
+    }
+
+    /// `host`'s path health changed to `healthy` now.
+    pub(crate) fn health(&self, host: &str, healthy: bool) {
+        let at = self.now();
+        let mut log = self.log();
+        if log.keep_history {
+            log.health.push(HealthMark {
+                at,
+                host: host.to_string(),
+                healthy,
+            });
+        }
+    }
+
+    /// The store applied a heartbeat of `host` now.
+    pub(crate) fn heartbeat(&self, host: &str) {
+        let at = self.now();
+        let mut log = self.log();
+        log.trace.push(at, format_args!("heartbeat {host}"));
+        if log.keep_history {
+            log.heartbeats.push(HeartbeatRec {
+                at,
+                host: host.to_string(),
+            });
+        }
     }
 
     /// A record was appended to `partition` now.

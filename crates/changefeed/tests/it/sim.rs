@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use changefeed::model::PartitionId;
 use changefeed::sim::{
-    broken_name, check, run, sim_settings, Broken, CheckInput, Delivery, Fault, Faults,
-    FleetConfig, SimConfig, SimFleet, StrategyKind, TraceMode, Violation,
+    broken_name, check, run, sim_settings, Broken, CheckInput, Cut, Delivery, Fault, Faults,
+    FleetConfig, PoolConfig, PoolCounts, SimConfig, SimFleet, StrategyKind, TraceMode, Violation,
 };
 
 /// The per-seed size of the acceptance runs: 4 hosts, 8 partitions, 2 virtual minutes.
@@ -210,6 +210,7 @@ async fn stall_inside_a_slow_call(broken: Broken) -> Vec<Violation> {
         history: true,
         head_reads_per_second: None,
         share_tables: false,
+        pool: None,
     })
     .await;
     fleet.set_broken(broken);
@@ -375,6 +376,7 @@ async fn under_conditions(
         history: true,
         head_reads_per_second: None,
         share_tables: false,
+        pool: None,
     })
     .await;
     fleet.store_conditions(latency, counter);
@@ -415,6 +417,7 @@ fn store_latency_delays_every_call() {
                 history: false,
                 head_reads_per_second: None,
                 share_tables: false,
+                pool: None,
             })
             .await;
             fleet.store_conditions(latency, false);
@@ -454,4 +457,122 @@ fn the_shared_counter_conflicts_only_when_ownership_writes_overlap() {
         run((ms(5), ms(10)), true) > 0,
         "overlapping ownership writes conflict"
     );
+}
+
+/// Three hosts on six partitions, each behind `client`, the processor `broken` or not. Once
+/// the fleet is balanced, h01's network is black-holed for 20 s by a forget cut, which leaves
+/// every connection it had open dead; the fleet runs 150 s more and stops. Returns the rules
+/// broken, and what h01's store pool did.
+async fn after_a_forget_cut(client: PoolConfig, broken: Broken) -> (Vec<Violation>, PoolCounts) {
+    let mut fleet = SimFleet::simulated(FleetConfig {
+        seed: 5,
+        partitions: 6,
+        settings: sim_settings(),
+        strategy: StrategyKind::EqualShare,
+        anchor_costs: false,
+        trace: TraceMode::Hash,
+        history: true,
+        head_reads_per_second: None,
+        share_tables: false,
+        pool: Some(client),
+    })
+    .await;
+    fleet.set_broken(broken);
+    for host in ["h00", "h01", "h02"] {
+        fleet.start(host);
+    }
+    run_writing(&mut fleet, 30).await;
+    let (owners, _) = fleet.ownership().await;
+    assert_eq!(
+        owners.get("h01"),
+        Some(&2),
+        "balanced before the cut: {owners:?}"
+    );
+    fleet.cut("h01", Cut::Forget, Duration::from_secs(20));
+    run_writing(&mut fleet, 170).await;
+    let (store, _) = fleet.pool_counts("h01").expect("a pool");
+    fleet.stop_all().await;
+    (fleet.check(None).await, store)
+}
+
+/// Runs `fleet` for `secs` of virtual time, writing 4 records a second.
+async fn run_writing(fleet: &mut SimFleet, secs: u64) {
+    for _ in 0..secs * 2 {
+        fleet.write_random_keys(2, 32);
+        fleet.advance(Duration::from_millis(500)).await;
+    }
+}
+
+fn liveness_of(violations: &[Violation], host: &str) -> Vec<String> {
+    violations
+        .iter()
+        .filter(|v| v.rule == "liveness" && v.detail.starts_with(&format!("host {host}:")))
+        .map(|v| v.detail.clone())
+        .collect()
+}
+
+#[test]
+fn liveness_holds_after_a_forget_cut_behind_the_correct_client() {
+    // Each dead connection costs one call a timeout and is closed; the host heartbeats and
+    // takes its share again.
+    let (violations, pool) = paused_runtime().block_on(after_a_forget_cut(
+        PoolConfig::correct(Some(Duration::from_secs(5))),
+        Broken::None,
+    ));
+    assert!(violations.is_empty(), "{violations:?}");
+    assert!(pool.dead_requests > 0 && pool.discarded > 0, "{pool:?}");
+    assert_eq!(pool.reused_after_cancel, 0, "{pool:?}");
+}
+
+#[test]
+fn liveness_holds_after_a_forget_cut_behind_a_client_without_timeouts_thanks_to_the_bounds() {
+    // The client has no per-call timeout: only the processor's bound on every store call
+    // (lease_expiry − safety_margin) ends a call on a dead connection, which the client then
+    // closes.
+    let (violations, pool) =
+        paused_runtime().block_on(after_a_forget_cut(PoolConfig::correct(None), Broken::None));
+    assert!(violations.is_empty(), "{violations:?}");
+    assert!(pool.dead_requests > 0 && pool.discarded > 0, "{pool:?}");
+}
+
+#[test]
+fn liveness_catches_a_processor_without_bounds_behind_a_client_without_timeouts() {
+    // The same client, the processor's bounds gone: the host loop's call on a dead
+    // connection never ends. The heartbeat's own bound still recovers the heartbeat, so the
+    // host looks alive, but it never takes a lease again.
+    let (violations, _) = paused_runtime().block_on(after_a_forget_cut(
+        PoolConfig::correct(None),
+        Broken::NoTimeouts,
+    ));
+    let found = liveness_of(&violations, "h01");
+    assert!(
+        found.iter().any(|d| d.contains("held no lease")),
+        "{violations:?}"
+    );
+}
+
+#[test]
+fn liveness_catches_a_client_that_gives_dead_connections_back_whatever_the_bounds() {
+    // The production bug: a call cancelled by its caller's timeout gives its dead connection
+    // back, so every later call takes a dead one and hangs. The processor's bounds end each
+    // call, but no call ever reaches the store again: the host never heartbeats.
+    let (violations, pool) =
+        paused_runtime().block_on(after_a_forget_cut(PoolConfig::no_timeouts(), Broken::None));
+    let found = liveness_of(&violations, "h01");
+    assert!(
+        found
+            .iter()
+            .any(|d| d.contains("no heartbeat reached the store")),
+        "{violations:?}"
+    );
+    assert!(pool.reused_after_cancel > 0, "{pool:?}");
+}
+
+#[test]
+fn broken_no_timeouts_is_caught_by_the_liveness_rule() {
+    // The no-timeouts client and processor together (`--broken no-timeouts`): a host whose
+    // connections a forget cut left dead stays up, connected and idle.
+    let caught = first_caught(Broken::NoTimeouts);
+    let (_, what) = caught.expect("no-timeouts not caught in 200 seeds");
+    assert!(what.contains("liveness: host "), "{what}");
 }

@@ -549,6 +549,13 @@ impl HostState {
         self.replan = true;
     }
 
+    /// A write of the plan failed (the store did not answer, or answered with an error that
+    /// is not a conflict): plan again next cycle rather than wait for the change counter to
+    /// move, which nothing may make it do for a long while.
+    pub(crate) fn write_failed(&mut self) {
+        self.replan = true;
+    }
+
     /// Planning begins: clears the replan flag (what follows sets it again if it wants another
     /// look) and tells each worker of a newer row from a full listing.
     pub(crate) fn begin_plan(&mut self) {

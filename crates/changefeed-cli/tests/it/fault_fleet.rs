@@ -14,6 +14,10 @@
 //! Recovery is measured from the fault's end: to the host heartbeating again (its `/readyz`
 //! is 200 only while its last counted heartbeat is fresh), to it holding a lease again (the
 //! store's listing, read directly), and for a cut source to it delivering again.
+//!
+//! To look into a failure: `CHANGEFEED_TEST_FAULTS_KEEP=1` keeps the hosts' logs and the ledger
+//! (the path is printed), and `CHANGEFEED_TEST_FAULTS_LOG` sets the hosts' `RUST_LOG` (e.g.
+//! `info,aws_smithy_runtime=debug,hyper_util=trace`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::os::unix::process::CommandExt as _;

@@ -308,10 +308,19 @@ const BROKEN_CAUGHT: [(&str, &str); 5] = [
     ("no-timeouts", "liveness"),
 ];
 
-/// `--seed 69 --seeds 3` of the acceptance runs (`--faults all`, 2 virtual minutes): three seeds
-/// in which every broken variant breaks a rule (no-fencing does in about one seed in ten).
+/// For each variant, one acceptance seed (`--faults all`, 2 virtual minutes) in which it breaks
+/// its rule; the real processor passes every one of them. Variants differ a lot in how often a
+/// seed catches them (of seeds 1..=150: no-fencing 9, checkpoint-without-cas 4,
+/// child-before-parent 47, no-handler-fence 73, no-timeouts 16), so no short run of seeds
+/// catches them all, and a change to the processor's random choices moves which seeds do.
 #[cfg(feature = "sim-broken")]
-const CAUGHT_SEEDS: [&str; 6] = ["--seed", "69", "--seeds", "3", "--faults", "all"];
+const CAUGHT_SEED: [(&str, &str); 5] = [
+    ("no-fencing", "9"),
+    ("checkpoint-without-cas", "40"),
+    ("child-before-parent", "10"),
+    ("no-handler-fence", "10"),
+    ("no-timeouts", "9"),
+];
 
 #[cfg(feature = "sim-broken")]
 #[test]
@@ -319,11 +328,20 @@ fn simulate_with_sim_broken_catches_each_broken_variant() {
     // The checker catches every deliberately broken processor (exit 1, each failing seed's
     // rerun line naming the variant, then its violations), where the real processor passes
     // the same seeds.
-    let healthy = simulate(&CAUGHT_SEEDS);
-    let (stdout, stderr) = text(&healthy);
-    assert!(healthy.status.success(), "{stdout}\n{stderr}");
+    for (_, seed) in CAUGHT_SEED {
+        let healthy = simulate(&["--seed", seed, "--seeds", "1", "--faults", "all"]);
+        let (stdout, stderr) = text(&healthy);
+        assert!(healthy.status.success(), "seed {seed}: {stdout}\n{stderr}");
+    }
     for (variant, rule) in BROKEN_CAUGHT {
-        let out = simulate(&[&CAUGHT_SEEDS[..], &["--broken", variant]].concat());
+        let seed = CAUGHT_SEED
+            .iter()
+            .find(|(v, _)| *v == variant)
+            .map(|(_, s)| *s)
+            .expect("every variant has its seed");
+        let out = simulate(&[
+            "--seed", seed, "--seeds", "1", "--faults", "all", "--broken", variant,
+        ]);
         let (stdout, stderr) = text(&out);
         assert_eq!(
             out.status.code(),

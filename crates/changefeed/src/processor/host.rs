@@ -179,6 +179,7 @@ impl Host {
         );
         let mut next_cycle = self.p.clock.now();
         let mut outcome = Ok(());
+        let mut fence = self.fenced_tx.subscribe();
         loop {
             let wait = next_cycle.saturating_duration_since(self.p.clock.now());
             let sleep = self.p.clock.sleep(wait);
@@ -193,6 +194,13 @@ impl Host {
                     break;
                 }
                 Some(exit) = self.exits_rx.recv() => self.on_exit(exit),
+                // A fenced host skips its cycles; once its heartbeat lands again it takes its
+                // share at once rather than up to an acquire interval later.
+                Ok(()) = fence.changed() => {
+                    if !*fence.borrow_and_update() {
+                        next_cycle = self.p.clock.now();
+                    }
+                }
                 _ = sleep => {
                     // A stop must not wait for a cycle stuck on a hung store: the cycle is
                     // dropped, and whatever it took is released or expires with this host.

@@ -510,9 +510,22 @@ pub(crate) async fn run(
                 .strip_prefix(&*base_incarnation)
                 .is_some_and(|rest| rest.starts_with('.'))
     };
+    // Tries start `renew_interval` apart, counted from when the last one was sent: a try that
+    // hung until the write timeout must not add a whole interval before the next one, or a
+    // host cut off from its store would try only every `renew_interval + write_timeout` and
+    // come back that much later once the store answers again.
+    let mut last_try = last_ok_sent;
+    // After a lapse the new incarnation is written at once rather than a renew interval
+    // later: the host takes nothing until a view lists it, and no view can before its row
+    // carries it.
+    let mut renew_now = false;
     loop {
         let deadline = last_ok_sent + fence_after;
-        let wait = renew_interval;
+        let wait = if renew_now {
+            Duration::ZERO
+        } else {
+            (last_try + renew_interval).saturating_duration_since(clock.now())
+        };
         let fence_in = deadline.saturating_duration_since(clock.now());
         tokio::select! {
             biased;
@@ -526,6 +539,8 @@ pub(crate) async fn run(
             _ = clock.sleep(wait) => {}
         }
         let sent = clock.now();
+        last_try = sent;
+        renew_now = false;
         let write = if link.leads(sent) {
             store.lead_heartbeat(
                 &row.group,
@@ -583,6 +598,7 @@ pub(crate) async fn run(
                     let token: Arc<str> = format!("{base_incarnation}.l{lapses_seen}").into();
                     link.set_incarnation(Arc::clone(&token));
                     row.incarnation = token;
+                    renew_now = true;
                 }
                 fence.record.renewed(sent, sent + fence_after);
                 if fence.is_raised() {

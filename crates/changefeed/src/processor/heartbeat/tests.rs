@@ -113,8 +113,8 @@ fn start(
 
 /// A renewal whose reply comes back later than `write_timeout` after it was sent (the host
 /// stalled meanwhile) does not move the fence deadline: it may have landed after observers
-/// judged the host dead. The host fences on time, and the next renewal, at the adopted
-/// version, counts again (as a lapse).
+/// judged the host dead. The host fences, and the next renewal, at the adopted version, counts
+/// again, as a lapse: a new incarnation, written at once.
 #[tokio::test(start_paused = true)]
 async fn late_renewal_does_not_extend_the_fence() {
     let t0 = Instant::now();
@@ -124,36 +124,37 @@ async fn late_renewal_does_not_extend_the_fence() {
         .await
         .expect("registered");
     let clock = Arc::new(StallClock::default());
-    // Renewal 1 is sent at 2 s; renewal 2 at 4 s lands, then the host stalls for 5 s.
+    // Renewal 1 is sent at 2 s; renewal 2 at 4 s lands, then the host stalls for 7 s: its
+    // reply is seen at 11 s, past renewal 1's deadline (10 s).
     let store = Arc::new(StallAfterWrite {
         inner: inner.clone(),
         clock: clock.clone(),
         stall_on: 2,
-        stall: Duration::from_secs(5),
+        stall: Duration::from_secs(7),
         writes: AtomicU32::new(0),
     });
     let cancel = CancellationToken::new();
-    let (record, raised) = start(store, clock.clone(), row, &cancel);
+    let (record, mut raised) = start(store, clock.clone(), row, &cancel);
 
-    // 9.5 s on the host's clock: renewal 2 came back 5 s after it was sent.
-    tokio::time::sleep_until(t0 + Duration::from_millis(4500)).await;
+    tokio::time::sleep_until(t0 + Duration::from_millis(3500)).await;
     assert_eq!(
         record.get(),
         t0 + Duration::from_secs(2) + FENCE_AFTER,
         "the deadline is renewal 1's"
     );
-    assert!(!record.fenced_since(clock.now(), 0));
+    raised.borrow_and_update();
 
-    // 10.5 s: past renewal 1's deadline.
-    tokio::time::sleep_until(t0 + Duration::from_millis(5500)).await;
-    assert!(*raised.borrow(), "the host fenced at renewal 1's deadline");
-    assert!(record.fenced_since(clock.now(), 0));
-
-    // 12.5 s: renewal 3, sent at 12 s, lowered the fence after the lapse.
-    tokio::time::sleep_until(t0 + Duration::from_millis(7500)).await;
-    assert!(!*raised.borrow());
+    // 11.5 s on the host's clock: the late reply did not count, so the host fenced; renewal 3,
+    // sent at 11 s once the reply was seen, lapsed and lowered the fence, and renewal 4 wrote
+    // the new incarnation right after.
+    tokio::time::sleep_until(t0 + Duration::from_millis(4500)).await;
+    assert!(
+        raised.has_changed().expect("the task runs"),
+        "the fence was raised"
+    );
+    assert!(!*raised.borrow(), "and lowered by the lapse");
     assert_eq!(record.lapses(), 1);
-    assert_eq!(record.get(), t0 + Duration::from_secs(12) + FENCE_AFTER);
+    assert_eq!(record.get(), t0 + Duration::from_secs(11) + FENCE_AFTER);
     assert!(
         record.fenced_since(clock.now(), 0),
         "a worker from before the lapse stops"
@@ -162,9 +163,10 @@ async fn late_renewal_does_not_extend_the_fence() {
     let m = inner.membership(&group()).await.expect("membership");
     assert_eq!(
         m.hosts[0].version,
-        Version(4),
-        "renewal 3 went on from the late one"
+        Version(5),
+        "renewals 3 and 4 went on from the late one"
     );
+    assert_eq!(&*m.hosts[0].incarnation, "inc.l1");
     cancel.cancel();
 }
 
@@ -276,6 +278,92 @@ async fn a_fenced_host_renews_again_once_its_store_answers_within_the_write_time
     let bound = RENEW + WRITE_TIMEOUT + Duration::from_millis(300);
     tokio::time::sleep_until(healed + bound).await;
     assert!(!*raised.borrow(), "renewed within {bound:?} of the heal");
+    assert!(record.get() > healed);
+    cancel.cancel();
+}
+
+/// A store behind a silent black hole: while `cut`, a heartbeat is never answered (it hangs
+/// until its caller gives up, and stays dead after the heal, as a flow a NAT forgot); after
+/// it, each answer comes `latency` late.
+#[derive(Debug)]
+struct BlackHole {
+    inner: MemoryLeaseStore,
+    latency: Duration,
+    cut: std::sync::atomic::AtomicBool,
+    sent: Mutex<Vec<Instant>>,
+}
+
+#[async_trait]
+impl ForwardingStore for BlackHole {
+    fn inner(&self) -> &dyn LeaseStore {
+        &self.inner
+    }
+
+    async fn heartbeat(
+        &self,
+        group: &GroupName,
+        host: &HostName,
+        incarnation: &str,
+        written_at: Timestamp,
+        expected: Option<Version>,
+    ) -> Result<Heartbeat, LeaseError> {
+        self.sent.lock().expect("not poisoned").push(Instant::now());
+        if self.cut.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        tokio::time::sleep(self.latency).await;
+        self.inner
+            .heartbeat(group, host, incarnation, written_at, expected)
+            .await
+    }
+}
+
+/// Cut off by a black hole, each try hangs until the write timeout; the next one starts a
+/// renew interval after the last was sent, not a renew interval after it gave up. Once the
+/// path is back, the try in flight gives up within the write timeout and the next succeeds at
+/// once: the fence is lowered within `write_timeout` + one answer of the heal, and the lapse's
+/// new incarnation is in the row one answer after that.
+#[tokio::test(start_paused = true)]
+async fn a_host_cut_off_by_a_black_hole_renews_within_the_write_timeout_of_the_heal() {
+    let t0 = Instant::now();
+    let inner = MemoryLeaseStore::new();
+    let row = inner
+        .heartbeat(&group(), &host(), "inc", Timestamp(0), None)
+        .await
+        .expect("registered");
+    let latency = Duration::from_millis(300);
+    let store = Arc::new(BlackHole {
+        inner: inner.clone(),
+        latency,
+        cut: std::sync::atomic::AtomicBool::new(true),
+        sent: Mutex::default(),
+    });
+    let cancel = CancellationToken::new();
+    let (record, raised) = start(store.clone(), Arc::new(SystemClock), row, &cancel);
+    // Tries at 2, 4, 6 … s all hang; heal just after the one at 12 s was sent.
+    tokio::time::sleep_until(t0 + Duration::from_millis(12_100)).await;
+    assert!(*raised.borrow(), "fenced while cut off");
+    {
+        let sent = store.sent.lock().expect("not poisoned");
+        let gaps: Vec<Duration> = sent.windows(2).map(|w| w[1] - w[0]).collect();
+        assert_eq!(sent.len(), 6, "a try every renew interval: {gaps:?}");
+        assert!(gaps.iter().all(|g| *g == RENEW), "{gaps:?}");
+    }
+    let healed = Instant::now();
+    store.cut.store(false, Ordering::SeqCst);
+    let renewed_by = healed + WRITE_TIMEOUT + latency;
+    tokio::time::sleep_until(renewed_by).await;
+    assert!(
+        !*raised.borrow(),
+        "renewed within {:?} of the heal",
+        renewed_by - healed
+    );
+    tokio::time::sleep_until(renewed_by + latency + Duration::from_millis(1)).await;
+    let m = inner.membership(&group()).await.expect("membership");
+    assert_eq!(
+        &*m.hosts[0].incarnation, "inc.l1",
+        "the lapse's incarnation is written at once"
+    );
     assert!(record.get() > healed);
     cancel.cancel();
 }

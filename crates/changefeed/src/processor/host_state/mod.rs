@@ -353,8 +353,19 @@ impl HostState {
     /// last confirmation that it knows every hand-off request, which each cycle renews
     /// (`docs/protocol.md`, "Pacing the head"). Only hosts of a store that keeps a view read
     /// the head, so only they are paced.
+    ///
+    /// A host waiting on others (a view to admit it, or owners to grant its hand-off
+    /// requests) looks four times as often, pacing still applying: those waits end at another
+    /// host's write, and each is otherwise up to a whole interval long, which after a fault
+    /// adds up to seconds before the host works again. It lasts only while the host waits.
     pub(crate) fn cycle_interval(&self) -> Duration {
-        let base = self.config.acquire_interval;
+        let base = if self.awaiting() {
+            (self.config.acquire_interval / 4)
+                .max(Duration::from_millis(50))
+                .min(self.config.acquire_interval)
+        } else {
+            self.config.acquire_interval
+        };
         let Some(limit) = self
             .config
             .head_reads_per_second
@@ -373,6 +384,12 @@ impl HostState {
             .saturating_sub(self.config.safety_margin)
             .mul_f64(0.45);
         base.max(paced.min(cap))
+    }
+
+    /// Whether this host waits on another host's write: a view to admit it, or a hand-off
+    /// it asked for.
+    fn awaiting(&self) -> bool {
+        !self.admitted() || self.requests.any()
     }
 
     /// What to read after a membership read at `now` showing `counter`.

@@ -249,3 +249,32 @@ fn the_leader_writes_only_when_its_judgment_changes() {
     let (v, expected) = a.view_to_write(&m, at).expect("b died");
     assert_eq!((expected, v.dead.clone()), (1, hosts(&["b"])));
 }
+
+/// A host waiting on another host's write (a view to admit it, an owner to grant its
+/// hand-off request) looks four times as often, and at the acquire interval again once the
+/// wait is over: each wait would otherwise add up to a whole interval before a host that
+/// came back from a fault works again.
+#[test]
+fn a_host_waiting_to_be_admitted_or_granted_cycles_four_times_as_often() {
+    let start = t0();
+    let mut s = host("b", vec![row("0", Some("a"), None, 1)], start);
+    let mut v = view(1, "a", 1, &["a"], &["b"]);
+    s.observe_head(&head(Some(v.clone())), start);
+    assert!(!s.admitted());
+    assert_eq!(s.cycle_interval(), SECOND / 2, "waiting to be admitted");
+    v.version = 2;
+    v.live.push(ViewHost {
+        host: h("b"),
+        incarnation: "i".into(),
+    });
+    v.dead.clear();
+    s.observe_head(&head(Some(v)), start + SECOND);
+    assert!(s.admitted());
+    assert_eq!(
+        s.cycle_interval(),
+        2 * SECOND,
+        "admitted, asking for nothing"
+    );
+    s.requested(p("0"), start + SECOND);
+    assert_eq!(s.cycle_interval(), SECOND / 2, "waiting on a hand-off");
+}

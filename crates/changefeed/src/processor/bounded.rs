@@ -7,8 +7,8 @@
 //! (a black-holed network, a server restarted behind a firewall that forgot the flow) answers
 //! nothing, and a pool that hands such a connection out again hangs every later call too.
 //! Without a bound, one such call stalls the host loop, or a worker, for ever while the host
-//! stays up (issue: a host cut off by a silent network fault and then a database restart did
-//! nothing until it was restarted). With it, the host loop's next cycle, the worker's retry and
+//! stays up (a host cut off by a silent network fault and then a database restart would do
+//! nothing until someone restarted it). With it, the host loop's next cycle, the worker's retry and
 //! the heartbeat's next renewal each make a new call: a client that closes a connection whose
 //! call was dropped then opens a fresh one and recovers. (A client that returns such a
 //! connection to its pool cannot be saved from here; see `docs/simulation.md`, the `forget`

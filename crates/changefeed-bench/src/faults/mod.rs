@@ -471,7 +471,8 @@ pub async fn run(
     };
     let kept_leases = (scenario == Scenario::SourceCut).then(|| {
         let now = watcher.owned_by(&victims[0]);
-        held_before.iter().all(|p| now.contains(p)) && watcher.lost_any(&victims[0]).is_none()
+        held_before.iter().all(|p| now.contains(p))
+            && watcher.lost_after(&victims[0], fault_start).is_none()
     });
     let healed_wall_ms = ledger::now_ms() - i64::try_from(healed_at.elapsed().as_millis())?;
     let fault_s = healed_at.duration_since(fault_start).as_secs_f64();

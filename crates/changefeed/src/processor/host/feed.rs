@@ -1,0 +1,184 @@
+//! The leader's partition sync and the lag of partitions nobody owns, run from the host's
+//! cycle.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+use crate::lag;
+use crate::model::{Continuation, LeaseState, PartitionId, Position};
+use crate::processor::callbacks::ErrorOrigin;
+use crate::processor::{sync, worker};
+use crate::source::OldestUnread;
+
+use super::Host;
+
+/// How often the leader estimates the lag of the partitions no host reads.
+const UNOWNED_LAG_REFRESH: Duration = Duration::from_secs(10);
+
+/// At most this many partitions no host reads are asked about per estimate.
+const UNOWNED_LAG_MAX: usize = 64;
+
+/// The older of two answers about a first unread record: a known time beats caught-up, and
+/// caught-up beats unknown.
+fn older(a: OldestUnread, b: OldestUnread) -> OldestUnread {
+    match (a, b) {
+        (OldestUnread::At(x), OldestUnread::At(y)) => OldestUnread::At(x.min(y)),
+        (OldestUnread::At(x), _) | (_, OldestUnread::At(x)) => OldestUnread::At(x),
+        (OldestUnread::CaughtUp, _) | (_, OldestUnread::CaughtUp) => OldestUnread::CaughtUp,
+        _ => OldestUnread::Unknown,
+    }
+}
+
+impl Host {
+    /// Runs the partition sync when this host leads (the first live host by name) and it is
+    /// due, or at once when a lease became finished (its children may need leases). Returns whether the lease table changed, after re-listing it.
+    pub(super) async fn sync(&mut self, now: Instant) -> bool {
+        let wanted = self.state.sync_wanted();
+        if !self.state.leads() {
+            self.syncer.reset();
+            self.state.synced();
+            return false;
+        }
+        if !wanted && !self.syncer.due(now, &self.p.settings) {
+            return false;
+        }
+        let report = self
+            .syncer
+            .run(
+                self.p.store.as_ref(),
+                self.p.source.as_ref(),
+                &self.p.group,
+                &self.p.settings,
+                &self.state.rows(),
+                now,
+                self.state.listed_counter(),
+            )
+            .await;
+        if report.is_ok() {
+            self.state.synced();
+        }
+        match report {
+            Ok(report) if report.changed() => {
+                debug!(?report, "partition sync changed the lease table");
+                // Read what the sync (and anyone else) changed since the table's counter: the
+                // table is then at the counter the store answered with. A store that cannot
+                // say is listed in full, and the counter distrusted until the next list.
+                let listed = match self.read_changes().await {
+                    Ok(Some(at)) => {
+                        self.state.advanced(at);
+                        Ok(())
+                    }
+                    Ok(None) => self
+                        .p
+                        .store
+                        .list(&self.p.group)
+                        .await
+                        .map(|listing| self.state.relisted(listing.leases)),
+                    Err(err) => Err(err),
+                };
+                match listed {
+                    Ok(()) => true,
+                    Err(err) => {
+                        warn!(error = %err, "listing leases after the sync failed");
+                        self.state.invalidate();
+                        false
+                    }
+                }
+            }
+            Ok(_) => false,
+            Err(err) => {
+                warn!(error = %err, "partition sync failed; retrying at the next interval");
+                let origin = match err {
+                    sync::SyncError::Source(_) => ErrorOrigin::Source,
+                    sync::SyncError::Store(_) => ErrorOrigin::Store,
+                };
+                self.p
+                    .callbacks
+                    .error(origin, None, || format!("partition sync failed: {err}"));
+                false
+            }
+        }
+    }
+
+    /// On the leader, at most every [`UNOWNED_LAG_REFRESH`]: the lag of the partitions no host
+    /// reads (leases without an owner, such as children waiting for their parents, and
+    /// partitions the source lists that have no lease yet), added to this host's lag gauges so
+    /// the fleet's sum counts them once. At most [`UNOWNED_LAG_MAX`] partitions are asked
+    /// about (one or two small source reads each); a failed read is left out.
+    pub(super) async fn estimate_unowned(&mut self, now: Instant) {
+        if !self.state.leads() {
+            if self.unowned_lag_at.take().is_some() {
+                self.lag
+                    .set_unowned(&self.group_label, None, self.p.clock.wall());
+            }
+            return;
+        }
+        if self
+            .unowned_lag_at
+            .is_some_and(|t| now.saturating_duration_since(t) < UNOWNED_LAG_REFRESH)
+        {
+            return;
+        }
+        self.unowned_lag_at = Some(now);
+        let rows = self.state.rows();
+        let mut todo: Vec<(PartitionId, Option<Continuation>, Position)> = rows
+            .iter()
+            .filter(|l| l.owner.is_none() && l.state != LeaseState::Finished)
+            .map(|l| {
+                (
+                    l.key.partition.clone(),
+                    l.continuation.clone(),
+                    l.start.clone(),
+                )
+            })
+            .collect();
+        let source = self.p.source.clone();
+        let estimate = async {
+            match lag::unleased(source.as_ref(), &rows, &BTreeSet::new()).await {
+                Ok(more) => todo.extend(more.into_iter().map(|(p, start)| (p, None, start))),
+                Err(err) => debug!(error = %err, "listing partitions for the lag estimate failed"),
+            }
+            let mut records: Option<u64> = None;
+            let mut oldest = OldestUnread::Unknown;
+            for (partition, checkpoint, start) in todo.iter().take(UNOWNED_LAG_MAX) {
+                match lag::lag_after(source.as_ref(), partition, checkpoint.as_ref(), start).await {
+                    Ok(Some(n)) => records = Some(records.unwrap_or(0).saturating_add(n)),
+                    Ok(None) => {}
+                    Err(err) => debug!(%partition, error = %err, "lag estimate failed"),
+                }
+                match lag::oldest_after(source.as_ref(), partition, checkpoint.as_ref(), start)
+                    .await
+                {
+                    Ok(found) => oldest = older(oldest, found),
+                    Err(err) => debug!(%partition, error = %err, "lag in time estimate failed"),
+                }
+            }
+            (!todo.is_empty()).then_some(worker::PartitionLag { records, oldest })
+        };
+        // Observation only: a source that answers slowly (each read bounded by the call
+        // timeout) must not hold the cycle for one bound per partition. The estimate keeps its
+        // last value until the next refresh.
+        let estimate = tokio::select! {
+            biased;
+            estimate = estimate => estimate,
+            _ = self.p.clock.sleep(self.p.settings.call_timeout()) => {
+                debug!("the lag estimate of unowned partitions took longer than the call timeout; left as it was");
+                return;
+            }
+        };
+        self.lag
+            .set_unowned(&self.group_label, estimate, self.p.clock.wall());
+    }
+
+    pub(super) fn publish_gauges(&self) {
+        metrics::gauge!("changefeed_leases_owned", "group" => self.group_label.clone())
+            .set(self.state.running() as f64);
+        metrics::gauge!("changefeed_malformed_leases", "group" => self.group_label.clone())
+            .set(self.malformed.len() as f64);
+        self.lag
+            .publish_seconds(&self.group_label, self.p.clock.wall());
+    }
+}

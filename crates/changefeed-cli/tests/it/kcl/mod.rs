@@ -8,6 +8,7 @@
 
 mod kpl;
 mod real_kcl;
+mod stop;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

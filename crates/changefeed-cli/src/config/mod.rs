@@ -262,6 +262,8 @@ pub struct RunConfig {
     /// How long transient faults opening the store and the source are retried at start
     /// (`start_timeout`); zero: not at all.
     pub start_timeout: Duration,
+    /// What the KCL properties file held that is not used, logged at start.
+    pub(crate) property_notes: crate::kcl::PropertyNotes,
 }
 
 /// The default `start_timeout`.
@@ -345,11 +347,12 @@ impl RunArgs {
     /// # Errors
     /// [`UsageError`] naming the first bad setting.
     pub fn resolve(mut self) -> Result<RunConfig, UsageError> {
+        let mut property_notes = crate::kcl::PropertyNotes::default();
         if let Some(path) = self.properties.clone() {
             let name = path.display().to_string();
             let text = std::fs::read_to_string(&path)
                 .map_err(|e| UsageError(format!("properties file {name}: {e}")))?;
-            crate::kcl::apply_properties(&mut self, &name, &text)?;
+            property_notes = crate::kcl::apply_properties(&mut self, &name, &text)?;
         }
         if let Some(path) = self.config.clone() {
             let name = path.display().to_string();
@@ -540,6 +543,7 @@ impl RunArgs {
             None => default_host(),
         };
         Ok(RunConfig {
+            property_notes,
             store,
             source,
             handler,

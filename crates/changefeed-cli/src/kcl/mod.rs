@@ -45,7 +45,7 @@ use changefeed_kinesis::ExtendedSequenceNumber;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-pub(crate) use properties::apply as apply_properties;
+pub(crate) use properties::{apply as apply_properties, Notes as PropertyNotes};
 use protocol::{FromChild, Line, RecordJson, ToChild};
 
 use crate::child::{LongLived, Slots};

@@ -102,6 +102,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         Err(err) => return Ok(usage(&err)),
     };
     crate::metrics::init_logging(config.log_format);
+    config.property_notes.log();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

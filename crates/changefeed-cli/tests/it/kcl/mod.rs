@@ -7,6 +7,7 @@
 //! without the package, the test fails.
 
 mod kpl;
+mod properties;
 mod real_kcl;
 mod stdout;
 mod stop;

@@ -8,6 +8,7 @@ use std::time::Duration;
 use changefeed::model::PartitionId;
 
 use super::{delivered, kclpy_python, ledger};
+use crate::health::{free_port, get};
 use crate::support::{bin, read, terminate, wait_exit, wait_for, Fixture, KillOnDrop, FAST};
 
 #[test]
@@ -15,7 +16,7 @@ fn lines_on_stdout_that_are_not_messages_are_skipped_and_every_record_delivered(
     // A stdout line that is not a protocol message (a structured logger's JSON, plain text) is
     // skipped, as the Java daemon skips it: the amazon_kclpy processor that prints both before
     // answering initialize and in every batch gets every record, no child is restarted, and
-    // each child's first such line is logged once.
+    // each child's first such line is logged once; every one is counted.
     let python = kclpy_python();
     let fx = Fixture::new();
     fx.with_feed(async |feed| {
@@ -30,13 +31,19 @@ fn lines_on_stdout_that_are_not_messages_are_skipped_and_every_record_delivered(
     let processor = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/kcl/record_processor.py");
     let ledger_path = fx.path("ledger.jsonl");
     let stderr = fx.path("stderr");
+    let port = free_port();
     let mut host = KillOnDrop(
         bin()
             .args(["run", "--store", &fx.url(), "--source", &fx.url()])
             .args(["--protocol", "kcl", "--host", "h1", "--group", "g"])
             .arg("--handler")
             .arg(format!("'{python}' '{}'", processor.display()))
-            .args(["--max-batch-size", "10"])
+            .args([
+                "--max-batch-size",
+                "10",
+                "--http",
+                &format!("127.0.0.1:{port}"),
+            ])
             .args(FAST)
             .env("KCL_TEST_LEDGER", &ledger_path)
             .env("KCL_TEST_STDOUT_NOISE", "1")
@@ -56,6 +63,15 @@ fn lines_on_stdout_that_are_not_messages_are_skipped_and_every_record_delivered(
         want.is_subset(&delivered(&ledger(&ledger_path)))
             .then_some(())
     });
+    // Two lines at each child's start and two in each of its batches (ten records at most),
+    // all counted by the time every record was delivered.
+    let skipped = wait_for(Duration::from_secs(10), "the metrics", || {
+        get(port, "/metrics")?.body.lines().find_map(|l| {
+            l.strip_prefix(r#"changefeed_kcl_stdout_lines_skipped_total{group="g"} "#)
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        })
+    });
+    assert!(skipped >= 24.0, "skipped lines counted: {skipped}");
     terminate(&host.0);
     let status = wait_exit(&mut host.0, Duration::from_secs(15));
     assert!(status.success(), "graceful stop: {status}");

@@ -26,8 +26,10 @@
 //! A child that exits, writes an unknown or malformed message, or answers out of turn fails
 //! the batch; it is killed (its whole process group) and the batch is retried with the
 //! library's backoff by a fresh child (which is sent `initialize` again at the checkpoint);
-//! after `handler_max_retries` failures the lease is released. Lines that are not JSON objects
-//! (a library printing to stdout) are logged and skipped, as the Java daemon does.
+//! after `handler_max_retries` failures the lease is released. A line that is not a protocol
+//! message (not JSON, no `action`, an `action` no message has: a logger or a library printing
+//! to stdout) is skipped, as the Java daemon does: the first of each child is logged, every
+//! one is counted in `changefeed_kcl_stdout_lines_skipped_total`.
 
 mod properties;
 mod protocol;
@@ -43,7 +45,7 @@ use changefeed_kinesis::ExtendedSequenceNumber;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-pub(crate) use properties::apply as apply_properties;
+pub(crate) use properties::{apply as apply_properties, Notes as PropertyNotes};
 use protocol::{FromChild, Line, RecordJson, ToChild};
 
 use crate::child::{LongLived, Slots};
@@ -71,6 +73,8 @@ struct Session {
     aggregated: bool,
     shard_ended: bool,
     shutdown_requested: bool,
+    /// Whether a line that is not a message was skipped yet (only the first is logged).
+    skipped: bool,
 }
 
 /// What a checkpoint request made of.
@@ -182,6 +186,7 @@ impl KclHandler {
             aggregated: false,
             shard_ended: false,
             shutdown_requested: false,
+            skipped: false,
         };
         let init = ToChild::Initialize {
             shard_id: ctx.partition().as_str(),
@@ -209,7 +214,11 @@ impl KclHandler {
             let line = session.child.recv().await?;
             match protocol::decode(&line).map_err(|e| session.child.failed(&e))? {
                 Line::Other => {
-                    info!(partition = %ctx.partition(), line = %line, "skipping a line that is not a message");
+                    metrics::counter!("changefeed_kcl_stdout_lines_skipped_total", "group" => self.group.clone()).increment(1);
+                    if !session.skipped {
+                        session.skipped = true;
+                        info!(partition = %ctx.partition(), line = %line, "skipping a line on the record processor's stdout that is not a protocol message (the later ones are only counted, in changefeed_kcl_stdout_lines_skipped_total)");
+                    }
                 }
                 Line::Message(FromChild::Status { response_for }) if response_for == action => {
                     return Ok(checkpoints);

@@ -100,44 +100,48 @@ pub(crate) enum FromChild {
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Line {
     Message(FromChild),
-    /// Not a JSON object at all: output of the child's own (a library printing to stdout),
-    /// which the Java daemon skips too.
+    /// Not a protocol message: not JSON, JSON without an `action`, or an `action` the
+    /// protocol does not define (a logger or a library printing to stdout). The Java daemon
+    /// skips such a line ("Skipping unexpected line on STDOUT") and so do we.
     Other,
 }
+
+/// The `action`s of the messages the daemon sends: a child that sends one broke the
+/// protocol, whereas an `action` no message has is some other program's output.
+const TO_CHILD: [&str; 7] = [
+    "initialize",
+    "processRecords",
+    "record",
+    "shutdown",
+    "shutdownRequested",
+    "leaseLost",
+    "shardEnded",
+];
 
 /// Encodes a message as one line (without the newline).
 pub(crate) fn encode(message: &ToChild<'_>) -> Result<Vec<u8>, serde_json::Error> {
     serde_json::to_vec(message)
 }
 
-/// Decodes one line from the child. A line that starts as a JSON object must be a known
-/// message; the error names what is wrong with it.
+/// Decodes one line from the child. A line with a `checkpoint` or `status` action must be
+/// that message whole; a line with the action of a message only the daemon sends is an error
+/// too; anything else is [`Line::Other`]. The error names what is wrong with the line.
 pub(crate) fn decode(line: &str) -> Result<Line, String> {
-    let trimmed = line.trim_start();
-    if !trimmed.starts_with('{') {
+    let Ok(value) = serde_json::from_str::<serde_json::Value>(line) else {
         return Ok(Line::Other);
-    }
-    let value: serde_json::Value = serde_json::from_str(trimmed).map_err(|e| {
-        format!(
-            "sent a malformed message ({e}): {}",
-            crate::lines::quote(line)
-        )
-    })?;
-    match value.get("action") {
-        Some(serde_json::Value::String(a)) if a == "checkpoint" || a == "status" => {}
-        Some(serde_json::Value::String(a)) => {
+    };
+    let Some(serde_json::Value::String(action)) = value.get("action") else {
+        return Ok(Line::Other);
+    };
+    match action.as_str() {
+        "checkpoint" | "status" => {}
+        a if TO_CHILD.contains(&a) => {
             return Err(format!(
-                "sent an unknown message \"{}\" (a child sends checkpoint or status): {}",
-                a.escape_debug(),
+                "sent \"{a}\", a message only the daemon sends (a child sends checkpoint or status): {}",
                 crate::lines::quote(line)
             ))
         }
-        _ => {
-            return Err(format!(
-                "sent a message without an \"action\": {}",
-                crate::lines::quote(line)
-            ))
-        }
+        _ => return Ok(Line::Other),
     }
     serde_json::from_value(value)
         .map(Line::Message)
@@ -243,17 +247,41 @@ mod tests {
                 response_for: "processRecords".into()
             }))
         );
-        assert_eq!(decode("debug output"), Ok(Line::Other));
-        let unknown = decode(r#"{"action":"explode"}"#).expect_err("unknown");
-        assert!(unknown.contains("unknown message \"explode\""), "{unknown}");
         let missing = decode(r#"{"action":"status"}"#).expect_err("no responseFor");
         assert!(
             missing.contains("malformed") && missing.contains("responseFor"),
             "{missing}"
         );
-        let broken = decode(r#"{"action":"status", "#).expect_err("not json");
-        assert!(broken.contains("malformed"), "{broken}");
-        let no_action = decode(r#"{"responseFor":"initialize"}"#).expect_err("no action");
-        assert!(no_action.contains("without an \"action\""), "{no_action}");
+        let bad_type = decode(r#"{"action":"checkpoint","sequenceNumber":5}"#)
+            .expect_err("a number for a string");
+        assert!(
+            bad_type.contains("malformed") && bad_type.contains("expected a string"),
+            "{bad_type}"
+        );
+        let wrong_way = decode(r#"{"action":"processRecords","records":[]}"#)
+            .expect_err("the daemon's message");
+        assert!(
+            wrong_way.contains(r#"sent "processRecords", a message only the daemon sends"#),
+            "{wrong_way}"
+        );
+    }
+
+    #[test]
+    fn lines_that_are_not_protocol_messages_are_other_output() {
+        // What the Java daemon skips as "unexpected line on STDOUT": a structured logger's
+        // JSON, plain text, JSON that is not an object, an action no message has, and a line
+        // that is not JSON at all (even one that starts like an object).
+        for line in [
+            r#"{"level":"info","msg":"starting record processor"}"#,
+            "debug output",
+            "[1, 2]",
+            "42",
+            r#"{"action":"log","msg":"x"}"#,
+            r#"{"action":7}"#,
+            r#"{"action":"status", "#,
+            "{not json",
+        ] {
+            assert_eq!(decode(line), Ok(Line::Other), "{line}");
+        }
     }
 }

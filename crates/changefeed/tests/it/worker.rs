@@ -366,3 +366,62 @@ async fn a_place_restated_without_records_is_checkpointed_and_finished_at() {
         running.stop().await.unwrap();
     }
 }
+
+/// A handler that cannot be opened.
+#[derive(Debug, Default)]
+struct NeverOpens {
+    attempts: AtomicU32,
+}
+
+#[async_trait]
+impl Handler for NeverOpens {
+    async fn open(&self, _ctx: &Context) -> Result<(), HandlerError> {
+        self.attempts.fetch_add(1, Ordering::SeqCst);
+        Err("the handler cannot start (test)".into())
+    }
+
+    async fn handle(&self, _ctx: &Context, _batch: &Batch) -> Result<(), HandlerError> {
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stop_while_opening_releases_the_lease() {
+    // DESIGN rule 6: a graceful stop releases the lease whatever state the worker is in, here
+    // while it is still backing off between attempts to open the reader or the handler (a
+    // record processor that exits at once), before anything was delivered.
+    for failing in ["reader", "handler"] {
+        let s = setup(Arc::new(MemoryLeaseStore::new())).await;
+        let handler = Arc::new(NeverOpens::default());
+        if failing == "reader" {
+            s.faults.open.lock().unwrap().extend([true; 1000]);
+        }
+        let mut builder = Processor::builder()
+            .host("a")
+            .group("g")
+            .store(s.store.clone())
+            .source(Arc::new(FlakyFeed {
+                inner: s.feed.clone(),
+                faults: s.faults.clone(),
+            }))
+            .seed(7)
+            .handler_max_retries(1000);
+        builder = if failing == "reader" {
+            builder.shared_handler(s.handler.clone())
+        } else {
+            builder.shared_handler(handler.clone())
+        };
+        let running = builder.build().unwrap().start();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let tries = s.faults.failed().len() + handler.attempts.load(Ordering::SeqCst) as usize;
+        assert!(tries >= 3, "{failing}: still retrying ({tries})");
+        assert_eq!(
+            s.lease().await.owner.map(|o| o.to_string()).as_deref(),
+            Some("a")
+        );
+        running.stop().await.unwrap();
+        let l = s.lease().await;
+        assert_eq!(l.owner, None, "{failing}: released at the stop");
+        assert_eq!(l.continuation, None, "{failing}: nothing checkpointed");
+    }
+}

@@ -17,9 +17,10 @@ use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
 
+use super::kpl::put_from_aggregator;
 use super::{
-    checkpoints_answered, delivered, endpoint, kclpy_python, ledger, put, put_from_aggregator,
-    rand_suffix, seq, start_host, stream, write_properties,
+    checkpoints_answered, delivered, endpoint, kclpy_python, ledger, put, rand_suffix, seq,
+    start_host, stream, write_properties,
 };
 use crate::support::{process_alive, read, rt, run_ok, terminate, wait_exit, wait_for};
 

@@ -4,7 +4,10 @@ JSON-lines ledger named by $KCL_TEST_LEDGER: each record, each checkpoint it ask
 whether it was granted), and the lifecycle calls. It checkpoints at every record whose data ends
 in a multiple of 3, at the record's own sequence and sub-sequence numbers (a user record of a
 KPL-aggregated record has its own), never at the end of a batch, so that a stored checkpoint shows
-it went exactly where the processor asked."""
+it went exactly where the processor asked.
+
+With $KCL_TEST_STDOUT_NOISE set it also prints to stdout, among its protocol messages, what a
+structured logger and a chatty library print there: a JSON log line and a plain text line."""
 import json
 import os
 
@@ -13,6 +16,13 @@ from amazon_kclpy.v3 import processor
 
 LEDGER = os.environ["KCL_TEST_LEDGER"]
 HOST = os.environ.get("CHANGEFEED_HOST", "?")
+NOISE = bool(os.environ.get("KCL_TEST_STDOUT_NOISE"))
+
+
+def noise(msg):
+    if NOISE:
+        print(json.dumps({"level": "info", "msg": msg}), flush=True)
+        print("plain text: " + msg, flush=True)
 
 
 def note(**fields):
@@ -29,6 +39,7 @@ class RecordProcessor(processor.RecordProcessorBase):
 
     def initialize(self, initialize_input):
         self.shard = initialize_input.shard_id
+        noise("starting record processor")
         note(ev="init", shard=self.shard, seq=initialize_input.sequence_number,
              sub=initialize_input.sub_sequence_number)
 
@@ -44,6 +55,7 @@ class RecordProcessor(processor.RecordProcessorBase):
             note(ev="ckpt_error", shard=self.shard, seq=seq, sub=sub, error=str(e), why=why)
 
     def process_records(self, process_records_input):
+        noise("processing records")
         for record in process_records_input.records:
             data = record.binary_data.decode()
             seq = record.sequence_number

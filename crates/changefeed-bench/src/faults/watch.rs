@@ -16,8 +16,8 @@ pub(super) struct Seen {
     heartbeats: BTreeMap<String, ((String, u64), Vec<Instant>)>,
     /// Partition → owner, as last read.
     owners: BTreeMap<String, String>,
-    /// Host → when it was first seen not owning a partition it owned before.
-    lost: BTreeMap<String, Instant>,
+    /// Host → every time it was seen not owning a partition it owned before.
+    lost: BTreeMap<String, Vec<Instant>>,
 }
 
 impl Seen {
@@ -67,7 +67,7 @@ impl Watcher {
                     let before = std::mem::replace(&mut s.owners, owners);
                     for (p, o) in before {
                         if s.owners.get(&p) != Some(&o) {
-                            s.lost.entry(o).or_insert(now);
+                            s.lost.entry(o).or_default().push(now);
                         }
                     }
                 }
@@ -104,9 +104,13 @@ impl Watcher {
         })
     }
 
-    /// When `host` was first seen losing a partition, if ever.
-    pub(super) fn lost_any(&self, host: &str) -> Option<Instant> {
-        self.with(|s| s.lost.get(host).copied())
+    /// When `host` was first seen losing a partition at or after `since`, if it was.
+    pub(super) fn lost_since(&self, host: &str, since: Instant) -> Option<Instant> {
+        self.with(|s| {
+            s.lost
+                .get(host)
+                .and_then(|at| at.iter().find(|t| **t >= since).copied())
+        })
     }
 
     /// When `host`'s heartbeat row was first seen changed after `after`, if it was.

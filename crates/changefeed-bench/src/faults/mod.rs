@@ -580,3 +580,29 @@ fn terminate(child: &mut Child) -> bool {
     }
     false
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Scenario;
+
+    #[test]
+    fn every_scenario_is_found_by_its_name() {
+        for s in Scenario::ALL {
+            assert_eq!(Scenario::parse(s.name()), Some(s));
+        }
+        assert_eq!(Scenario::parse("cut-some"), None);
+    }
+
+    #[test]
+    fn the_source_cuts_and_only_they_ask_whether_leases_were_kept() {
+        let asked: Vec<&str> = Scenario::ALL
+            .into_iter()
+            .filter(|s| s.cuts_the_source())
+            .map(Scenario::name)
+            .collect();
+        assert_eq!(
+            asked,
+            ["source-cut", "source-cut-then-reset", "source-cut-all"]
+        );
+    }
+}

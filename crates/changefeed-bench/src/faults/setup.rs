@@ -166,3 +166,21 @@ pub async fn setup(
         dir,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::split_addr;
+
+    #[test]
+    fn the_address_is_cut_out_of_a_url_and_a_placeholder_put_in_its_place() {
+        let (upstream, template) =
+            split_addr("postgres://postgres@127.0.0.1:5433/test?sslmode=disable").expect("a URL");
+        assert_eq!(upstream, "127.0.0.1:5433");
+        assert_eq!(template, "postgres://postgres@{addr}/test?sslmode=disable");
+        let (upstream, template) = split_addr("http://127.0.0.1:4568").expect("a URL");
+        assert_eq!(upstream, "127.0.0.1:4568");
+        assert_eq!(template, "http://{addr}");
+        let (upstream, _) = split_addr("postgres://db/test").expect("a URL");
+        assert_eq!(upstream, "db:5432", "PostgreSQL's port when none is given");
+    }
+}

@@ -16,7 +16,9 @@
 //! each key's first deliveries are in order, and no two hosts run the handler on one
 //! partition at the same time. What is measured, from the store read directly every 100 ms
 //! and the ledger: the seconds from the fault's end to each faulted host's next heartbeat
-//! (`heartbeat_s`) and to its next delivery (`recovery_s`).
+//! (`heartbeat_s`) and to its next delivery (`recovery_s`). The fault ends with its last
+//! disturbance: for `cut-then-restart` and the `…-then-reset` scenarios, when the restart or
+//! the reset is done.
 //!
 //! The lease store is any backend `changefeed run` takes a URL for (given with the address the
 //! proxies forward to); the source ([`SourceBackend`]) is a PostgreSQL outbox or a Kinesis

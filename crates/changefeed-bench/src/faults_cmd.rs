@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
-use changefeed_bench::faults::{self, Scenario, StoreBackend, Timings};
+use changefeed_bench::faults::{self, Scenario, SourceBackend, StoreBackend, Timings};
 
 /// Arguments of `changefeed-bench faults`.
 #[derive(Debug, clap::Args)]
@@ -14,9 +14,20 @@ pub struct Args {
     /// --release -p changefeed-cli`).
     #[arg(long)]
     changefeed: Option<PathBuf>,
-    /// The lease store's backend (the source is a PostgreSQL outbox for every backend).
+    /// The lease store's backend.
     #[arg(long, default_value = "postgres", value_parser = ["postgres", "dynamodb", "cosmos"])]
     backend: String,
+    /// The source: a PostgreSQL outbox (`postgres`) or a Kinesis stream (`kinesis`, on
+    /// `--kinesis-url`), with any backend.
+    #[arg(long, default_value = "postgres", value_parser = ["postgres", "kinesis"])]
+    source: String,
+    /// kinesis-mock's (or another Kinesis endpoint's) URL, for `--source kinesis`.
+    #[arg(
+        long,
+        env = "CHANGEFEED_TEST_KINESIS_URL",
+        default_value = "http://127.0.0.1:4568"
+    )]
+    kinesis_url: String,
     /// DynamoDB Local's endpoint, for `--backend dynamodb`.
     #[arg(
         long,
@@ -31,7 +42,8 @@ pub struct Args {
         default_value = "http://127.0.0.1:8081"
     )]
     cosmos_url: String,
-    /// A scenario (cut-one, cut-then-restart, cut-all, slow-store, source-cut) or `all`.
+    /// A scenario (cut-one, cut-then-restart, cut-all, slow-store, source-cut, cut-then-reset,
+    /// source-cut-then-reset, source-cut-all) or `all`.
     #[arg(long, default_value = "all")]
     scenario: String,
     /// Short timings (3 s expiry, 0.5 s renewals, 5 s cuts) instead of the processor's
@@ -41,14 +53,15 @@ pub struct Args {
     /// Hosts in the fleet.
     #[arg(long, default_value_t = 3)]
     hosts: usize,
-    /// Partitions of the outbox.
+    /// Partitions of the source (the outbox's, or the Kinesis stream's shards).
     #[arg(long, default_value_t = 6)]
     partitions: u32,
     /// A scenario fails when a faulted host has not delivered again this long after the
     /// fault's end.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     recover_within: Duration,
-    /// The PostgreSQL server (outbox source, and the lease store for `--backend postgres`).
+    /// The PostgreSQL server (the outbox for `--source postgres`, the lease store for
+    /// `--backend postgres`).
     #[arg(
         long,
         env = "CHANGEFEED_TEST_POSTGRES_URL",
@@ -93,9 +106,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 "cosmos" => StoreBackend::Cosmos(args.cosmos_url.clone()),
                 _ => StoreBackend::Postgres,
             };
+            let source = match args.source.as_str() {
+                "kinesis" => SourceBackend::Kinesis(args.kinesis_url.clone()),
+                _ => SourceBackend::Outbox,
+            };
             let setup = faults::setup(
                 &binary,
                 backend,
+                source,
                 &args.postgres_url,
                 args.hosts,
                 args.partitions,

@@ -6,23 +6,30 @@
 //! The scenarios ([`Scenario`]) are the faults operators meet: one host black-holed past the
 //! lease expiry (the path comes back, but flows that lived through the black hole stay dead,
 //! as behind a NAT or load balancer that lost their state), the same followed by a server
-//! restart (every connection reset, new ones refused for a moment), every host black-holed at
-//! once, a store slower than the request timeout for a while, and the source cut while the
-//! store is fine.
+//! restart (every connection reset, new ones refused for a moment) or by every connection of
+//! that host's path reset just after the heal, every host black-holed at once, a store slower
+//! than the request timeout for a while, and the source cut (one host's, with or without a
+//! reset after the heal, or every host's) while the store is fine.
 //!
 //! What is checked, from a ledger the handler writes (one file per batch, stamped with this
 //! machine's clock at the start and end of the handler): every record written is delivered,
 //! each key's first deliveries are in order, and no two hosts run the handler on one
 //! partition at the same time. What is measured, from the store read directly every 100 ms
 //! and the ledger: the seconds from the fault's end to each faulted host's next heartbeat
-//! (`heartbeat_s`) and to its next delivery (`recovery_s`).
+//! (`heartbeat_s`) and to its next delivery (`recovery_s`). The fault ends with its last
+//! disturbance: for `cut-then-restart` and the `…-then-reset` scenarios, when the restart or
+//! the reset is done.
 //!
 //! The lease store is any backend `changefeed run` takes a URL for (given with the address the
-//! proxies forward to); the source is a PostgreSQL outbox, which every backend's scenarios
-//! share.
+//! proxies forward to); the source ([`SourceBackend`]) is a PostgreSQL outbox or a Kinesis
+//! stream, either with any store.
+//!
+//! The hosts' logs, the handler and the ledger are kept in the temporary directory named in
+//! [`Setup::dir`] (a failure's message quotes the logs' last lines and their paths).
 
 mod ledger;
 mod setup;
+mod source;
 mod watch;
 
 use std::collections::BTreeMap;
@@ -36,11 +43,12 @@ use anyhow::{bail, Context as _};
 use changefeed::lease::LeaseStore;
 use changefeed::model::GroupName;
 use changefeed::testkit::net::FaultProxy;
-use changefeed_postgres::{append, OutboxTable};
 use tokio::time::Instant;
 
 pub use ledger::Checked;
 pub use setup::{setup, StoreBackend};
+pub use source::SourceBackend;
+use source::Writer;
 use watch::Watcher;
 
 /// A fault, played on the hosts' paths.
@@ -57,16 +65,28 @@ pub enum Scenario {
     SlowStore,
     /// One host's source path black-holed past the expiry while its store is fine, then back.
     SourceCut,
+    /// [`Scenario::CutOne`], then [`Timings::reset`] after the heal every connection of that
+    /// host's store path reset (a middlebox dropping the flows it had kept through the cut).
+    CutThenReset,
+    /// [`Scenario::SourceCut`], then [`Timings::reset`] after the heal every connection of
+    /// that host's source path reset.
+    SourceCutThenReset,
+    /// Every host's source path black-holed at once past the expiry while the store is fine,
+    /// then back.
+    SourceCutAll,
 }
 
 impl Scenario {
     /// Every scenario, in the order `faults` runs them.
-    pub const ALL: [Scenario; 5] = [
+    pub const ALL: [Scenario; 8] = [
         Scenario::CutOne,
         Scenario::CutThenRestart,
         Scenario::CutAll,
         Scenario::SlowStore,
         Scenario::SourceCut,
+        Scenario::CutThenReset,
+        Scenario::SourceCutThenReset,
+        Scenario::SourceCutAll,
     ];
 
     /// The name used on the command line and in RESULT lines.
@@ -77,7 +97,19 @@ impl Scenario {
             Scenario::CutAll => "cut-all",
             Scenario::SlowStore => "slow-store",
             Scenario::SourceCut => "source-cut",
+            Scenario::CutThenReset => "cut-then-reset",
+            Scenario::SourceCutThenReset => "source-cut-then-reset",
+            Scenario::SourceCutAll => "source-cut-all",
         }
+    }
+
+    /// Whether only the source is faulted (the store is fine throughout): the faulted hosts
+    /// must keep their leases.
+    pub fn cuts_the_source(self) -> bool {
+        matches!(
+            self,
+            Scenario::SourceCut | Scenario::SourceCutThenReset | Scenario::SourceCutAll
+        )
     }
 
     /// The scenario named `name`.
@@ -103,6 +135,9 @@ pub struct Timings {
     pub slow: (Duration, Duration),
     /// After the heal, when the server restarts, and for how long it refuses connections.
     pub restart: (Duration, Duration),
+    /// After the heal, when the faulted path's connections are reset (the `…-then-reset`
+    /// scenarios).
+    pub reset: Duration,
     /// How long the handler takes per batch.
     pub handler_delay: Duration,
 }
@@ -118,6 +153,7 @@ impl Timings {
             cut: Duration::from_secs(15),
             slow: (Duration::from_secs(20), Duration::from_secs(8)),
             restart: (Duration::from_secs(5), Duration::from_secs(3)),
+            reset: Duration::from_millis(500),
             handler_delay: Duration::from_millis(200),
         }
     }
@@ -132,6 +168,7 @@ impl Timings {
             cut: Duration::from_secs(5),
             slow: (Duration::from_secs(6), Duration::from_secs(3)),
             restart: (Duration::from_secs(2), Duration::from_secs(1)),
+            reset: Duration::from_millis(500),
             handler_delay: Duration::from_millis(100),
         }
     }
@@ -166,18 +203,21 @@ pub struct Setup {
     pub store_upstream: String,
     /// The lease store, read directly (not through a proxy) to watch heartbeats and owners.
     pub store: Arc<dyn LeaseStore>,
-    /// The outbox source URL (`postgres-outbox://…`) with `{addr}` where the server's
+    /// The source.
+    pub source: SourceBackend,
+    /// The source URL (`postgres-outbox://…`, `kinesis://…`) with `{addr}` where the server's
     /// `host:port` goes.
     pub source_url: String,
-    /// A plain URL of the outbox's PostgreSQL database, for the writer.
+    /// A plain URL of the PostgreSQL database, for the outbox's writer.
     pub pg_url: String,
-    /// `host:port` of the PostgreSQL server of the source.
+    /// `host:port` of the source's server.
     pub source_upstream: String,
-    /// The group's table prefix (the outbox and, for PostgreSQL, the lease tables).
+    /// The group's table prefix (the outbox and, for PostgreSQL, the lease tables), and the
+    /// Kinesis stream's name.
     pub prefix: String,
     /// Hosts in the fleet.
     pub hosts: usize,
-    /// Partitions of the outbox.
+    /// Partitions of the source (the outbox's, or the stream's shards).
     pub partitions: u32,
     /// Timings.
     pub timings: Timings,
@@ -190,6 +230,7 @@ impl std::fmt::Debug for Setup {
         f.debug_struct("Setup")
             .field("backend", &self.backend)
             .field("store_upstream", &self.store_upstream)
+            .field("source", &self.source)
             .field("hosts", &self.hosts)
             .field("partitions", &self.partitions)
             .field("timings", &self.timings)
@@ -202,14 +243,19 @@ impl std::fmt::Debug for Setup {
 pub struct Outcome {
     /// The scenario.
     pub scenario: Scenario,
+    /// The source's name (`--source`).
+    pub source: &'static str,
     /// Per faulted host: seconds from the fault's end to its next heartbeat.
     pub heartbeat_s: BTreeMap<String, f64>,
     /// Per faulted host: seconds from the fault's end to its next delivery.
     pub recovery_s: BTreeMap<String, f64>,
-    /// Whether the source-cut host kept every lease it held through the cut (`None`: not asked).
+    /// For the source cuts: whether every host cut off from its source kept every lease it
+    /// held, releasing none, through the cut (`None`: not asked).
     pub kept_leases: Option<bool>,
     /// The ledger's verdict.
     pub checked: Checked,
+    /// Hosts that did not exit 0 within 10 s of SIGTERM at the end.
+    pub unclean_stops: Vec<String>,
 }
 
 impl Outcome {
@@ -226,7 +272,7 @@ impl Outcome {
     /// The RESULT line.
     pub fn result_line(&self, backend: &str) -> String {
         format!(
-            "RESULT backend={backend} scenario={} recovery_s_max={:.1} heartbeat_s_max={:.1} lost={} overlapping={} reordered={} duplicates={} written={} hosts_recovered={}/{}{}",
+            "RESULT backend={backend} scenario={} recovery_s_max={:.1} heartbeat_s_max={:.1} lost={} overlapping={} reordered={} duplicates={} written={} hosts_recovered={}/{}{} source={}",
             self.scenario.name(),
             self.recovery_s_max(),
             self.heartbeat_s_max(),
@@ -240,6 +286,7 @@ impl Outcome {
             self.kept_leases
                 .map(|k| format!(" kept_leases={k}"))
                 .unwrap_or_default(),
+            self.source,
         )
     }
 }
@@ -301,30 +348,6 @@ fn handler_script(dir: &Path, delay: Duration) -> anyhow::Result<String> {
     Ok(format!("sh '{}'", script.display()))
 }
 
-/// Appends one record per transaction, round-robin over `keys`, until `stop`; returns how many
-/// each key got.
-async fn writer(
-    client: tokio_postgres::Client,
-    table: OutboxTable,
-    keys: Vec<String>,
-    stop: Arc<AtomicBool>,
-) -> anyhow::Result<BTreeMap<String, i64>> {
-    let mut client = client;
-    let mut next: BTreeMap<String, i64> = keys.iter().map(|k| (k.clone(), 0)).collect();
-    let mut i = 0usize;
-    while !stop.load(Ordering::SeqCst) {
-        let key = &keys[i % keys.len()];
-        let seq = next[key];
-        let tx = client.transaction().await?;
-        append(&tx, &table, key, seq.to_string().as_bytes()).await?;
-        tx.commit().await?;
-        next.insert(key.clone(), seq + 1);
-        i += 1;
-        tokio::time::sleep(Duration::from_millis(40)).await;
-    }
-    Ok(next)
-}
-
 /// Runs `scenario` on a fresh fleet and returns what it measured and found. Fails (with the
 /// hosts' logs) when the fleet does not settle before the fault or a host does not recover
 /// within `recover_within` of the fault's end.
@@ -335,24 +358,7 @@ pub async fn run(
 ) -> anyhow::Result<Outcome> {
     let t = &setup.timings;
     let group = GroupName::new(GROUP).context("group name")?;
-    let (client, connection) = tokio_postgres::connect(&setup.pg_url, tokio_postgres::NoTls)
-        .await
-        .context("connect to the outbox's PostgreSQL")?;
-    tokio::spawn(connection);
-    let table = OutboxTable::new(&setup.prefix).context("outbox table")?;
-    let out = std::process::Command::new(&setup.changefeed)
-        .args(["outbox", "--source"])
-        .arg(setup.source_url.replace("{addr}", &setup.source_upstream))
-        .args(["create", "--partitions"])
-        .arg(setup.partitions.to_string())
-        .output()
-        .context("changefeed outbox create")?;
-    if !out.status.success() {
-        bail!(
-            "changefeed outbox create: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    let writer = Writer::prepare(setup).await?;
     let handler = handler_script(&setup.dir, t.handler_delay)?;
     let mut fleet = Fleet {
         hosts: BTreeMap::new(),
@@ -405,9 +411,8 @@ pub async fn run(
         );
     }
     let names: Vec<String> = fleet.hosts.keys().cloned().collect();
-    let keys = ledger::keys(setup.partitions, 3);
     let stop = Arc::new(AtomicBool::new(false));
-    let writing = tokio::spawn(writer(client, table, keys, Arc::clone(&stop)));
+    let writing = tokio::spawn(writer.run(Arc::clone(&stop)));
     let mut watcher = Watcher::start(Arc::clone(&setup.store), group.clone(), names.clone());
     let settle = watcher
         .until(Duration::from_secs(60), |v| {
@@ -425,13 +430,13 @@ pub async fn run(
         );
     }
     let victims: Vec<String> = match scenario {
-        Scenario::CutAll | Scenario::SlowStore => names.clone(),
+        Scenario::CutAll | Scenario::SlowStore | Scenario::SourceCutAll => names.clone(),
         _ => vec![names[0].clone()],
     };
-    let held_before = watcher.owned_by(&victims[0]);
+    let held_before: Vec<_> = victims.iter().map(|v| watcher.owned_by(v)).collect();
     let fault_start = Instant::now();
     let healed_at = match scenario {
-        Scenario::CutOne | Scenario::CutThenRestart | Scenario::CutAll => {
+        Scenario::CutOne | Scenario::CutThenRestart | Scenario::CutAll | Scenario::CutThenReset => {
             for v in &victims {
                 fleet.hosts[v].store.black_hole();
             }
@@ -450,6 +455,12 @@ pub async fn run(
                     h.store.pass();
                 }
             }
+            if scenario == Scenario::CutThenReset {
+                tokio::time::sleep(t.reset).await;
+                for v in &victims {
+                    fleet.hosts[v].store.reset_all();
+                }
+            }
             Instant::now()
         }
         Scenario::SlowStore => {
@@ -462,17 +473,30 @@ pub async fn run(
             }
             Instant::now()
         }
-        Scenario::SourceCut => {
-            fleet.hosts[&victims[0]].source.black_hole();
+        Scenario::SourceCut | Scenario::SourceCutThenReset | Scenario::SourceCutAll => {
+            for v in &victims {
+                fleet.hosts[v].source.black_hole();
+            }
             tokio::time::sleep(t.cut).await;
-            fleet.hosts[&victims[0]].source.pass_forgetting_held();
+            for v in &victims {
+                fleet.hosts[v].source.pass_forgetting_held();
+            }
+            if scenario == Scenario::SourceCutThenReset {
+                tokio::time::sleep(t.reset).await;
+                for v in &victims {
+                    fleet.hosts[v].source.reset_all();
+                }
+            }
             Instant::now()
         }
     };
-    let kept_leases = (scenario == Scenario::SourceCut).then(|| {
-        let now = watcher.owned_by(&victims[0]);
-        held_before.iter().all(|p| now.contains(p))
-            && watcher.lost_after(&victims[0], fault_start).is_none()
+    // Asked at the fault's end: every lease held at its start is still held, and none was
+    // seen released (or taken) in between.
+    let kept_leases = scenario.cuts_the_source().then(|| {
+        victims.iter().zip(&held_before).all(|(v, held)| {
+            let now = watcher.owned_by(v);
+            held.iter().all(|p| now.contains(p)) && watcher.lost_since(v, fault_start).is_none()
+        })
     });
     let healed_wall_ms = ledger::now_ms() - i64::try_from(healed_at.elapsed().as_millis())?;
     let fault_s = healed_at.duration_since(fault_start).as_secs_f64();
@@ -524,20 +548,25 @@ pub async fn run(
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     watcher.stop();
-    for host in fleet.hosts.values_mut() {
-        terminate(&mut host.child);
+    let mut unclean_stops = Vec::new();
+    for (name, host) in fleet.hosts.iter_mut() {
+        if !terminate(&mut host.child) {
+            unclean_stops.push(name.clone());
+        }
     }
     Ok(Outcome {
         scenario,
+        source: setup.source.name(),
         heartbeat_s,
         recovery_s,
         kept_leases,
         checked,
+        unclean_stops,
     })
 }
 
-/// SIGTERM, then a bounded wait (the fleet's drop kills what is left).
-fn terminate(child: &mut Child) {
+/// SIGTERM, then a bounded wait (the fleet's drop kills what is left); whether it exited 0.
+fn terminate(child: &mut Child) -> bool {
     if let Ok(pid) = i32::try_from(child.id()) {
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid),
@@ -546,9 +575,36 @@ fn terminate(child: &mut Child) {
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while std::time::Instant::now() < deadline {
-        if let Ok(Some(_)) = child.try_wait() {
-            return;
+        if let Ok(Some(status)) = child.try_wait() {
+            return status.success();
         }
         std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Scenario;
+
+    #[test]
+    fn every_scenario_is_found_by_its_name() {
+        for s in Scenario::ALL {
+            assert_eq!(Scenario::parse(s.name()), Some(s));
+        }
+        assert_eq!(Scenario::parse("cut-some"), None);
+    }
+
+    #[test]
+    fn the_source_cuts_and_only_they_ask_whether_leases_were_kept() {
+        let asked: Vec<&str> = Scenario::ALL
+            .into_iter()
+            .filter(|s| s.cuts_the_source())
+            .map(Scenario::name)
+            .collect();
+        assert_eq!(
+            asked,
+            ["source-cut", "source-cut-then-reset", "source-cut-all"]
+        );
     }
 }

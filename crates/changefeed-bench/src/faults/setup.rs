@@ -1,5 +1,6 @@
-//! Where a fault fleet runs: the lease store's backend, the PostgreSQL outbox, the proxies'
-//! upstream addresses and URLs with `{addr}` where a proxy's address goes.
+//! Where a fault fleet runs: the lease store's backend, the source (a PostgreSQL outbox or a
+//! Kinesis stream), the proxies' upstream addresses and URLs with `{addr}` where a proxy's
+//! address goes.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -8,6 +9,7 @@ use anyhow::Context as _;
 use changefeed::lease::LeaseStore;
 use changefeed_postgres::{PgOptions, PostgresLeaseStore};
 
+use super::source::{kinesis_feed, SourceBackend};
 use super::{Setup, Timings};
 
 /// `host:port` of a `scheme://[user@]host[:port]/…` URL, and the URL with `{addr}` in its place.
@@ -27,7 +29,7 @@ pub(super) fn split_addr(url: &str) -> anyhow::Result<(String, String)> {
     Ok((upstream, format!("{scheme}://{userinfo}{{addr}}{tail}")))
 }
 
-/// The lease store a fleet runs on; the source is always a PostgreSQL outbox.
+/// The lease store a fleet runs on.
 #[derive(Debug, Clone)]
 pub enum StoreBackend {
     /// The same PostgreSQL server as the outbox.
@@ -49,9 +51,10 @@ impl StoreBackend {
     }
 }
 
-/// A fleet on `backend` with its outbox on PostgreSQL at `pg_url` (a plain `postgres://`
-/// URL), under a fresh table prefix, the ledger and logs in a new temporary directory (kept,
-/// so that a failure can be read).
+/// A fleet on `backend` reading `source`, with PostgreSQL (the outbox, and the store of
+/// [`StoreBackend::Postgres`]) at `pg_url` (a plain `postgres://` URL), under a fresh table
+/// prefix (the Kinesis stream's name too), the ledger and logs in a new temporary directory
+/// (kept, so that a failure can be read).
 ///
 /// # Errors
 ///
@@ -59,6 +62,7 @@ impl StoreBackend {
 pub async fn setup(
     changefeed: &Path,
     backend: StoreBackend,
+    source: SourceBackend,
     pg_url: &str,
     hosts: usize,
     partitions: u32,
@@ -123,6 +127,27 @@ pub async fn setup(
             )
         }
     };
+    let (source_url, source_upstream) = match &source {
+        SourceBackend::Outbox => (
+            format!(
+                "{}{sep}prefix={prefix}",
+                template.replacen("postgres://", "postgres-outbox://", 1)
+            ),
+            pg_upstream,
+        ),
+        SourceBackend::Kinesis(endpoint) => {
+            let (upstream, _) = split_addr(endpoint)?;
+            kinesis_feed(endpoint, &prefix)
+                .await
+                .create_stream(i32::try_from(partitions)?)
+                .await
+                .with_context(|| format!("create a stream on Kinesis at {endpoint}"))?;
+            (
+                format!("kinesis://{prefix}?endpoint=http://{{addr}}&region=us-east-1"),
+                upstream,
+            )
+        }
+    };
     let dir = tempfile::Builder::new().prefix("faults").tempdir()?.keep();
     Ok(Setup {
         changefeed: changefeed.to_path_buf(),
@@ -130,16 +155,32 @@ pub async fn setup(
         store_url,
         store_upstream,
         store,
-        source_url: format!(
-            "{}{sep}prefix={prefix}",
-            template.replacen("postgres://", "postgres-outbox://", 1)
-        ),
+        source,
+        source_url,
         pg_url: pg_url.to_string(),
-        source_upstream: pg_upstream,
+        source_upstream,
         prefix,
         hosts,
         partitions,
         timings,
         dir,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_addr;
+
+    #[test]
+    fn the_address_is_cut_out_of_a_url_and_a_placeholder_put_in_its_place() {
+        let (upstream, template) =
+            split_addr("postgres://postgres@127.0.0.1:5433/test?sslmode=disable").expect("a URL");
+        assert_eq!(upstream, "127.0.0.1:5433");
+        assert_eq!(template, "postgres://postgres@{addr}/test?sslmode=disable");
+        let (upstream, template) = split_addr("http://127.0.0.1:4568").expect("a URL");
+        assert_eq!(upstream, "127.0.0.1:4568");
+        assert_eq!(template, "http://{addr}");
+        let (upstream, _) = split_addr("postgres://db/test").expect("a URL");
+        assert_eq!(upstream, "db:5432", "PostgreSQL's port when none is given");
+    }
 }

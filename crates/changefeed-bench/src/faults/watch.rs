@@ -16,8 +16,7 @@ pub(super) struct Seen {
     heartbeats: BTreeMap<String, ((String, u64), Vec<Instant>)>,
     /// Partition → owner, as last read.
     owners: BTreeMap<String, String>,
-    /// Host → when it was first seen not owning a partition it owned before.
-    /// When each host was seen losing a partition (balancing before a fault moves leases too).
+    /// Host → every time it was seen not owning a partition it owned before.
     lost: BTreeMap<String, Vec<Instant>>,
 }
 
@@ -105,12 +104,12 @@ impl Watcher {
         })
     }
 
-    /// When `host` was first seen losing a partition after `after`, if it was.
-    pub(super) fn lost_after(&self, host: &str, after: Instant) -> Option<Instant> {
+    /// When `host` was first seen losing a partition at or after `since`, if it was.
+    pub(super) fn lost_since(&self, host: &str, since: Instant) -> Option<Instant> {
         self.with(|s| {
             s.lost
                 .get(host)
-                .and_then(|at| at.iter().find(|at| **at > after).copied())
+                .and_then(|at| at.iter().find(|t| **t >= since).copied())
         })
     }
 

@@ -1,81 +1,52 @@
 //! Socket faults between real `changefeed run` hosts and their Cosmos DB lease store (the
-//! local Cosmos DB server, each host through a `FaultProxy` of its own; the feed is a SQLite
-//! file): one host black-holed past the lease expiry, healed forgetting its held flows, then
-//! reset; then every host black-holed at once and healed. See `fault_fleet.rs` for what is
-//! checked.
+//! local Cosmos DB server, each host through a fault proxy of its own; the source a PostgreSQL
+//! outbox), with the quick timings of `changefeed-bench faults --backend cosmos --quick`,
+//! whose scenarios these are: one host black-holed past the lease expiry, healed forgetting
+//! its held flows, and every connection of its path reset half a second later; every host
+//! black-holed at once and healed. See `faults.rs` for what each checks.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use changefeed_bench::faults::{Scenario, SourceBackend, StoreBackend, Timings};
+use changefeed_cosmos::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT};
 
-use changefeed::testkit::net::FaultProxy;
-use changefeed_cosmos::{CosmosLeaseStore, CosmosOptions, DEFAULT_CONNECT_TIMEOUT};
+use crate::faults::{check, Bounds, SLACK};
 
-use crate::fault_fleet::{
-    black_hole_scenarios, host_port, Cut, FaultFleet, ACQUIRE_INTERVAL, LEASE_EXPIRY,
-    RENEW_INTERVAL,
-};
-use crate::faults_dynamodb::{sqlite_feed, sqlite_writer};
-
-const PARTITIONS: u32 = 6;
+const SERVERS: &str = "start the local Cosmos DB server with \
+                       `eval \"$(bash .ci/cosmos-server.sh)\"` and PostgreSQL (the source) with \
+                       `bash .ci/run`";
 
 fn endpoint() -> String {
-    std::env::var("CHANGEFEED_TEST_COSMOS_URL").unwrap_or_else(|_| {
-        panic!(
-            "CHANGEFEED_TEST_COSMOS_URL is not set: start the local Cosmos DB server with \
-             `eval \"$(bash .ci/cosmos-server.sh)\"` (or run `bash .ci/run`)"
-        )
-    })
+    std::env::var("CHANGEFEED_TEST_COSMOS_URL")
+        .unwrap_or_else(|_| panic!("CHANGEFEED_TEST_COSMOS_URL is not set: {SERVERS}"))
+}
+
+/// As for DynamoDB (see `faults_dynamodb.rs`), with the Cosmos DB client's request and connect
+/// timeouts.
+fn bounds() -> Bounds {
+    let t = Timings::quick();
+    let heartbeat = t.renew_interval + DEFAULT_REQUEST_TIMEOUT + DEFAULT_CONNECT_TIMEOUT;
+    Bounds {
+        heartbeat: heartbeat + SLACK,
+        recovery: heartbeat + t.lease_expiry + 3 * t.acquire_interval + t.handler_delay + SLACK,
+    }
+}
+
+async fn scenario(scenario: Scenario) {
+    check(
+        StoreBackend::Cosmos(endpoint()),
+        SourceBackend::Outbox,
+        scenario,
+        bounds(),
+        SERVERS,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cosmos_hosts_cut_off_by_black_holes_and_resets_recover_within_the_stated_bounds() {
-    let endpoint = endpoint();
-    let container = format!(
-        "faults-{}-{}",
-        std::process::id(),
-        crate::fault_fleet::now_ns()
-    );
-    let direct =
-        CosmosLeaseStore::connect(&CosmosOptions::new(&endpoint, "changefeed-cli", &container))
-            .await
-            .unwrap_or_else(|e| {
-                panic!("cannot reach the local Cosmos DB server at {endpoint}: {e}")
-            });
-    let mut f = FaultFleet::new("faults_cosmos", Arc::new(direct));
-    let (source, db) = sqlite_feed(f.dir(), PARTITIONS).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let writing = tokio::spawn(sqlite_writer(db, PARTITIONS, stop.clone()));
-    for h in ["h1", "h2", "h3"] {
-        let proxy = FaultProxy::start(host_port(&endpoint))
-            .await
-            .expect("proxy");
-        let store = format!(
-            "cosmos://local/changefeed-cli/{container}?endpoint=http://127.0.0.1:{}",
-            proxy.port()
-        );
-        f.proxies.insert(h.to_string(), proxy);
-        f.start(h, &store, &source);
-    }
-    f.settled(PARTITIONS as usize, "3 hosts share the 6 leases")
-        .await;
+async fn a_host_black_holed_then_reset_after_the_heal_leases_again() {
+    scenario(Scenario::CutThenReset).await;
+}
 
-    let heartbeat_bound = RENEW_INTERVAL + DEFAULT_CONNECT_TIMEOUT;
-    // As for DynamoDB (see there): a few acquire cycles after the heartbeat.
-    let lease_bound = heartbeat_bound + LEASE_EXPIRY + 3 * ACQUIRE_INTERVAL;
-    black_hole_scenarios(
-        &mut f,
-        PARTITIONS as usize,
-        Cut::Store,
-        heartbeat_bound,
-        lease_bound,
-        Duration::ZERO,
-    )
-    .await;
-
-    stop.store(true, Ordering::SeqCst);
-    let written = writing.await.expect("writer");
-    f.all_delivered(&written).await;
-    f.stop_all().await;
-    f.check_ledger(&written);
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_black_holed_at_once_resumes_by_itself() {
+    scenario(Scenario::CutAll).await;
 }

@@ -1,123 +1,56 @@
 //! Socket faults between real `changefeed run` hosts and their DynamoDB lease store (DynamoDB
-//! Local, each host through a `FaultProxy` of its own; the feed is a SQLite file): one host
-//! black-holed past the lease expiry, healed forgetting its held flows, then reset; then every
-//! host black-holed at once and healed. See `fault_fleet.rs` for what is checked.
+//! Local, each host through a fault proxy of its own; the source a PostgreSQL outbox), with
+//! the quick timings of `changefeed-bench faults --backend dynamodb --quick`, whose scenarios
+//! these are: one host black-holed past the lease expiry, healed forgetting its held flows,
+//! and every connection of its path reset half a second later; every host black-holed at once
+//! and healed. See `faults.rs` for what each checks.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use changefeed_bench::faults::{Scenario, SourceBackend, StoreBackend, Timings};
+use changefeed_dynamodb::Timeouts;
 
-use changefeed::model::PartitionId;
-use changefeed::testkit::net::FaultProxy;
-use changefeed_dynamodb::{AwsOptions, DynamoLeaseStore, Timeouts};
-use changefeed_sqlite::SqliteFeed;
+use crate::faults::{check, Bounds, SLACK};
 
-use crate::fault_fleet::{
-    black_hole_scenarios, host_port, Cut, FaultFleet, ACQUIRE_INTERVAL, LEASE_EXPIRY,
-    RENEW_INTERVAL,
-};
-
-const PARTITIONS: u32 = 6;
+const SERVERS: &str = "start DynamoDB Local with `eval \"$(bash .ci/aws-services.sh)\"` and \
+                       PostgreSQL (the source) with `bash .ci/run`";
 
 fn endpoint() -> String {
-    std::env::var("CHANGEFEED_TEST_DYNAMODB_URL").unwrap_or_else(|_| {
-        panic!(
-            "CHANGEFEED_TEST_DYNAMODB_URL is not set: start DynamoDB Local with \
-             `eval \"$(bash .ci/aws-services.sh)\"` (or run `bash .ci/run`)"
-        )
-    })
+    std::env::var("CHANGEFEED_TEST_DYNAMODB_URL")
+        .unwrap_or_else(|_| panic!("CHANGEFEED_TEST_DYNAMODB_URL is not set: {SERVERS}"))
 }
 
-/// Appends to each partition of the SQLite feed at `db` in turn, two keys a partition, one
-/// record every 20 ms, until `stop`; returns how many records each key got.
-pub(crate) async fn sqlite_writer(
-    db: std::path::PathBuf,
-    partitions: u32,
-    stop: Arc<AtomicBool>,
-) -> HashMap<String, i64> {
-    let feed = SqliteFeed::open(&db).await.expect("open the feed");
-    let mut next: HashMap<String, i64> = HashMap::new();
-    let mut i = 0u32;
-    while !stop.load(Ordering::SeqCst) {
-        let p = i % partitions;
-        let key = format!("p{p}-k{}", (i / partitions) % 2);
-        let seq = *next.get(&key).unwrap_or(&0);
-        feed.append_to(
-            &PartitionId::new(p.to_string()).expect("id"),
-            &key,
-            seq.to_string(),
-        )
-        .await
-        .expect("append");
-        next.insert(key, seq + 1);
-        i += 1;
-        tokio::time::sleep(Duration::from_millis(20)).await;
+/// A heartbeat in flight on a flow the fault left dead is abandoned after one attempt's
+/// request timeout and sent again on a new connection: the next counted heartbeat comes
+/// within a renew interval, a request and a connect of the fault's end. A host judged dead
+/// comes back under a new incarnation and takes nothing until the view's leader lists it live
+/// and a peer hands it a lease (or, after a fleet-wide cut, the leases expire and are taken):
+/// the lease expiry and a few acquire cycles after its heartbeat.
+fn bounds() -> Bounds {
+    let t = Timings::quick();
+    let store = Timeouts::DYNAMODB;
+    let heartbeat = t.renew_interval + store.request + store.connect;
+    Bounds {
+        heartbeat: heartbeat + SLACK,
+        recovery: heartbeat + t.lease_expiry + 3 * t.acquire_interval + t.handler_delay + SLACK,
     }
-    next
 }
 
-/// A SQLite feed of `partitions` partitions in `dir`; its URL and path.
-pub(crate) async fn sqlite_feed(
-    dir: &std::path::Path,
-    partitions: u32,
-) -> (String, std::path::PathBuf) {
-    let db = dir.join("feed.db");
-    let feed = SqliteFeed::open(&db).await.expect("open the feed");
-    feed.create_partitions(partitions)
-        .await
-        .expect("partitions");
-    (format!("sqlite://{}", db.display()), db)
+async fn scenario(scenario: Scenario) {
+    check(
+        StoreBackend::Dynamodb(endpoint()),
+        SourceBackend::Outbox,
+        scenario,
+        bounds(),
+        SERVERS,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dynamodb_hosts_cut_off_by_black_holes_and_resets_recover_within_the_stated_bounds() {
-    let endpoint = endpoint();
-    let table = format!(
-        "faults-{}-{}",
-        std::process::id(),
-        crate::fault_fleet::now_ns()
-    );
-    let direct = DynamoLeaseStore::connect(&AwsOptions::local(&endpoint), &table)
-        .await
-        .unwrap_or_else(|e| panic!("cannot reach DynamoDB Local at {endpoint}: {e}"));
-    let mut f = FaultFleet::new("faults_dynamodb", Arc::new(direct));
-    let (source, db) = sqlite_feed(f.dir(), PARTITIONS).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let writing = tokio::spawn(sqlite_writer(db, PARTITIONS, stop.clone()));
-    for h in ["h1", "h2", "h3"] {
-        let proxy = FaultProxy::start(host_port(&endpoint))
-            .await
-            .expect("proxy");
-        let store = format!(
-            "dynamodb://{table}?endpoint=http://127.0.0.1:{}&region=us-east-1",
-            proxy.port()
-        );
-        f.proxies.insert(h.to_string(), proxy);
-        f.start(h, &store, &source);
-    }
-    f.settled(PARTITIONS as usize, "3 hosts share the 6 leases")
-        .await;
+async fn a_host_black_holed_then_reset_after_the_heal_leases_again() {
+    scenario(Scenario::CutThenReset).await;
+}
 
-    let t = Timeouts::DYNAMODB;
-    let heartbeat_bound = RENEW_INTERVAL + t.connect;
-    // A host judged dead comes back under a new incarnation, and takes nothing until the
-    // view's leader lists it live (one of the leader's cycles) and a peer hands it a lease
-    // (the owner's next cycle): a few acquire cycles after its heartbeat.
-    let lease_bound = heartbeat_bound + LEASE_EXPIRY + 3 * ACQUIRE_INTERVAL;
-    black_hole_scenarios(
-        &mut f,
-        PARTITIONS as usize,
-        Cut::Store,
-        heartbeat_bound,
-        lease_bound,
-        Duration::ZERO,
-    )
-    .await;
-
-    stop.store(true, Ordering::SeqCst);
-    let written = writing.await.expect("writer");
-    f.all_delivered(&written).await;
-    f.stop_all().await;
-    f.check_ledger(&written);
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_black_holed_at_once_resumes_by_itself() {
+    scenario(Scenario::CutAll).await;
 }

@@ -5,7 +5,6 @@ mod console;
 mod cosmos;
 mod cosmos_import;
 mod demo;
-mod fault_fleet;
 mod faults;
 mod faults_cosmos;
 mod faults_dynamodb;

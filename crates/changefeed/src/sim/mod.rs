@@ -9,8 +9,9 @@
 //! seed is reproduced by running its [`SimConfig`] again (the `changefeed simulate` command
 //! prints the command line that does).
 //!
-//! The simulator owns the seams' fault injection ([`Fault`]), the scenario, the checker
-//! ([`fn@check`]) and the ownership timeline ([`svg`]); its hosts are the test kit's fleet
+//! The simulator owns the seams' fault injection ([`Fault`]), the scenario and the checker
+//! ([`fn@check`]); it records each run's writes and events ([`SimOutcome`]) and leaves drawing
+//! them (`changefeed simulate --svg`) to the CLI. Its hosts are the test kit's fleet
 //! ([`SimFleet`]) with fault-injecting seams. The processor under test is the real one, except
 //! that a build with feature `sim-broken` may switch on one deliberately broken variant
 //! (`Broken`) to show the checker catches it.
@@ -28,7 +29,6 @@ pub mod children;
 mod fleet;
 mod pool;
 mod seams;
-pub mod svg;
 mod world;
 
 use std::collections::{BTreeMap, BTreeSet};

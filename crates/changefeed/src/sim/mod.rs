@@ -330,7 +330,7 @@ pub struct SimConfig {
     /// fleet of more than `n` hosts as often in all as they strike `n` hosts at their
     /// per-host rates: each host's rate is scaled by `n / hosts`. `None`: per host.
     pub timed_fault_hosts: Option<usize>,
-    /// Whether the hosts share their lease tables ([`crate::processor::TableShare`]): a host
+    /// Whether the hosts share their lease tables (one `TableShare` inside the processor): a host
     /// then starts each list of changes from the most recent table any host listed, so a
     /// fleet applies each change about once instead of once per host. The hosts' decisions
     /// are those of hosts listing on their own, but they read fewer rows, so store costs are

@@ -458,10 +458,17 @@ impl ProcessorHandle {
 
     /// Drops every task at once without releasing anything, as a crash would: no batch
     /// finishes, no checkpoint is written, the leases and the heartbeat row stay in the store
-    /// until they expire. For fault-injection tests and the simulator (feature `testkit`); a
-    /// program stops with [`ProcessorHandle::stop`].
+    /// until they expire. For fault-injection tests (feature `testkit`); a program stops with
+    /// [`ProcessorHandle::stop`].
     #[cfg(feature = "testkit")]
     pub fn kill(self) {
+        self.crash();
+    }
+
+    /// What [`ProcessorHandle::kill`] does, for the fleet harness: the simulator crashes
+    /// hosts so without the test kit, and a program has no use for it.
+    #[cfg(any(feature = "testkit", feature = "sim"))]
+    pub(crate) fn crash(self) {
         self.task.abort();
     }
 

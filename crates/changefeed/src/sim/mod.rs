@@ -11,7 +11,7 @@
 //!
 //! The simulator owns the seams' fault injection ([`Fault`]), the scenario and the checker
 //! ([`fn@check`]); it records each run's writes and events ([`SimOutcome`]) and leaves drawing
-//! them (`changefeed simulate --svg`) to the CLI. Its hosts are the test kit's fleet
+//! them (`changefeed simulate --svg`) to the CLI. Its hosts are the fleet harness's
 //! ([`SimFleet`]) with fault-injecting seams. The processor under test is the real one, except
 //! that a build with feature `sim-broken` may switch on one deliberately broken variant
 //! (`Broken`) to show the checker catches it.

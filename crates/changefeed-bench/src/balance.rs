@@ -25,7 +25,7 @@ use std::time::Instant;
 
 use anyhow::{ensure, Context};
 use changefeed::balance::{quotas, BalanceStrategy, EqualShare, LeaseView, Snapshot};
-use changefeed::lineage::{ready_to_read, ParentsRule};
+use changefeed::lineage::ready_to_read;
 use changefeed::model::{GroupName, HostName, Lease, LeaseKey, LeaseState, PartitionId, Position};
 
 /// Arguments of `changefeed-bench balance`.
@@ -153,7 +153,7 @@ fn plan_from_listing(
         .iter()
         .map(|lease| LeaseView {
             lease,
-            eligible: ready_to_read(lease, find, ParentsRule::Wait),
+            eligible: ready_to_read(lease, find),
             handoff_overdue: false,
         })
         .collect();

@@ -27,6 +27,7 @@ mod plan;
 mod run;
 mod simulate;
 mod start;
+mod svg;
 mod url;
 
 #[derive(Debug, Parser)]

@@ -280,7 +280,7 @@ fn simulate(args: Args) -> anyhow::Result<ExitCode> {
                 "{}  —  ownership by host over virtual time",
                 rerun_line(&first, args.large)
             );
-            std::fs::write(path, sim::svg::render(&out, &title))
+            std::fs::write(path, crate::svg::render(&out, &title))
                 .with_context(|| format!("writing {}", path.display()))?;
             println!("timeline written to {}", path.display());
         }

@@ -26,6 +26,8 @@
 pub mod balance;
 pub mod clock;
 pub mod error;
+#[cfg(any(feature = "testkit", feature = "sim"))]
+pub mod fleet;
 pub mod lag;
 pub mod lease;
 pub mod lineage;

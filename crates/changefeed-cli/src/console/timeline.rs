@@ -8,8 +8,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use crate::svg::{escape, nice_tick};
 use changefeed::model::{HostName, PartitionId};
-use changefeed::sim::svg::{escape, nice_tick};
 
 use super::events::{Change, Kind};
 

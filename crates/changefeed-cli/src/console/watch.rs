@@ -213,7 +213,7 @@ impl Watch {
 
     /// The colour of `host` (a new host gets the next one).
     pub fn colour(&self, host: &HostName) -> &'static str {
-        let palette = &changefeed::sim::svg::PALETTE;
+        let palette = &crate::svg::PALETTE;
         let i = self.colours.get(host).copied().unwrap_or(0);
         palette[i % palette.len()]
     }

@@ -67,7 +67,9 @@ impl MemoryLeaseStore {
     }
 
     /// This handle declares `limit` as its [`LeaseStore::head_reads_per_second`], as a store
-    /// with a per-key read limit does (the simulator and benchmarks play such a store so).
+    /// with a per-key read limit does. Feature `sim` only: the simulator and the benchmarks
+    /// play such a store so; a program's in-memory store has no limit to declare.
+    #[cfg(feature = "sim")]
     #[must_use]
     pub fn with_head_reads_per_second(mut self, limit: f64) -> Self {
         self.head_reads_per_second = Some(limit);

@@ -60,32 +60,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::model::{KeyRange, Lease, LeaseState, Partition, PartitionId, Position, Timestamp};
 
-/// Whether a child waits for its parents (design rule 5). `Ignore` exists for the simulator's
-/// deliberately broken variant, to show its checker catches a child read too early.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum ParentsRule {
-    /// A child is read only once every listed parent is finished.
-    #[default]
-    Wait,
-    /// Parents are not waited for (broken on purpose).
-    Ignore,
-}
+mod ready;
 
-/// Whether `lease` may be read now: it is not finished, and every parent `listed` knows of is
-/// finished (a parent no longer listed was deleted after its children started, or never had a
-/// lease: it counts as finished). Design rule 5, "parents first".
-pub fn ready_to_read<'a>(
-    lease: &Lease,
-    listed: impl Fn(&PartitionId) -> Option<&'a Lease>,
-    parents: ParentsRule,
-) -> bool {
-    lease.state != LeaseState::Finished
-        && (parents == ParentsRule::Ignore
-            || lease
-                .parents
-                .iter()
-                .all(|p| listed(p).is_none_or(|parent| parent.state == LeaseState::Finished)))
-}
+pub use ready::ready_to_read;
+pub(crate) use ready::{ready_under, ParentsRule};
 
 #[cfg(test)]
 mod tests;

@@ -135,12 +135,13 @@ impl ProcessorBuilder {
 
     /// Shares the lease tables this host lists with the other hosts of this process given
     /// the same [`TableShare`]: hosts whose tables come to hold equal rows hold them once.
-    /// For many hosts of one group in one process (the simulator's fleets, tests); a host
-    /// alone in its process gains nothing from it. A share serves one group: [`build`] refuses
-    /// a host of another. Default: none.
+    /// Only the simulator runs many hosts of one group in one process (a host alone in its
+    /// process gains nothing from it), so this is the simulator's, not the public API. A share
+    /// serves one group: [`build`] refuses a host of another. Default: none.
     ///
     /// [`build`]: ProcessorBuilder::build
-    pub fn share_tables(mut self, share: TableShare) -> Self {
+    #[cfg(feature = "sim")]
+    pub(crate) fn share_tables(mut self, share: TableShare) -> Self {
         self.share = Some(share);
         self
     }
@@ -457,10 +458,17 @@ impl ProcessorHandle {
 
     /// Drops every task at once without releasing anything, as a crash would: no batch
     /// finishes, no checkpoint is written, the leases and the heartbeat row stay in the store
-    /// until they expire. For fault-injection tests and the simulator (feature `testkit`); a
-    /// program stops with [`ProcessorHandle::stop`].
+    /// until they expire. For fault-injection tests (feature `testkit`); a program stops with
+    /// [`ProcessorHandle::stop`].
     #[cfg(feature = "testkit")]
     pub fn kill(self) {
+        self.crash();
+    }
+
+    /// What [`ProcessorHandle::kill`] does, for the fleet harness: the simulator crashes
+    /// hosts so without the test kit, and a program has no use for it.
+    #[cfg(any(feature = "testkit", feature = "sim"))]
+    pub(crate) fn crash(self) {
         self.task.abort();
     }
 
@@ -592,5 +600,42 @@ impl Processor {
         }
         .instrument(span)
         .await
+    }
+}
+
+#[cfg(all(test, feature = "sim"))]
+mod tests {
+    use super::*;
+    use crate::lease::MemoryLeaseStore;
+    use crate::processor::handler_fn;
+    use crate::source::MemoryFeed;
+
+    /// A table share serves one group: a host of another group is refused, naming the group
+    /// the share serves, since a host fast-forwards to the newest table of its share.
+    #[test]
+    fn a_table_share_serves_one_group_and_refuses_a_host_of_another_by_name() {
+        let share = TableShare::new();
+        let store = MemoryLeaseStore::new();
+        let feed = MemoryFeed::new(1);
+        let host = |group: &str| {
+            Processor::builder()
+                .host("a")
+                .group(group)
+                .store(Arc::new(store.clone()))
+                .source(Arc::new(feed.clone()))
+                .handler(handler_fn(|_, _| async { Ok(()) }))
+                .share_tables(share.clone())
+                .build()
+        };
+        assert!(
+            host("g").is_ok(),
+            "the first host binds the share to its group"
+        );
+        assert!(host("g").is_ok(), "another host of the group shares it");
+        let err = host("other").expect_err("a host of another group is refused");
+        assert!(
+            matches!(&err, ConfigError::Invalid { setting: "share_tables", rule } if rule.contains("group g")),
+            "{err}"
+        );
     }
 }

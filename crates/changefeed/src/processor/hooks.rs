@@ -2,6 +2,8 @@
 //! catches them (feature `sim-broken` only: without it [`Hooks`] is zero-sized and every check
 //! is a constant `false` the compiler removes, so no broken path is in a default build).
 
+use crate::lineage::ParentsRule;
+
 /// A deliberate bug the simulator can switch on, to show its invariant checker catches it.
 #[cfg(feature = "sim-broken")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -73,10 +75,6 @@ impl Hooks {
         no_handler_fence => NoHandlerFence
     );
     check!(
-        /// Children do not wait for their parents.
-        child_before_parent => ChildBeforeParent
-    );
-    check!(
         /// Hosts take before a membership view admits them.
         no_admission => NoAdmission
     );
@@ -84,4 +82,13 @@ impl Hooks {
         /// Store and source calls are not bounded.
         no_timeouts => NoTimeouts
     );
+
+    /// Whether children wait for their parents: always, unless `ChildBeforeParent` is on.
+    pub(crate) fn parents_rule(self) -> ParentsRule {
+        #[cfg(feature = "sim-broken")]
+        if self.broken == Broken::ChildBeforeParent {
+            return ParentsRule::Ignore;
+        }
+        ParentsRule::Wait
+    }
 }

@@ -55,4 +55,5 @@ pub use health::{Health, HealthProbe, Unhealthy, UnhealthyReason};
 pub use heartbeat::{Liveness, ProcessorError};
 #[cfg(feature = "sim-broken")]
 pub use hooks::Broken;
-pub use host_state::TableShare;
+#[cfg(feature = "sim")]
+pub(crate) use host_state::TableShare;

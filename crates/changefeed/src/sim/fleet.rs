@@ -1,9 +1,9 @@
-//! [`SimFleet`]: the test kit's [`Fleet`] with the simulator's [`SimKit`]: every host runs the
-//! real processor behind its own fault-injecting seams over one in-memory store and feed, on
-//! the paused tokio clock, and the shared [`World`] logs every write and delivery.
+//! [`SimFleet`]: the fleet harness's [`Fleet`] with the simulator's [`SimKit`]: every host
+//! runs the real processor behind its own fault-injecting seams over one in-memory store and
+//! feed, on the paused tokio clock, and the shared [`World`] logs every write and delivery.
 //!
 //! The fleet itself (hosts started, crashed, stopped and restarted by name, clock skew and
-//! drift, the lease table) is the test kit's; this module layers on what only the simulator
+//! drift, the lease table) is the harness's; this module layers on what only the simulator
 //! does: stalls, cut-offs and latency spikes that heal on their own, splits and merges (whose
 //! children's leases the processor creates), records with random keys, the anchors' renewal costs, per-host
 //! store counts, and the invariant check. The random scenario ([`super::run`]) and the
@@ -22,15 +22,13 @@ use super::seams::{Cut, HostCtl, SimClock, SimHandler, SimSource, SimStore};
 use super::world::{World, WriteOp, DRIVER};
 use super::StrategyKind;
 use crate::clock::VirtualClock;
+use crate::fleet::{Companion, Fleet, HostKit, HostStart, StoreFactory, Timing, WALL_ORIGIN};
 use crate::lease::{CountingStore, LeaseStore, MemoryLeaseStore, StoreCounts, StoreStats};
 use crate::model::{GroupName, HostName, Lease, LeaseKey, PartitionId, Position};
 #[cfg(feature = "sim-broken")]
 use crate::processor::Broken;
 use crate::processor::{ConfigError, ProcessorBuilder, Settings, TableShare};
 use crate::source::{FeedSource, MemoryFeed};
-use crate::testkit::fleet::{
-    Companion, Fleet, HostKit, HostStart, StoreFactory, Timing, WALL_ORIGIN,
-};
 
 /// A fleet of simulated hosts; see the module docs.
 pub type SimFleet = Fleet<SimKit>;

@@ -9,8 +9,9 @@
 //! seed is reproduced by running its [`SimConfig`] again (the `changefeed simulate` command
 //! prints the command line that does).
 //!
-//! The simulator owns the seams' fault injection ([`Fault`]), the scenario, the checker
-//! ([`fn@check`]) and the ownership timeline ([`svg`]); its hosts are the test kit's fleet
+//! The simulator owns the seams' fault injection ([`Fault`]), the scenario and the checker
+//! ([`fn@check`]); it records each run's writes and events ([`SimOutcome`]) and leaves drawing
+//! them (`changefeed simulate --svg`) to the CLI. Its hosts are the fleet harness's
 //! ([`SimFleet`]) with fault-injecting seams. The processor under test is the real one, except
 //! that a build with feature `sim-broken` may switch on one deliberately broken variant
 //! (`Broken`) to show the checker catches it.
@@ -28,7 +29,6 @@ pub mod children;
 mod fleet;
 mod pool;
 mod seams;
-pub mod svg;
 mod world;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -330,7 +330,7 @@ pub struct SimConfig {
     /// fleet of more than `n` hosts as often in all as they strike `n` hosts at their
     /// per-host rates: each host's rate is scaled by `n / hosts`. `None`: per host.
     pub timed_fault_hosts: Option<usize>,
-    /// Whether the hosts share their lease tables ([`crate::processor::TableShare`]): a host
+    /// Whether the hosts share their lease tables (one `TableShare` inside the processor): a host
     /// then starts each list of changes from the most recent table any host listed, so a
     /// fleet applies each change about once instead of once per host. The hosts' decisions
     /// are those of hosts listing on their own, but they read fewer rows, so store costs are

@@ -11,7 +11,7 @@ use rand::rngs::SmallRng;
 use rand::Rng;
 use tokio::time::Instant;
 
-use crate::model::{HostName, Lease, LeaseState, PartitionId};
+use crate::model::{HostName, Lease, PartitionId};
 
 /// How much of the event trace a run keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -420,10 +420,3 @@ pub(crate) const DRIVER: &str = "driver";
 
 /// The shortest slow handler call.
 const SLOW_CALL_MIN: Duration = Duration::from_millis(5);
-
-/// Whether a lease is owned (for logs).
-pub(crate) fn owner_of(l: &Lease) -> Option<&str> {
-    (l.state == LeaseState::Owned)
-        .then_some(l.owner.as_ref().map(|o| o.as_str()))
-        .flatten()
-}

@@ -466,27 +466,3 @@ async fn a_graceful_stop_lets_an_idle_handler_checkpoint_before_the_release() {
     assert!(lease.continuation.is_some());
     assert_eq!(lease.owner, None, "released");
 }
-
-#[tokio::test]
-async fn a_table_share_serves_one_group_and_refuses_a_host_of_another_by_name() {
-    let share = changefeed::processor::TableShare::new();
-    let store = MemoryLeaseStore::new();
-    let feed = MemoryFeed::new(1);
-    let host = |group: &str| {
-        builder(Arc::new(store.clone()), &feed)
-            .group(group)
-            .handler(handler_fn(|_, _| async { Ok(()) }))
-            .share_tables(share.clone())
-            .build()
-    };
-    assert!(
-        host("g").is_ok(),
-        "the first host binds the share to its group"
-    );
-    assert!(host("g").is_ok(), "another host of the group shares it");
-    let err = host("other").unwrap_err();
-    assert!(
-        matches!(&err, ConfigError::Invalid { setting: "share_tables", rule } if rule.contains("group g")),
-        "{err}"
-    );
-}

@@ -20,7 +20,6 @@ use super::host_state::{HostState, Read, Signal, StateConfig};
 use super::retry::{Backoff, Policy, Retry};
 use super::{sync, worker};
 use crate::error::LeaseError;
-use crate::lineage::ParentsRule;
 use crate::model::{GroupHead, Heartbeat, Lease, Membership, PartitionId};
 
 mod feed;
@@ -98,11 +97,7 @@ impl Host {
             // started together see each other before computing shares.
             grace: p.settings.renew_interval,
             admission: !p.hooks.no_admission(),
-            parents: if p.hooks.child_before_parent() {
-                ParentsRule::Ignore
-            } else {
-                ParentsRule::Wait
-            },
+            parents: p.hooks.parents_rule(),
             acquire_interval: p.settings.acquire_interval,
             safety_margin: p.settings.safety_margin,
             head_reads_per_second: p.store.head_reads_per_second(),

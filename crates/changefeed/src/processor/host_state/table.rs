@@ -14,7 +14,7 @@ use imbl::{OrdMap, OrdSet};
 
 use crate::balance::{holder, BalanceStrategy, Census, CensusSnapshot, LeaseView, Plan, Snapshot};
 use crate::clock::Instant;
-use crate::lineage::{ready_to_read, ParentsRule};
+use crate::lineage::{ready_under, ParentsRule};
 use crate::model::{GroupName, Heartbeat, HostName, Lease, LeaseState, PartitionId};
 
 /// The leases this host has listed, by partition, and what they say of this host.
@@ -86,7 +86,7 @@ impl Rows {
     }
 
     fn eligible(&self, lease: &Lease, parents: ParentsRule) -> bool {
-        ready_to_read(lease, |p| self.get(p), parents)
+        ready_under(lease, |p| self.get(p), parents)
     }
 
     /// Puts `new` in place of `partition`'s row (none: removes it), keeping the census, the
@@ -272,6 +272,7 @@ impl std::fmt::Debug for TableShare {
 
 impl TableShare {
     /// An empty share.
+    #[cfg_attr(not(feature = "sim"), allow(dead_code))]
     pub fn new() -> Self {
         Self::default()
     }
@@ -551,7 +552,7 @@ impl LeaseTable {
         self.rows.owned.keys().cloned().collect()
     }
 
-    /// Whether `lease` may be read now (design rule 5, see [`ready_to_read`]).
+    /// Whether `lease` may be read now (design rule 5, see [`ready_under`]).
     pub(crate) fn eligible(&self, lease: &Lease, parents: ParentsRule) -> bool {
         self.rows.eligible(lease, parents)
     }

@@ -1,16 +1,20 @@
-//! The ownership timeline: one row per partition, one colour per host, marks for crashes,
-//! stalls, hand-offs, steals, splits and merges, drawn as SVG from a run's write history.
+//! Ownership timelines drawn as SVG: `changefeed simulate --svg` draws a simulated run's
+//! (one row per partition, one colour per host, marks for crashes, stalls, hand-offs, steals,
+//! splits and merges, from the run's write history), and the live console draws a fleet's in
+//! the same style with the same colours and ticks.
+//!
+//! Drawing is the CLI's: the simulator only records what happened ([`SimOutcome`]), and the
+//! console only what it read from the store.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use super::world::{owner_of, Event, WriteOp, WriteRec};
-use super::SimOutcome;
-use crate::model::{Partition, PartitionId};
+use changefeed::model::{Lease, LeaseState, Partition, PartitionId};
+use changefeed::sim::{Event, SimOutcome, WriteOp, WriteRec};
 
-/// The hosts' colours, in order (shared with the CLI's live console, so a fleet looks the same
-/// in both).
+/// The hosts' colours, in order (the simulator's timeline and the live console use the same,
+/// so a fleet looks the same in both).
 pub const PALETTE: [&str; 12] = [
     "#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7",
     "#9c755f", "#bab0ac", "#86bcb6", "#d37295",
@@ -27,6 +31,13 @@ enum Move {
     Take,
 }
 
+/// The owner of an owned lease (a free or released row is nobody's).
+fn owner_of(l: &Lease) -> Option<&str> {
+    (l.state == LeaseState::Owned)
+        .then_some(l.owner.as_ref().map(|o| o.as_str()))
+        .flatten()
+}
+
 /// Renders the timeline of `outcome` as an SVG document.
 pub fn render(outcome: &SimOutcome, title: &str) -> String {
     render_parts(
@@ -39,7 +50,7 @@ pub fn render(outcome: &SimOutcome, title: &str) -> String {
 }
 
 /// Renders a timeline from its parts.
-pub fn render_parts(
+fn render_parts(
     writes: &[WriteRec],
     events: &[Event],
     partitions: &[Partition],

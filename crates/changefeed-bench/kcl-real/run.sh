@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The real Java KCL 2.5.8 side by side with `changefeed run` (issue 18, item 4). Not part of the
+# The real Java KCL 2.5.8 side by side with `changefeed run`. Not part of the
 # test suite. From the repository root:
 #
 #   bash crates/changefeed-bench/kcl-real/run.sh        # 8 shards, 2 -> 3 workers: about 9 minutes

@@ -1,5 +1,5 @@
 //! `run-throughput`: records per second through `changefeed run` with a trivial external
-//! handler on the SQLite feed (issue 20, item 5), as a new user would run it: the per-batch
+//! handler on the SQLite feed, as a new user would run it: the per-batch
 //! mode (`sh -c 'cat >/dev/null'` per batch, the baseline), the long-lived mode
 //! (`--protocol lines`, a Python process per partition acknowledging each batch) and the KCL
 //! protocol (`--protocol kcl`, a Python child per lease checkpointing each batch at its last

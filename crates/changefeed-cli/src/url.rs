@@ -1018,7 +1018,7 @@ mod tests {
 
     #[test]
     fn a_postgres_url_without_a_host_or_with_a_bad_part_says_which() {
-        // Issue 16: `postgres://` without a host is a usage error; a bad part is named.
+        // `postgres://` without a host is a usage error; a bad part is named.
         for text in ["postgres://", "postgres:///app", "postgres://u:secret@/app"] {
             let err = BackendUrl::store("--store", text).expect_err("no host");
             assert!(
@@ -1161,7 +1161,7 @@ mod tests {
             ]),
             rest in "\\PC{0,60}",
         ) {
-            // Issue 16: bad input is an error, never a panic.
+            // Bad input is an error, never a panic.
             let text = format!("{scheme}{rest}");
             let _ = BackendUrl::parse("--store", &text);
             let _ = BackendUrl::store("--store", &text);

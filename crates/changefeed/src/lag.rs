@@ -391,7 +391,8 @@ mod tests {
 
     #[tokio::test]
     async fn children_of_a_split_without_leases_are_counted_from_their_beginning() {
-        // Issue 22: `lag` printed `total 0` while the children of a split held unread records.
+        // `lag` counts the unread records of a split's children; it must not print `total 0`
+        // while they hold some.
         let store = MemoryLeaseStore::new();
         let feed = MemoryFeed::new(1);
         let group = GroupName::new("g").expect("valid");
@@ -434,7 +435,7 @@ mod tests {
 
     #[tokio::test]
     async fn children_continuing_from_their_parent_are_counted_from_its_checkpoint() {
-        // Issue 21: on a source whose children continue from their parent (Cosmos DB), a
+        // On a source whose children continue from their parent (Cosmos DB), a
         // child without a lease will start at its parent's checkpoint (lineage rule 4), so
         // its lag counts from there, not from its beginning; a merge child still from its
         // beginning.
@@ -508,7 +509,7 @@ mod tests {
 
     #[tokio::test]
     async fn lag_in_time_is_the_age_of_the_first_unread_record() {
-        // Issue 22: per lease, how old the oldest unprocessed record is; 0 when caught up.
+        // Per lease, how old the oldest unprocessed record is; 0 when caught up.
         let clock = Arc::new(Wall(std::sync::atomic::AtomicI64::new(1_000_000)));
         let feed = MemoryFeed::with_clock(2, clock.clone());
         let store = MemoryLeaseStore::new();

@@ -81,7 +81,7 @@ fn bad_values_name_the_setting() {
 
 #[test]
 fn durations_the_library_refuses_are_usage_errors_naming_the_setting() {
-    // Issue 16: a huge duration or a zero safety margin is refused before anything starts.
+    // A huge duration or a zero safety margin is refused before anything starts.
     for (key, value) in [
         ("lease_expiry", "500000000000y"),
         ("acquire_interval", "100000000000y"),
@@ -122,7 +122,7 @@ fn a_short_lease_expiry_alone_scales_the_margin_and_the_stop_down() {
 
 #[test]
 fn stop_handler_and_dead_letter_settings_are_read_and_checked() {
-    // Issue 16: the stop and handler bounds reach the library; a dead-letter count without
+    // The stop and handler bounds reach the library; a dead-letter count without
     // its command is a usage error naming the flag.
     let mut a = args();
     a.shutdown_timeout = Some("3s".into());
@@ -157,7 +157,7 @@ fn stop_handler_and_dead_letter_settings_are_read_and_checked() {
 
 #[test]
 fn idle_tick_and_per_partition_lag_are_read_and_checked_by_name() {
-    // Issue 22 item 5: --max-wait-time and --lag-per-partition reach the library's
+    // --max-wait-time and --lag-per-partition reach the library's
     // settings, from flags or the file; bad values name the setting.
     let c = args().resolve().expect("valid");
     assert_eq!(
@@ -287,7 +287,7 @@ fn max_unhealthy_and_start_timeout_are_read_and_checked_by_name() {
 
 #[test]
 fn lease_limits_are_read_and_checked_by_name() {
-    // Issue 22: --min-leases and --max-leases reach the library's settings; limits that
+    // --min-leases and --max-leases reach the library's settings; limits that
     // break a rule are usage errors naming the setting.
     let mut a = args();
     a.max_leases = Some("8".into());
@@ -323,7 +323,7 @@ proptest::proptest! {
     #[test]
     fn parsing_any_duration_never_panics(text in "\\PC{0,30}", digits in "[0-9]{1,30}",
                                         unit in "(ns|us|ms|s|m|h|d|w|M|y|)") {
-        // Issue 16: bad input is an error naming the setting, never a panic.
+        // Bad input is an error naming the setting, never a panic.
         if let Err(e) = parse_duration("poll_delay", &text) {
             proptest::prop_assert!(e.0.starts_with("poll_delay:"));
         }

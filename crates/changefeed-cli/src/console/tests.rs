@@ -183,7 +183,7 @@ fn new_events(watch: &Watch, seen: &mut usize) -> Vec<String> {
 
 #[tokio::test(start_paused = true)]
 async fn events_are_derived_from_successive_reads_of_the_store() {
-    // Issue 22: the console derives takes, requests, hand-offs, fencing, expiry, takes of
+    // The console derives takes, requests, hand-offs, fencing, expiry, takes of
     // expired leases, splits, deletions and departures from the rows alone.
     let s = Script::new();
     for p in ["0", "1", "2"] {
@@ -297,7 +297,7 @@ async fn events_are_derived_from_successive_reads_of_the_store() {
 
 #[tokio::test(start_paused = true)]
 async fn a_refresh_reads_the_membership_and_only_the_leases_that_changed_hands() {
-    // Issue 22, from a store without a membership view: the console costs the store no more
+    // From a store without a membership view, the console costs the store no more
     // than a host: a membership read per refresh, the changed rows when the change counter
     // moved, a full list every list_every.
     let s = Script::new();

@@ -1,4 +1,4 @@
-//! Bad input (issue 16): a usage error exits 2 naming the setting, before anything is written;
+//! Bad input: a usage error exits 2 naming the setting, before anything is written;
 //! an operational error reads once, each cause named a single time.
 
 use changefeed::lease::LeaseStore;
@@ -34,7 +34,7 @@ fn heartbeats(fx: &Fixture) -> usize {
 
 #[test]
 fn run_refuses_a_huge_or_zero_timing_setting_before_registering() {
-    // Issue 16: these used to panic (exit 101) after registering a heartbeat row.
+    // These must be usage errors, not a panic (exit 101) after registering a heartbeat row.
     let fx = fixture();
     for (flag, value, setting) in [
         ("--lease-expiry", "500000000000y", "lease_expiry"),
@@ -82,7 +82,7 @@ fn a_huge_duration_from_the_environment_or_the_config_file_is_refused_alike() {
 
 #[test]
 fn a_sqlite_file_that_cannot_be_opened_is_named_once() {
-    // Issue 16 "errors read once": not `unable to open database file: X: unable to open …`.
+    // Errors read once: not `unable to open database file: X: unable to open …`.
     let out = bin()
         .args(["status", "--store", "sqlite:///nonexistent/dir/x.db"])
         .output()
@@ -107,7 +107,7 @@ fn a_sqlite_file_that_cannot_be_opened_is_named_once() {
 
 #[test]
 fn postgres_url_mistakes_are_usage_errors_naming_the_part() {
-    // Issue 16: `postgres://` without a host is a usage error; a bad part is named.
+    // `postgres://` without a host is a usage error; a bad part is named.
     for (url, message) in [
         (
             "postgres://",
@@ -129,7 +129,7 @@ fn postgres_url_mistakes_are_usage_errors_naming_the_part() {
 
 #[test]
 fn an_unreachable_postgres_server_is_reported_once() {
-    // Issue 16: the pool's error used to appear three times.
+    // The pool's error appears once, not three times.
     let url = "postgres://nobody@127.0.0.1:1/x";
     let out = bin()
         .args(["status", "--store", url])
@@ -170,7 +170,7 @@ fn a_postgres_server_refusing_the_login_is_reported_once() {
 
 #[test]
 fn an_unreachable_dynamodb_endpoint_is_summarised() {
-    // Issue 16: the cause in words, once, without the SDK's `DispatchFailure(…)` dump.
+    // The cause in words, once, without the SDK's `DispatchFailure(…)` dump.
     let out = bin()
         .args([
             "status",
@@ -200,7 +200,7 @@ fn an_unreachable_dynamodb_endpoint_is_summarised() {
 
 #[test]
 fn run_refuses_bad_lease_limits_before_registering() {
-    // Issue 22: --min-leases and --max-leases that break a rule are usage errors naming the
+    // --min-leases and --max-leases that break a rule are usage errors naming the
     // setting, before anything is written.
     let fx = fixture();
     for (flags, message) in [

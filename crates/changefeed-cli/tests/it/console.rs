@@ -1,6 +1,6 @@
 //! `changefeed console` against a fleet of real `changefeed run` processes on a SQLite store,
 //! in a real browser: Debian's headless `chromium`, driven over WebDriver by Debian's
-//! `chromedriver` (issue 22). The page must show every partition, then, by its own refresh
+//! `chromedriver`. The page must show every partition, then, by its own refresh
 //! (no reload), the partitions of a host killed with SIGKILL changing owner. And its API must
 //! say what the console costs the store, next to what a follower host costs it. Every wait is a poll
 //! with a deadline.
@@ -243,7 +243,7 @@ fn port_of(addr: &str) -> u16 {
 
 #[test]
 fn the_page_shows_a_killed_hosts_partitions_change_owner() {
-    // Issue 22: a real browser sees every partition, then, without reloading, the partitions
+    // A real browser sees every partition, then, without reloading, the partitions
     // of a host killed with SIGKILL (the membership view's leader) taken by the others, the
     // kill as one expiry in the events, and the fleet's new leader.
     let fx = Fixture::new();
@@ -349,7 +349,7 @@ fn counter(metrics: &str, name: &str) -> f64 {
 
 #[test]
 fn the_console_costs_the_store_no_more_than_a_host() {
-    // Issue 22 and the membership view: the console reads the store as a host that does not
+    // With a membership view, the console reads the store as a host that does not
     // lead (the head row each cycle, then only what changed hands; every heartbeat only when
     // the view's version moves or every --heartbeats-every), so over the same stretch it makes
     // no more store calls and reads no more rows than a follower of the fleet (whose counts

@@ -52,7 +52,7 @@ fn database_line(stdout: &str, prefix: &str) -> std::path::PathBuf {
 
 #[test]
 fn demo_keeps_its_database_only_when_asked_and_says_where() {
-    // Issue 22 (feed tools): `demo --keep` keeps the database it made and says where, so the
+    // `demo --keep` keeps the database it made and says where, so the
     // operator commands can look at it; without --keep it says it removes it, and does.
     let tmp = tempfile::tempdir().expect("temporary directory");
     let demo = |keep: bool| {

@@ -48,7 +48,7 @@ fn lengths(fx: &Fixture) -> Vec<(String, u64)> {
 
 #[test]
 fn records_appended_from_flags_and_stdin_are_delivered_by_run() {
-    // Issue 22 (feed tools): a newcomer fills a SQLite feed without code and `run` hands the
+    // A newcomer fills a SQLite feed without code and `run` hands the
     // records to the handler as written, text, JSON values and bytes alike.
     let fx = Fixture::new();
     let out = feed(&fx, &["create", "2"], "");

@@ -1,4 +1,4 @@
-//! The fence covers the batch in flight (issue 16), with real `changefeed run` processes and
+//! The fence covers the batch in flight, with real `changefeed run` processes and
 //! shell handlers that are slow or hang.
 //!
 //! - A host frozen (SIGSTOP) while writing a batch larger than the pipe buffer into its slow
@@ -464,7 +464,7 @@ fn frozen_host_never_finishes_its_cut_batch(store: &str, source: &str, dir: &Pat
 
 #[test]
 fn frozen_host_kills_its_slow_handler_before_it_reads_the_rest_sqlite() {
-    // Issue 16: a host woken after its lease was taken must not finish the batch in flight.
+    // A host woken after its lease was taken must not finish the batch in flight.
     let fx = Fixture::new();
     fx.with_feed(async |feed| {
         feed.create_partitions(1).await.expect("partitions");
@@ -481,7 +481,7 @@ fn frozen_host_kills_its_slow_handler_before_it_reads_the_rest_sqlite() {
 
 #[test]
 fn frozen_host_kills_its_slow_handler_before_it_reads_the_rest_postgres() {
-    // Issue 16 on PostgreSQL (leases and outbox): the same rule, another store.
+    // On PostgreSQL (leases and outbox): the same rule, another store.
     let prefix = unique_prefix("fence");
     rt().block_on(raw_client());
     let (store, source) = (store_url(&prefix), source_url(&prefix));
@@ -584,7 +584,7 @@ fn assert_no_handler_process(pids: &[i32], groups: &[i32], what: &str) {
 
 #[test]
 fn sigterm_with_a_hung_handler_stops_within_shutdown_timeout_and_kills_its_process_group() {
-    // Issue 16: a stop is bounded by shutdown_timeout; the hung command and its grandchild are
+    // A stop is bounded by shutdown_timeout; the hung command and its grandchild are
     // killed; the lease is released and the heartbeat removed (a graceful stop, exit 0).
     let (fx, mut cleanup, pids) = hung_host("6s", "4s");
     let groups: Vec<i32> = pids.iter().filter_map(|p| pgrp_of(*p)).collect();
@@ -610,7 +610,7 @@ fn sigterm_with_a_hung_handler_stops_within_shutdown_timeout_and_kills_its_proce
 
 #[test]
 fn second_signal_kills_the_handler_process_groups_and_exits_at_once() {
-    // Issue 16: a second SIGTERM exits with 1 at once, leaving no handler process behind (the
+    // A second SIGTERM exits with 1 at once, leaving no handler process behind (the
     // lease stays owned until it expires).
     let (fx, mut cleanup, pids) = hung_host("10s", "10s");
     let groups: Vec<i32> = pids.iter().filter_map(|p| pgrp_of(*p)).collect();

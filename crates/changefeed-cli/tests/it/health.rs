@@ -1,5 +1,5 @@
 //! `changefeed run --http`: `/healthz`, `/readyz` and `/metrics` on real host processes.
-//! `/readyz` follows the host's health (issue 22): 503 before the host has registered, 200
+//! `/readyz` follows the host's health: 503 before the host has registered, 200
 //! while it runs, 503 once a store cut-off has fenced it, and 200 again once it has registered
 //! again. `/healthz` is 503 only once the host has stayed fenced for longer than
 //! `--max-unhealthy`, and 200 again once it has recovered. Every wait is a bounded poll.
@@ -180,7 +180,7 @@ fn readyz_is_503_until_the_host_registers_then_200_with_healthz_and_metrics() {
 
 #[test]
 fn readyz_is_503_while_a_store_cut_off_fences_the_host_and_200_once_it_registered_again() {
-    // Issue 22's acceptance: /readyz goes to 503 when a host is fenced (its PostgreSQL lease
+    // /readyz goes to 503 when a host is fenced (its PostgreSQL lease
     // store cut off by a proxy that stops forwarding) and back to 200 when it registers again
     // (its peer had removed its row meanwhile). /healthz stays 200 throughout.
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -1,4 +1,4 @@
-//! `changefeed lag` and `status` show lag in time (issue 22, item 3): the age of the first
+//! `changefeed lag` and `status` show lag in time: the age of the first
 //! unread record, from the SQLite feed's record timestamps (see `ops.rs`), the PostgreSQL
 //! outbox's `created_ms` and Kinesis's `ApproximateArrivalTimestamp`. Records are stamped by
 //! a fixed clock an hour back where the source lets the writer stamp them; kinesis-mock stamps
@@ -198,7 +198,7 @@ impl Drop for Host {
 
 #[test]
 fn run_publishes_lag_seconds_and_counts_the_children_no_host_reads() {
-    // Issue 22: the gauges tell the truth. The parent's batch keeps failing, so its children
+    // The gauges tell the truth. The parent's batch keeps failing, so its children
     // wait without a lease; the leader counts their 10 records in changefeed_lag_records, and
     // changefeed_lag_seconds is the age of the oldest unread record (an hour). With
     // --lag-per-partition, the parent's own series shows its hour too.

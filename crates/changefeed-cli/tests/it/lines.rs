@@ -1,4 +1,4 @@
-//! `changefeed run --protocol lines` (issue 20, item 3): one long-lived handler process per
+//! `changefeed run --protocol lines`: one long-lived handler process per
 //! partition, framed JSON lines. The example handler of `docs/operations.md` is taken from the
 //! document itself and run, so the two cannot drift apart.
 

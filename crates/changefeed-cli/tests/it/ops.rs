@@ -190,7 +190,7 @@ fn reset(fx: &Fixture, partition: &str, extra: &[&str]) -> std::process::Output 
 
 #[test]
 fn reset_to_a_continuation_needs_the_source_to_check_it() {
-    // Issue 16: a continuation written unchecked could stop the partition for good.
+    // A continuation written unchecked could stop the partition for good.
     let fx = Fixture::new();
     leases(&fx, 2);
     feed(&fx, 2);
@@ -219,7 +219,7 @@ fn reset_to_a_continuation_needs_the_source_to_check_it() {
 
 #[test]
 fn lag_counts_a_malformed_row_as_unknown() {
-    // Issue 16: an unreadable row is a partition whose lag nobody knows, not a missing one.
+    // An unreadable row is a partition whose lag nobody knows, not a missing one.
     let fx = Fixture::new();
     leases(&fx, 3);
     feed(&fx, 3);
@@ -270,7 +270,7 @@ fn lag_counts_a_malformed_row_as_unknown() {
 
 #[test]
 fn reset_force_rewrites_a_malformed_row_with_the_sources_lineage() {
-    // Issue 16: an operator can repair an unreadable row; without --force it is refused.
+    // An operator can repair an unreadable row; without --force it is refused.
     let fx = Fixture::new();
     leases(&fx, 2);
     feed(&fx, 2);
@@ -322,7 +322,8 @@ fn reset_force_rewrites_a_malformed_row_with_the_sources_lineage() {
 
 #[test]
 fn lag_counts_the_children_of_a_split_that_have_no_lease_yet() {
-    // Issue 22: `lag` printed `total 0` while the children of a split held unread records.
+    // `lag` counts the unread records of a split's children; it must not print `total 0`
+    // while they hold some.
     // The children count from their beginning, shown as "(no lease)", with their records' age.
     use changefeed::clock::{Clock, SystemClock, VirtualClock};
     use changefeed_sqlite::SqliteFeed;

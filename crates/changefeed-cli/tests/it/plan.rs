@@ -160,7 +160,7 @@ fn ten_free(extra: Value) -> Value {
 
 #[test]
 fn plan_with_a_maximum_takes_up_to_it_and_reports_the_leases_left_free() {
-    // Issue 22: hosts at their maximum take no more; leases nobody may hold stay free, and
+    // Hosts at their maximum take no more; leases nobody may hold stay free, and
     // the plan says how many.
     let (out, _dir) = plan_with(&ten_free(json!({"max_leases": 3})), "a", &[]);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -190,7 +190,7 @@ fn plan_with_a_maximum_takes_up_to_it_and_reports_the_leases_left_free() {
 
 #[test]
 fn plan_with_a_hosts_own_minimum_gives_it_more_than_its_equal_share() {
-    // Issue 22: a host under its minimum is served first and the others' shares shrink; a
+    // A host under its minimum is served first and the others' shares shrink; a
     // host's own limits are listed with the fleet's.
     let snapshot = ten_free(json!({"host_limits": {"b": {"min_leases": 7}}}));
     let (out, _dir) = plan_with(&snapshot, "b", &[]);

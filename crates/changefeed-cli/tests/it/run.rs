@@ -218,7 +218,7 @@ fn bad_setting_values_exit_2_naming_the_setting() {
 
 #[test]
 fn a_batch_failing_dead_letter_after_times_goes_to_the_dead_letter_command_and_is_skipped() {
-    // Issue 16 (opt-in dead letters): after N failures the batch is piped to the dead-letter
+    // Opt-in dead letters: after N failures the batch is piped to the dead-letter
     // command as one JSON object; once it exits 0 the checkpoint moves past the batch.
     let fx = Fixture::new();
     feed_with_records(&fx, 2);

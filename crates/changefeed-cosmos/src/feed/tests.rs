@@ -1094,7 +1094,7 @@ fn docs_at(lsns: &[u64]) -> Vec<Value> {
 
 #[test]
 fn a_fresh_source_continues_a_merged_away_range_at_its_checkpoint_without_redelivery() {
-    // Issue 21: the span goes with the lease, not the process. Range 1's reader records its
+    // The span goes with the lease, not the process. Range 1's reader records its
     // span in every continuation; after 1 and 2 merge into 3, a source that never listed 1
     // (a leader started after the merge: nothing `seen`) continues 1's span on 3 after the
     // last record delivered, and what it reads from there is only what came after.

@@ -114,7 +114,7 @@ async fn feed_reads_a_304_over_http_as_caught_up() {
 
 #[tokio::test]
 async fn a_fresh_source_continues_ranges_merged_away_in_their_spans_from_their_leases() {
-    // Issue 21: where a range a merge took away was is kept with its lease (its reader records
+    // Where a range a merge took away was is kept with its lease (its reader records
     // the range's span in its continuations), so a source that never listed the range (a
     // fresh CosmosFeed: a leader started after the merge) continues it in its span, at its
     // checkpoint, on the range now holding it, and does not read it again from the beginning.

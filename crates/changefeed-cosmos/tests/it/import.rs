@@ -211,7 +211,7 @@ async fn v3_epk_leases_are_taken_over_at_their_continuations() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn imported_epk_leases_of_a_merged_range_open_in_the_feed_source() {
-    // Issue 21: a .NET v3 fleet whose ranges merged holds EPK leases "{min}-{max}" (the old
+    // A .NET v3 fleet whose ranges merged holds EPK leases "{min}-{max}" (the old
     // ranges, now parts of one). Imported, they are the feed source's partitions in place of
     // the range they cover, and each opens there, read with its EPK bounds from its
     // continuation. (The local server's one range [, FF) plays the merged range; its change

@@ -127,7 +127,7 @@ async fn keys_holding(store: &DynamoLeaseStore, pk: &str) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_group_spreads_heartbeats_over_shards_and_membership_reads_them_all() {
-    // Issue 19 item 2: no heartbeat key takes the whole fleet's renewals.
+    // No heartbeat key takes the whole fleet's renewals.
     let store = fresh_store("shards").await;
     let g = GroupName::new("g").expect("valid");
     for i in 0..40 {

@@ -164,7 +164,7 @@ fn table_exists(path: &Path) -> bool {
         > 0
 }
 
-// Opt-in dead letters (issue 16): after 3 failures the batch, its partition, continuations and
+// Opt-in dead letters: after 3 failures the batch, its partition, continuations and
 // error are written to the lease store's file, and the checkpoint moves past it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failing_batch_is_dead_lettered_after_three_failures_and_checkpoint_moves_past_it() {
@@ -240,7 +240,7 @@ async fn failing_batch_is_dead_lettered_after_three_failures_and_checkpoint_move
     running.stop().await.unwrap();
 }
 
-// The default stays "never skip" (issue 16): without a dead-letter sink a batch that always
+// The default stays "never skip": without a dead-letter sink a batch that always
 // fails is retried (the lease released and taken again) and the checkpoint never moves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_dead_letter_sink_a_failing_batch_is_never_skipped() {

@@ -284,8 +284,8 @@ pub(super) async fn lead_heartbeat_copies_only_for_the_leaders_incarnation(
     assert_eq!(members.hosts.len(), 2, "both rows are still read");
 }
 
-/// A view of 10,000 hosts (the fleet issue 19 plans for) round trips, on another connection
-/// too, and replaces a smaller one.
+/// A view of 10,000 hosts (the largest fleet the design plans for) round trips, on another
+/// connection too, and replaces a smaller one.
 pub(super) async fn a_view_of_ten_thousand_hosts_round_trips(f: &dyn LeaseStoreFixture) {
     let store = f.connect().await;
     let g = group("view-big");

@@ -126,7 +126,7 @@ async fn host_is_ready_only_from_writing_its_heartbeat_row_until_it_stops() {
 
 #[tokio::test(start_paused = true)]
 async fn cut_off_host_is_unready_once_fenced_and_ready_again_after_registering_again() {
-    // /readyz's rule (issue 22): a host cut off from its store is not ready from the moment it
+    // /readyz's rule: a host cut off from its store is not ready from the moment it
     // fences itself (lease_expiry − safety_margin after its last successful heartbeat), stays
     // unready while its row is removed by the leader, and is ready again once the store is back
     // and it has registered afresh.

@@ -1,4 +1,4 @@
-//! Lease limits through the builder (issue 22, part 4): refused by name when they break a
+//! Lease limits through the builder: refused by name when they break a
 //! rule, and carried into a running host's balancing. Virtual time throughout.
 
 use std::collections::BTreeMap;
@@ -76,7 +76,7 @@ async fn limits_that_break_a_rule_are_refused_naming_the_setting() {
 
 #[tokio::test(start_paused = true)]
 async fn running_hosts_hold_at_most_max_leases_and_a_newcomer_takes_the_rest() {
-    // Issue 22: hosts at their maximum take no more; leases nobody may hold stay free until a
+    // Hosts at their maximum take no more; leases nobody may hold stay free until a
     // host with room joins.
     let (store, feed) = setup(6).await;
     let start = |host: &str| {

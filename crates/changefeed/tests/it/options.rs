@@ -1,4 +1,4 @@
-//! The handler options of issue 22: the idle tick (`max_wait_time`), the lease acquired,
+//! The handler options: the idle tick (`max_wait_time`), the lease acquired,
 //! released and error notifications, the per-partition start position, and the per-partition
 //! lag gauges' setting. Virtual time throughout.
 

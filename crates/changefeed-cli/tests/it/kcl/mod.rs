@@ -1,4 +1,4 @@
-//! `changefeed run --properties FILE` (issue 20): a record processor written against the real
+//! `changefeed run --properties FILE`: a record processor written against the real
 //! `amazon_kclpy` package (`record_processor.py`) reads a kinesis-mock stream with its leases in
 //! DynamoDB Local, started from a KCL properties file, through a SplitShard and a SIGKILLed host.
 //!

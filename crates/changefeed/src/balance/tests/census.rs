@@ -1,4 +1,4 @@
-//! The census path of [`EqualShare`] against its snapshot path (issue 19, item 4): for any
+//! The census path of [`EqualShare`] against its snapshot path: for any
 //! table, limits and hosts judged dead, every host gets the same plan from a [`Census`] as
 //! from the equivalent [`Snapshot`], and a census kept up to date one change at a time equals
 //! a fresh count.

@@ -1,4 +1,4 @@
-//! Tests of [`Kcl3Like`], KCL 3.x's leader-driven assignment (issue 18, item 2): unit cases on
+//! Tests of [`Kcl3Like`], KCL 3.x's leader-driven assignment: unit cases on
 //! one snapshot, then property tests over fleets run round by round as in the parent module.
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -1,4 +1,4 @@
-//! Tests of lease limits under [`EqualShare`] (issue 22, part 4): the minimum and maximum
+//! Tests of lease limits under [`EqualShare`]: the minimum and maximum
 //! counterparts of Cosmos's balancing tests, then property tests over fleets with fleet-wide
 //! and per-host limits, run round by round as in the parent module.
 

@@ -1,4 +1,4 @@
-//! The lease table's census (issue 19, item 4) against a full recount: after any sequence of
+//! The lease table's census against a full recount: after any sequence of
 //! rows taken in, deleted and listed whole (parents finishing and coming back included), and
 //! any live set with or without a membership view's dead hosts, the census the table kept
 //! equals a fresh count of its eligible rows, and the plan from it equals the snapshot plan.

@@ -34,6 +34,7 @@ mod bounded;
 mod builder;
 pub mod callbacks;
 mod config;
+mod handle;
 mod handler;
 mod health;
 mod heartbeat;
@@ -45,9 +46,10 @@ mod retry;
 mod sync;
 mod worker;
 
-pub use builder::{Processor, ProcessorBuilder, ProcessorHandle};
+pub use builder::{Processor, ProcessorBuilder};
 pub use callbacks::{ErrorNotice, ErrorOrigin};
 pub use config::{CheckpointMode, ConfigError, Settings, MAX_BATCH_LIMIT, MAX_DURATION};
+pub use handle::ProcessorHandle;
 pub use handler::{
     handler_fn, CloseReason, Context, DeadLetter, DeadLetterSink, FnHandler, Handler, HandlerError,
 };

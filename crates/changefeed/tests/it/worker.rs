@@ -237,7 +237,7 @@ async fn retryable_read_errors_are_retried_with_growing_backoff() {
     }
     assert_eq!(s.handler.delivered(), ["r0", "r1", "r2"]);
     assert!(s.handler.closes().is_empty(), "never gave the lease up");
-    running.stop().await.unwrap();
+    running.stop().await.expect("a clean stop");
 }
 
 #[tokio::test(start_paused = true)]
@@ -259,7 +259,7 @@ async fn final_read_error_releases_the_lease_at_its_checkpoint() {
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(s.handler.delivered(), ["r0", "r1", "r2", "r3"]);
     assert_eq!(offset(&s.lease().await), 4);
-    running.stop().await.unwrap();
+    running.stop().await.expect("a clean stop");
 }
 
 #[tokio::test(start_paused = true)]
@@ -267,7 +267,11 @@ async fn open_retries_a_retryable_error_and_gives_up_on_a_final_one() {
     // Retry policy, OPEN_READER: retryable open errors are retried; a final one releases the
     // lease with its checkpoint unchanged (SourceFailed) instead.
     let s = setup(Arc::new(MemoryLeaseStore::new())).await;
-    s.faults.open.lock().unwrap().extend([true, true, false]);
+    s.faults
+        .open
+        .lock()
+        .expect("not poisoned")
+        .extend([true, true, false]);
     let running = s.start();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let failed = s.faults.failed();
@@ -280,7 +284,7 @@ async fn open_retries_a_retryable_error_and_gives_up_on_a_final_one() {
     // Taken again, it opens and delivers from the start.
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(s.handler.delivered(), ["r0", "r1", "r2"]);
-    running.stop().await.unwrap();
+    running.stop().await.expect("a clean stop");
 }
 
 /// A store whose lease writes (`replace`) fail with a retryable error while switched on, and
@@ -322,7 +326,7 @@ async fn release_on_stop_gives_up_after_three_attempts() {
     assert_eq!(s.handler.delivered(), ["r0", "r1", "r2"]);
     store.on.store(true, Ordering::SeqCst);
     let started = Instant::now();
-    running.stop().await.unwrap();
+    running.stop().await.expect("a clean stop");
     assert_eq!(store.failed.load(Ordering::SeqCst), 3);
     assert_eq!(s.handler.closes(), [CloseReason::Shutdown]);
     let waited = Instant::now() - started;
@@ -363,7 +367,7 @@ async fn a_place_restated_without_records_is_checkpointed_and_finished_at() {
             }
         );
         assert!(s.handler.delivered().is_empty(), "nothing delivered");
-        running.stop().await.unwrap();
+        running.stop().await.expect("a clean stop");
     }
 }
 
@@ -394,7 +398,11 @@ async fn a_stop_while_opening_releases_the_lease() {
         let s = setup(Arc::new(MemoryLeaseStore::new())).await;
         let handler = Arc::new(NeverOpens::default());
         if failing == "reader" {
-            s.faults.open.lock().unwrap().extend([true; 1000]);
+            s.faults
+                .open
+                .lock()
+                .expect("not poisoned")
+                .extend([true; 1000]);
         }
         let mut builder = Processor::builder()
             .host("a")
@@ -411,7 +419,7 @@ async fn a_stop_while_opening_releases_the_lease() {
         } else {
             builder.shared_handler(handler.clone())
         };
-        let running = builder.build().unwrap().start();
+        let running = builder.build().expect("valid settings").start();
         tokio::time::sleep(Duration::from_secs(3)).await;
         let tries = s.faults.failed().len() + handler.attempts.load(Ordering::SeqCst) as usize;
         assert!(tries >= 3, "{failing}: still retrying ({tries})");
@@ -419,7 +427,7 @@ async fn a_stop_while_opening_releases_the_lease() {
             s.lease().await.owner.map(|o| o.to_string()).as_deref(),
             Some("a")
         );
-        running.stop().await.unwrap();
+        running.stop().await.expect("a clean stop");
         let l = s.lease().await;
         assert_eq!(l.owner, None, "{failing}: released at the stop");
         assert_eq!(l.continuation, None, "{failing}: nothing checkpointed");

@@ -12,6 +12,9 @@
 //! view and the live hosts judged from it; the listing state; the hand-off requests this host
 //! waits on; its registration time; and whether the last plan was cut short.
 
+mod decide;
+mod plan;
+mod share;
 mod table;
 mod view;
 
@@ -20,17 +23,17 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use table::TableShare;
+pub(crate) use decide::*;
+pub use share::TableShare;
 pub(crate) use table::*;
 use view::Members;
 
 use super::heartbeat::Liveness;
-use crate::balance::{BalanceStrategy, HandoffRequest};
+use crate::balance::HandoffRequest;
 use crate::clock::Instant;
 use crate::lineage::ParentsRule;
 use crate::model::{
-    GroupHead, Heartbeat, HostName, Lease, LeaseState, Membership, MembershipView, PartitionId,
-    Version,
+    GroupHead, Heartbeat, HostName, Lease, Membership, MembershipView, PartitionId, Version,
 };
 
 /// Why a lease is taken: free or expired (a take), or an unhonoured hand-off (a steal).
@@ -551,239 +554,6 @@ impl HostState {
             rows.retain(|hb| self.members.is_dead(&hb.host));
         }
         rows
-    }
-
-    // --- planning --------------------------------------------------------------------------
-
-    /// Whether to plan this cycle: something was listed or synced, a hand-off request is
-    /// pending (time alone can make it overdue), or an outcome asked for another look.
-    pub(crate) fn wants_plan(&self, changed: bool) -> bool {
-        changed || self.requests.any() || self.replan
-    }
-
-    /// The cycle was cut short before planning: plan next cycle.
-    pub(crate) fn defer(&mut self) {
-        self.replan = true;
-    }
-
-    /// A write of the plan failed (the store did not answer, or answered with an error that
-    /// is not a conflict): plan again next cycle rather than wait for the change counter to
-    /// move, which nothing may make it do for a long while.
-    pub(crate) fn write_failed(&mut self) {
-        self.replan = true;
-    }
-
-    /// Planning begins: clears the replan flag (what follows sets it again if it wants another
-    /// look) and tells each worker of a newer row from a full listing.
-    pub(crate) fn begin_plan(&mut self) {
-        self.replan = false;
-        self.hint_all();
-    }
-
-    /// Leases the table says are ours but no worker runs (a restart under the same name, or a
-    /// fence that was lowered): to claim again by CAS at their version.
-    ///
-    /// None before a view admits this host: an adoption is a take, and a host holding the
-    /// view that judged this name dead would take the adopted lease as free.
-    pub(crate) fn to_adopt(&self) -> Vec<Lease> {
-        if !self.admitted() {
-            return Vec::new();
-        }
-        self.table.to_adopt(|p| self.running.contains_key(p))
-    }
-
-    /// A claim of an owned row (an adoption) or a take conflicted with `current`, or a take
-    /// was refused: keep the current row and plan again next cycle.
-    pub(crate) fn keep_and_replan(&mut self, current: Lease) {
-        self.remember(current);
-        self.replan = true;
-    }
-
-    /// The plan at `now`. Hand-off requests are timed from `seen` when the table shows them
-    /// for the first time. Takes of partitions whose worker of an earlier ownership still runs
-    /// wait (it could adopt the new row and write its stale position).
-    pub(crate) fn actions(
-        &mut self,
-        now: Instant,
-        seen: Instant,
-        strategy: &dyn BalanceStrategy,
-    ) -> Actions {
-        self.requests.sync(&self.table.asked(), seen);
-        if !self.admitted() {
-            // Not yet listed live by a view: take and ask for nothing; plan again next cycle.
-            self.replan = true;
-            return Actions::default();
-        }
-        let by_view = self.by_view(now);
-        let (plan, held) = plan(
-            &PlanInput {
-                me: &self.me,
-                live: &self.live,
-                // With a view, only the owners it lists dead are; an owner it lists neither
-                // way is unknown (it took under a view this host has not read, or runs a
-                // version without views), and its leases count for nobody.
-                dead: by_view.then(|| self.members.dead()),
-                table: &self.table,
-                requests: &self.requests,
-                now,
-                registered_at: self.registered_at,
-                handoff_timeout: self.config.handoff_timeout,
-                grace: self.config.grace,
-                parents: self.config.parents,
-            },
-            strategy,
-        );
-        self.replan |= held;
-        let mut actions = Actions::default();
-        let wanted = plan
-            .take
-            .iter()
-            .map(|p| (p, TakeKind::Take))
-            .chain(plan.steal.iter().map(|p| (p, TakeKind::Steal)));
-        for (partition, kind) in wanted {
-            let Some(lease) = self.table.get(partition) else {
-                continue;
-            };
-            if self.running.contains_key(partition) {
-                self.replan = true;
-                continue;
-            }
-            actions.takes.push((lease.clone(), kind));
-        }
-        actions.requests = plan.request_handoff;
-        actions.releases = plan.release;
-        actions
-    }
-
-    /// The row `row` becomes when this host takes it.
-    pub(crate) fn taken_row(&self, row: &Lease) -> Lease {
-        let mut next = row.clone();
-        next.state = LeaseState::Owned;
-        next.owner = Some(self.me.clone());
-        next.next_owner = None;
-        next
-    }
-
-    /// A take stored `stored`: cache it (its worker starts next).
-    pub(crate) fn took(&mut self, stored: Lease) {
-        self.requests.taken(&stored.key.partition);
-        self.remember(stored);
-    }
-
-    /// A take of `listed` conflicted with the store's `current` row. Returns the row to take
-    /// again after a fresh membership read (see [`on_take_conflict`]); otherwise the current
-    /// row is kept and the plan runs again next cycle.
-    pub(crate) fn take_conflict(
-        &mut self,
-        listed: &Lease,
-        current: Lease,
-        kind: TakeKind,
-    ) -> Option<Lease> {
-        match on_take_conflict(listed, &current, kind == TakeKind::Steal) {
-            TakeConflict::RetryAfterMembership => Some(current),
-            TakeConflict::Replan => {
-                self.keep_and_replan(current);
-                None
-            }
-        }
-    }
-
-    /// The hosts judged live from a membership read that returned at `now`, made after a take
-    /// conflicted (for [`HostState::retry_take`]).
-    pub(crate) fn live_after_conflict(
-        &mut self,
-        membership: &Membership,
-        sent: Instant,
-        returned: Instant,
-    ) -> Vec<HostName> {
-        self.liveness.observe(membership, returned);
-        self.liveness
-            .live(sent.min(returned), self.config.lease_expiry)
-    }
-
-    /// The same as [`HostState::live_after_conflict`], from a head read with a view.
-    /// `None` while the fleet elects a leader: then judge from a heartbeat read instead.
-    pub(crate) fn live_after_conflict_head(
-        &mut self,
-        head: &GroupHead,
-        now: Instant,
-        rows: &[Lease],
-    ) -> Option<Vec<HostName>> {
-        self.observe_head(head, now);
-        self.by_view(now).then(|| self.live_for(now, rows))
-    }
-
-    /// Whether a take retried after a conflict may go ahead, given the hosts `live` after it
-    /// (see [`may_retry_take`]). If not, the row is kept and the plan runs again next cycle.
-    pub(crate) fn retry_take(&mut self, row: &Lease, live: &[HostName]) -> bool {
-        let ok = may_retry_take(row, live, self.running.contains_key(&row.key.partition));
-        if !ok {
-            self.keep_and_replan(row.clone());
-        }
-        ok
-    }
-
-    /// The row to write for `request` starting from `current` (the cached row at first, the
-    /// store's after a conflict), if the request may still be written (see [`may_request`]).
-    pub(crate) fn request_row(
-        &self,
-        request: &HandoffRequest,
-        current: Option<&Lease>,
-    ) -> Option<(Lease, Lease)> {
-        let lease = current.or_else(|| self.table.get(&request.partition))?;
-        if !may_request(lease, &request.from, &self.live) {
-            return None;
-        }
-        let mut next = lease.clone();
-        next.next_owner = Some(self.me.clone());
-        Some((lease.clone(), next))
-    }
-
-    /// A hand-off request for `partition` was written and returned at `now`.
-    pub(crate) fn requested(&mut self, partition: PartitionId, now: Instant) {
-        self.requests.written(partition, now);
-    }
-
-    // --- workers ----------------------------------------------------------------------------
-
-    /// A worker started on `lease`.
-    pub(crate) fn worker_started(&mut self, lease: &Lease) {
-        self.running
-            .insert(lease.key.partition.clone(), lease.version);
-    }
-
-    /// The worker of `partition` exited. Whatever the reason, the lease changed hands or
-    /// state: plan next cycle (a worker stopped by the fence left the lease ours, and
-    /// [`HostState::to_adopt`] resumes it).
-    pub(crate) fn worker_exited(&mut self, partition: &PartitionId) {
-        self.running.remove(partition);
-        self.replan = true;
-    }
-
-    /// How many workers run.
-    pub(crate) fn running(&self) -> usize {
-        self.running.len()
-    }
-
-    /// Puts a row newer than the cached one (or a new one) into the table, and tells its
-    /// worker if it does not know it yet.
-    fn remember(&mut self, lease: impl Into<Arc<Lease>>) {
-        for row in self.table.apply(&[], vec![lease.into()]) {
-            self.hint(&row);
-        }
-    }
-
-    /// Tells the worker of `row`'s lease, if one runs, of `row` if it is newer than the
-    /// version the worker knows. Rows taken in one by one are told as the store gave them:
-    /// a table taken from a [`TableShare`] may hold an older version of a row (one that
-    /// agrees on ownership), and a worker is never told of a version older than it knows.
-    fn hint(&mut self, row: &Arc<Lease>) {
-        if let Some(known) = self.running.get_mut(&row.key.partition) {
-            if row.version > *known {
-                *known = row.version;
-                self.outbox.push(Signal::Hint(Lease::clone(row)));
-            }
-        }
     }
 }
 

@@ -1,21 +1,22 @@
-//! The parts of the host state and the pure decisions over them: the lease table
+//! The parts of the host state: the lease table
 //! ([`LeaseTable`]: the listed rows, the partitions this host owns and was asked for, and
-//! whether the workers must be told of a whole new listing), the listing state ([`Listing`]:
-//! counter, live hosts and time of the last list), the hand-off requests this host waits on
-//! ([`Requests`]), the plan built from them ([`plan`]), leader choice, dead hosts' rows, and
-//! what a conflicting take or hand-off request leads to.
+//! whether the workers must be told of a whole new listing) and the listing state
+//! ([`Listing`]: counter, live hosts and time of the last list). The decisions over them are
+//! in `decide.rs`.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use imbl::{OrdMap, OrdSet};
 
-use crate::balance::{holder, BalanceStrategy, Census, CensusSnapshot, LeaseView, Plan, Snapshot};
+use crate::balance::{holder, Census};
 use crate::clock::Instant;
 use crate::lineage::{ready_under, ParentsRule};
-use crate::model::{GroupName, Heartbeat, HostName, Lease, LeaseState, PartitionId};
+use crate::model::{HostName, Lease, LeaseState, PartitionId};
+
+use super::share::TableShare;
 
 /// The leases this host has listed, by partition, and what they say of this host.
 ///
@@ -43,7 +44,7 @@ pub(crate) struct LeaseTable {
 
 /// What a lease table holds: a pure function of its rows and the parents rule.
 #[derive(Debug, Clone, Default)]
-struct Rows {
+pub(super) struct Rows {
     leases: OrdMap<PartitionId, Arc<Lease>>,
     /// The eligible leases (design rule 5), indexed for the balancer.
     census: Census,
@@ -55,7 +56,7 @@ struct Rows {
     /// Per host: the partitions naming it as `next_owner`.
     named: OrdMap<HostName, OrdSet<PartitionId>>,
     /// The sum of the rows' fingerprints ([`row_print`]): equal rows, equal sums.
-    print: u128,
+    pub(super) print: u128,
     /// The sum of the finished rows' fingerprints.
     finished: u128,
 }
@@ -67,7 +68,7 @@ struct Rows {
 /// versions and checkpoints may differ, as a cached row's may differ from the store's after
 /// a checkpoint (no list of changes shows a checkpoint; every write is a compare-and-swap on
 /// the store's version, and a take that finds only the checkpoint moved is retried).
-fn row_print(lease: &Lease) -> u128 {
+pub(super) fn row_print(lease: &Lease) -> u128 {
     let mut h = DefaultHasher::new();
     lease.key.hash(&mut h);
     lease.state.hash(&mut h);
@@ -234,105 +235,6 @@ impl Rows {
             rows.count(l, parents);
         }
         rows
-    }
-}
-
-/// Lease tables shared between the hosts of one process (the simulator's fleet): a host whose
-/// rows come to equal a table another host holds takes that one (O(1)) instead of building
-/// its own, so a fleet holds each table once and builds it once. Tables are found by their
-/// rows' fingerprint ([`row_print`]) and the parents rule, and held weakly: a table no host
-/// holds any more is forgotten.
-///
-/// Clones share one set of tables. Give the same share to the hosts of one group
-/// ([`crate::processor::ProcessorBuilder::share_tables`], which refuses a host of another
-/// group: a host fast-forwards to the newest table of its share).
-#[derive(Clone, Default)]
-pub struct TableShare {
-    tables: Arc<Mutex<SharedTables>>,
-}
-
-#[derive(Default)]
-struct SharedTables {
-    /// The group whose hosts share these tables (set by the first).
-    group: Option<GroupName>,
-    by_print: HashMap<(ParentsRule, u128), Weak<Rows>>,
-    /// The table of the highest change counter a host of the share listed its changes up to,
-    /// as that list left it (before the host's own writes): the leases as they stood at that
-    /// counter, which is all a table at that counter can hold.
-    latest: Option<(ParentsRule, u64, Arc<Rows>)>,
-    /// How many tables were known after the last sweep of forgotten ones.
-    after_sweep: usize,
-}
-
-impl std::fmt::Debug for TableShare {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TableShare").finish_non_exhaustive()
-    }
-}
-
-impl TableShare {
-    /// An empty share.
-    #[cfg_attr(not(feature = "sim"), allow(dead_code))]
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, SharedTables> {
-        // The map holds no invariant a panic elsewhere could break half-way.
-        self.tables
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Binds the share to `group`, if it serves no group yet. `Err` names the group it serves
-    /// if that is another.
-    pub(crate) fn bind(&self, group: &GroupName) -> Result<(), GroupName> {
-        let mut tables = self.lock();
-        match &tables.group {
-            Some(bound) if bound != group => Err(bound.clone()),
-            Some(_) => Ok(()),
-            None => {
-                tables.group = Some(group.clone());
-                Ok(())
-            }
-        }
-    }
-
-    /// A held table of rows fingerprinted `print`.
-    fn find(&self, parents: ParentsRule, print: u128) -> Option<Arc<Rows>> {
-        self.lock().by_print.get(&(parents, print))?.upgrade()
-    }
-
-    /// Notes `rows` as the table a list of changes up to `counter` left, if no host of the
-    /// share listed up to a higher counter.
-    fn listed(&self, parents: ParentsRule, counter: u64, rows: &Arc<Rows>) {
-        let mut tables = self.lock();
-        if tables.latest.as_ref().is_none_or(|(_, c, _)| *c < counter) {
-            tables.latest = Some((parents, counter, rows.clone()));
-        }
-    }
-
-    /// The table of the highest counter listed, if above `counter` (any, for `None`).
-    fn latest_after(&self, parents: ParentsRule, counter: Option<u64>) -> Option<(u64, Arc<Rows>)> {
-        match &self.lock().latest {
-            Some((p, c, rows)) if *p == parents && counter.is_none_or(|at| *c > at) => {
-                Some((*c, rows.clone()))
-            }
-            _ => None,
-        }
-    }
-
-    /// Offers `rows` to hosts that come to hold equal rows.
-    fn offer(&self, parents: ParentsRule, rows: &Arc<Rows>) {
-        let mut tables = self.lock();
-        tables
-            .by_print
-            .insert((parents, rows.print), Arc::downgrade(rows));
-        // Sweep the forgotten tables whenever the map doubled: amortised O(1) per offer.
-        if tables.by_print.len() > 2 * tables.after_sweep.max(64) {
-            tables.by_print.retain(|_, t| t.strong_count() > 0);
-            tables.after_sweep = tables.by_print.len();
-        }
     }
 }
 
@@ -647,196 +549,4 @@ impl Listing {
     pub(crate) fn invalidate(&mut self) {
         self.counter = None;
     }
-}
-
-/// The live hosts from `liveness_live` (those whose heartbeat moved within the expiry),
-/// with this host always counted: it is alive by definition while it runs.
-pub(crate) fn live_hosts(mut live: Vec<HostName>, me: &HostName) -> Vec<HostName> {
-    if !live.contains(me) {
-        live.push(me.clone());
-        live.sort();
-    }
-    live
-}
-
-/// Whether `me` leads the fleet: the first live host by name (two hosts that both believe
-/// they lead are harmless: every leader write is create-if-absent or a CAS).
-pub(crate) fn leads(me: &HostName, live: &[HostName]) -> bool {
-    live.iter().min() == Some(me)
-}
-
-/// The heartbeat rows the leader removes: hosts judged dead that own no listed lease any
-/// more (a newcomer would otherwise count them as owed a share).
-pub(crate) fn dead_rows<'a>(
-    hosts: &'a [Heartbeat],
-    live: &[HostName],
-    table: &LeaseTable,
-) -> Vec<&'a Heartbeat> {
-    hosts
-        .iter()
-        .filter(|hb| !live.contains(&hb.host) && !table.owns_any(&hb.host))
-        .collect()
-}
-
-/// The hand-off requests this host has made and waits on: when it first saw each, on its
-/// own clock.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Requests {
-    asked_at: BTreeMap<PartitionId, Instant>,
-}
-
-impl Requests {
-    /// A request for `partition` was written and returned at `at`.
-    pub(crate) fn written(&mut self, partition: PartitionId, at: Instant) {
-        self.asked_at.insert(partition, at);
-    }
-
-    /// The lease was taken (no longer waited on).
-    pub(crate) fn taken(&mut self, partition: &PartitionId) {
-        self.asked_at.remove(partition);
-    }
-
-    /// Whether any request is pending (then time alone can change the plan).
-    pub(crate) fn any(&self) -> bool {
-        !self.asked_at.is_empty()
-    }
-
-    /// Keeps only the requests the table still shows (`asked`), timing those it shows for the
-    /// first time from `seen` (no earlier than the list that showed them: a request of ours
-    /// whose reply was lost landed before that list returned).
-    pub(crate) fn sync(&mut self, asked: &BTreeSet<PartitionId>, seen: Instant) {
-        self.asked_at.retain(|p, _| asked.contains(p));
-        for p in asked {
-            self.asked_at.entry(p.clone()).or_insert(seen);
-        }
-    }
-
-    /// Whether the request for `partition` has waited `timeout` at `now`.
-    pub(crate) fn overdue(&self, partition: &PartitionId, now: Instant, timeout: Duration) -> bool {
-        self.asked_at
-            .get(partition)
-            .is_some_and(|at| now.saturating_duration_since(*at) >= timeout)
-    }
-}
-
-/// What [`plan`] needs to know.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct PlanInput<'a> {
-    pub me: &'a HostName,
-    pub live: &'a [HostName],
-    /// The hosts judged dead, whose leases are free. `None`: every owner not in `live` is
-    /// dead (judged from the heartbeats by this host). With `Some` (a membership view), an
-    /// owner neither live nor dead is unknown: its leases are neither free nor counted in any
-    /// quota, as if they were ineligible.
-    pub dead: Option<&'a BTreeSet<HostName>>,
-    pub table: &'a LeaseTable,
-    pub requests: &'a Requests,
-    /// Now, on this host's clock.
-    pub now: Instant,
-    /// When this host registered.
-    pub registered_at: Instant,
-    pub handoff_timeout: Duration,
-    /// The start-up grace: hand-off requests wait this long after registering, so that hosts
-    /// started together see each other before computing shares (otherwise the first to run
-    /// would ask for a share of a smaller fleet, and leases would move twice).
-    pub grace: Duration,
-    pub parents: ParentsRule,
-}
-
-/// The strategy's plan over the table, with hand-offs marked overdue after the timeout and
-/// requests held back during the start-up grace. Returns the plan and whether something was
-/// held back (then plan again next cycle even if nothing changes).
-///
-/// A strategy that plans from the table's census ([`BalanceStrategy::plan_census`], the
-/// default [`crate::balance::EqualShare`]) costs O(changed leases + hosts); any other gets a
-/// snapshot of every lease ([`snapshot_plan`]).
-pub(crate) fn plan(input: &PlanInput<'_>, strategy: &dyn BalanceStrategy) -> (Plan, bool) {
-    let overdue = |partition: &PartitionId| {
-        input
-            .requests
-            .overdue(partition, input.now, input.handoff_timeout)
-    };
-    let census = CensusSnapshot {
-        me: input.me,
-        live_hosts: input.live,
-        dead_hosts: input.dead,
-        census: input.table.census(),
-        handoff_overdue: &overdue,
-    };
-    let mut plan = strategy
-        .plan_census(&census)
-        .unwrap_or_else(|| snapshot_plan(input, strategy));
-    let in_grace = input.now.saturating_duration_since(input.registered_at) < input.grace;
-    let held = in_grace && !plan.request_handoff.is_empty();
-    if held {
-        plan.request_handoff.clear();
-    }
-    (plan, held)
-}
-
-/// The strategy's plan over a snapshot of every listed lease: eligible by the parents rule,
-/// except leases whose owner is unknown (neither live nor dead, see [`PlanInput::dead`]).
-pub(crate) fn snapshot_plan(input: &PlanInput<'_>, strategy: &dyn BalanceStrategy) -> Plan {
-    let live: HashSet<&HostName> = input.live.iter().collect();
-    let unknown = |lease: &Lease| {
-        input.dead.is_some_and(|dead| {
-            holder(lease).is_some_and(|owner| !live.contains(owner) && !dead.contains(owner))
-        })
-    };
-    let rows = input.table.rows();
-    let views: Vec<LeaseView<'_>> = rows
-        .iter()
-        .map(|lease| LeaseView {
-            lease,
-            eligible: input.table.eligible(lease, input.parents) && !unknown(lease),
-            handoff_overdue: input.requests.overdue(
-                &lease.key.partition,
-                input.now,
-                input.handoff_timeout,
-            ),
-        })
-        .collect();
-    strategy.plan(&Snapshot {
-        me: input.me,
-        live_hosts: input.live,
-        leases: &views,
-    })
-}
-
-/// Whether a hand-off request for `lease` from `owner` may be written now: the lease is still
-/// owned by `owner`, and no request from another live host is pending (a request naming a
-/// dead host is stale and may be overwritten).
-pub(crate) fn may_request(lease: &Lease, owner: &HostName, live: &[HostName]) -> bool {
-    let pending = lease
-        .next_owner
-        .as_ref()
-        .is_some_and(|n| n != owner && live.contains(n));
-    lease.is_owned_by(owner) && !pending
-}
-
-/// What to do with a take that conflicted with the store's `current` row.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum TakeConflict {
-    /// Only the checkpoint moved since the row was listed (its owner wrote one before it
-    /// died): take it again at the current version once a fresh membership read still shows
-    /// the owner dead.
-    RetryAfterMembership,
-    /// Ownership changed: keep the current row and plan again next cycle.
-    Replan,
-}
-
-/// Decides what a conflicting take (`steal`: of an unhonoured hand-off) leads to.
-pub(crate) fn on_take_conflict(listed: &Lease, current: &Lease, steal: bool) -> TakeConflict {
-    if !steal && !current.ownership_differs(listed) {
-        TakeConflict::RetryAfterMembership
-    } else {
-        TakeConflict::Replan
-    }
-}
-
-/// Whether a take retried after a conflict may go ahead: its owner is still judged dead by a
-/// membership read made after the conflict, and no worker of an earlier ownership of this
-/// host still runs on it.
-pub(crate) fn may_retry_take(row: &Lease, live: &[HostName], worker_running: bool) -> bool {
-    !row.owner.as_ref().is_some_and(|o| live.contains(o)) && !worker_running
 }

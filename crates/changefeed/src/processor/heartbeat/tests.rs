@@ -217,16 +217,20 @@ async fn reregistered_row_is_seen_to_change() {
     cancel.cancel();
 }
 
-/// A store that answers every call `latency` late, and not at all while `cut`.
+/// A store behind a silent black hole: while `cut`, a heartbeat is not answered; with
+/// `forget`, it hangs for good (its caller gives up; it stays dead after the heal, as a flow a
+/// NAT forgot), without, it goes on once the path is back. Each answer comes `latency` late.
 #[derive(Debug)]
-struct SlowPath {
+struct BlackHole {
     inner: MemoryLeaseStore,
     latency: Duration,
     cut: std::sync::atomic::AtomicBool,
+    forget: bool,
+    sent: Mutex<Vec<Instant>>,
 }
 
 #[async_trait]
-impl ForwardingStore for SlowPath {
+impl ForwardingStore for BlackHole {
     fn inner(&self) -> &dyn LeaseStore {
         &self.inner
     }
@@ -239,6 +243,10 @@ impl ForwardingStore for SlowPath {
         written_at: Timestamp,
         expected: Option<Version>,
     ) -> Result<Heartbeat, LeaseError> {
+        self.sent.lock().expect("not poisoned").push(Instant::now());
+        if self.forget && self.cut.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
         while self.cut.load(Ordering::SeqCst) {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -261,10 +269,12 @@ async fn a_fenced_host_renews_again_once_its_store_answers_within_the_write_time
         .heartbeat(&group(), &host(), "inc", Timestamp(0), None)
         .await
         .expect("registered");
-    let store = Arc::new(SlowPath {
+    let store = Arc::new(BlackHole {
         inner: inner.clone(),
         latency: Duration::from_millis(300),
         cut: std::sync::atomic::AtomicBool::new(true),
+        forget: false,
+        sent: Mutex::default(),
     });
     let cancel = CancellationToken::new();
     let (record, raised) = start(store.clone(), Arc::new(SystemClock), row, &cancel);
@@ -280,42 +290,6 @@ async fn a_fenced_host_renews_again_once_its_store_answers_within_the_write_time
     assert!(!*raised.borrow(), "renewed within {bound:?} of the heal");
     assert!(record.get() > healed);
     cancel.cancel();
-}
-
-/// A store behind a silent black hole: while `cut`, a heartbeat is never answered (it hangs
-/// until its caller gives up, and stays dead after the heal, as a flow a NAT forgot); after
-/// it, each answer comes `latency` late.
-#[derive(Debug)]
-struct BlackHole {
-    inner: MemoryLeaseStore,
-    latency: Duration,
-    cut: std::sync::atomic::AtomicBool,
-    sent: Mutex<Vec<Instant>>,
-}
-
-#[async_trait]
-impl ForwardingStore for BlackHole {
-    fn inner(&self) -> &dyn LeaseStore {
-        &self.inner
-    }
-
-    async fn heartbeat(
-        &self,
-        group: &GroupName,
-        host: &HostName,
-        incarnation: &str,
-        written_at: Timestamp,
-        expected: Option<Version>,
-    ) -> Result<Heartbeat, LeaseError> {
-        self.sent.lock().expect("not poisoned").push(Instant::now());
-        if self.cut.load(Ordering::SeqCst) {
-            std::future::pending::<()>().await;
-        }
-        tokio::time::sleep(self.latency).await;
-        self.inner
-            .heartbeat(group, host, incarnation, written_at, expected)
-            .await
-    }
 }
 
 /// Cut off by a black hole, each try hangs until the write timeout; the next one starts a
@@ -336,6 +310,7 @@ async fn a_host_cut_off_by_a_black_hole_renews_within_the_write_timeout_of_the_h
         inner: inner.clone(),
         latency,
         cut: std::sync::atomic::AtomicBool::new(true),
+        forget: true,
         sent: Mutex::default(),
     });
     let cancel = CancellationToken::new();

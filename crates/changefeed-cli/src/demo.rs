@@ -565,14 +565,9 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
     let console_stop = CancellationToken::new();
     let console = match args.console {
         Some(addr) => {
-            let console = crate::console::Console::start_demo(
-                &db,
-                &group,
-                addr,
-                args.duration,
-                console_stop.clone(),
-            )
-            .await?;
+            let console =
+                crate::console::start_demo(&db, &group, addr, args.duration, console_stop.clone())
+                    .await?;
             println!("console: http://{}/", console.addr);
             Some(console)
         }

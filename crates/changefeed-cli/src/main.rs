@@ -14,7 +14,6 @@ mod config;
 mod console;
 mod demo;
 mod feed;
-mod http;
 mod import_cosmos;
 mod import_kcl;
 mod kcl;
@@ -106,36 +105,9 @@ fn main() -> ExitCode {
     }
 }
 
-/// An error and its causes on one line, each cause once.
-///
-/// Many errors print their cause inside their own message and also return it as their
-/// `source` (the core's `LeaseError::Store` does, as do the drivers' wrappers), so printing
-/// every link of the chain, as `{:#}` does, repeats each cause once per wrapper. A link whose
-/// text is already part of what was printed adds nothing and is left out.
+/// An error and its causes on one line, each cause once ([`changefeed::error::one_line`]).
 pub(crate) fn error_text(err: &anyhow::Error) -> String {
-    chain_text(err.chain())
-}
-
-/// [`error_text`] for a plain error and its sources.
-pub(crate) fn cause_text(err: &(dyn std::error::Error + 'static)) -> String {
-    chain_text(std::iter::successors(Some(err), |e| e.source()))
-}
-
-/// [`error_text`] for the messages of a chain, outermost first.
-fn chain_text<'a>(chain: impl Iterator<Item = &'a (dyn std::error::Error + 'static)>) -> String {
-    let mut out = String::new();
-    for link in chain {
-        let text = link.to_string();
-        let text = text.trim();
-        if text.is_empty() || out.contains(text) {
-            continue;
-        }
-        if !out.is_empty() {
-            out.push_str(": ");
-        }
-        out.push_str(text);
-    }
-    out
+    changefeed::error::one_line(err.as_ref())
 }
 
 #[cfg(test)]

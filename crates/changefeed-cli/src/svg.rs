@@ -3,8 +3,8 @@
 //! splits and merges, from the run's write history), and the live console draws a fleet's in
 //! the same style with the same colours and ticks.
 //!
-//! Drawing is the CLI's: the simulator only records what happened ([`SimOutcome`]), and the
-//! console only what it read from the store.
+//! The simulator only records what happened ([`SimOutcome`]); drawing it is the CLI's, with the
+//! console's colours and ticks ([`changefeed_console::draw`]).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -12,13 +12,7 @@ use std::time::Duration;
 
 use changefeed::model::{Lease, LeaseState, Partition, PartitionId};
 use changefeed::sim::{Event, SimOutcome, WriteOp, WriteRec};
-
-/// The hosts' colours, in order (the simulator's timeline and the live console use the same,
-/// so a fleet looks the same in both).
-pub const PALETTE: [&str; 12] = [
-    "#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7",
-    "#9c755f", "#bab0ac", "#86bcb6", "#d37295",
-];
+use changefeed_console::draw::{escape, nice_tick, PALETTE};
 
 /// How an ownership change happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -242,23 +236,4 @@ fn render_parts(
     );
     s.push_str("</svg>\n");
     s
-}
-
-/// A round spacing (in seconds) for about a dozen ticks over `total` seconds.
-pub fn nice_tick(total: f64) -> f64 {
-    for t in [
-        1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
-    ] {
-        if total / t <= 12.0 {
-            return t;
-        }
-    }
-    7200.0
-}
-
-/// `s` escaped for SVG text content (not for attributes: quotes are kept).
-pub fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
 }

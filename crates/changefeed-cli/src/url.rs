@@ -187,7 +187,7 @@ impl PgUrl {
             bad(format!(
                 "{}: {}",
                 redact(&conn).escape_debug(),
-                crate::cause_text(&e)
+                changefeed::error::one_line(&e)
             ))
         })?;
         if config.get_hosts().is_empty() && config.get_hostaddrs().is_empty() {

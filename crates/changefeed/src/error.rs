@@ -201,3 +201,27 @@ impl SourceError {
         )
     }
 }
+
+/// An error and its causes on one line, each cause once, outermost first: `opening lease store
+/// x.db: outer failed: inner broke: disk on fire`.
+///
+/// Many errors print their cause inside their own message and also return it as their
+/// `source` (this crate's [`LeaseError::Store`] does, as do the drivers' wrappers), so printing
+/// every link of the chain repeats each cause once per wrapper. A link whose text is already
+/// part of what was printed adds nothing and is left out.
+#[must_use]
+pub fn one_line(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = String::new();
+    for link in std::iter::successors(Some(err), |e| e.source()) {
+        let text = link.to_string();
+        let text = text.trim();
+        if text.is_empty() || out.contains(text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(text);
+    }
+    out
+}

@@ -42,7 +42,7 @@
 //! cut short (as a failure) by `handler_timeout` or once a stop has waited half of
 //! `shutdown_timeout`.
 //!
-//! With `--http ADDR` the host serves `/metrics`, `/healthz` and `/readyz` ([`crate::http`]);
+//! With `--http ADDR` the host serves `/metrics`, `/healthz` and `/readyz` ([`changefeed_http`]);
 //! `/readyz` is 503 while the host is not ready (not registered yet, fenced, stopping), and
 //! `/healthz` once it has stayed fenced or unregistered for longer than `max_unhealthy`.
 //!
@@ -123,7 +123,11 @@ async fn run_host(config: RunConfig) -> anyhow::Result<ExitCode> {
     let endpoints = if config.http_addrs.is_empty() {
         None
     } else {
-        Some(crate::http::Endpoints::start(&config.http_addrs, http_stop.clone()).await?)
+        let endpoints = changefeed_http::Endpoints::new(crate::metrics::install()?);
+        endpoints
+            .serve(&config.http_addrs, http_stop.clone())
+            .await?;
+        Some(endpoints)
     };
     let _stop_http = http_stop.drop_guard();
     let window = crate::start::Window::new(config.start_timeout);

@@ -41,6 +41,7 @@ mod heartbeat;
 mod hooks;
 mod host;
 mod host_state;
+mod telemetry;
 
 mod retry;
 mod sync;
@@ -59,3 +60,4 @@ pub use heartbeat::{Liveness, ProcessorError};
 pub use hooks::Broken;
 #[cfg(feature = "sim")]
 pub(crate) use host_state::TableShare;
+pub use telemetry::describe_metrics;

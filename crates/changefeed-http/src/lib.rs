@@ -1,29 +1,47 @@
-//! The host's HTTP endpoints (`changefeed run --http ADDR`), for Prometheus and an
-//! orchestrator's probes:
+//! A changefeed host's HTTP endpoints, for Prometheus and an orchestrator's probes:
 //!
-//! - `GET /metrics`: every metric in Prometheus's text format (`docs/metrics.md`);
+//! - `GET /metrics`: every metric of the recorder handle it is given, in Prometheus's text
+//!   format (the library's are listed in `docs/metrics.md`);
 //! - `GET /healthz`: `200 ok` while the process is alive and the host healthy; `503` once the
 //!   host has stayed fenced or unregistered for longer than `max_unhealthy` (its recovery has
-//!   failed: the library's [`changefeed::processor::Health::unhealthy`]), the body one line
-//!   saying why and since when, e.g. `unhealthy: fenced: no successful heartbeat since
+//!   failed: [`changefeed::processor::Health::unhealthy`]), the body one line saying why and
+//!   since when, e.g. `unhealthy: fenced: no successful heartbeat since
 //!   2024-05-01T11:59:52.000Z; fenced or unregistered for 38.1s, longer than max_unhealthy
 //!   (30s)`. A liveness probe: restart the process on it;
 //! - `GET /readyz`: `200` while the host is ready (registered, heartbeat fresh, not fenced,
-//!   not stopping: the library's [`changefeed::processor::Health::is_ready`]), `503` otherwise; the body is one line
-//!   saying which, e.g. `not ready: fenced: last successful heartbeat 4.1s ago`.
+//!   not stopping: [`changefeed::processor::Health::is_ready`]), `503` otherwise; the body is
+//!   one line saying which, e.g. `not ready: fenced: last successful heartbeat 4.1s ago`.
 //!
-//! This module owns the listeners, the connections and the recorder's upkeep; what readiness
-//! and health mean is the library's ([`changefeed::processor::Health`]). Until the processor
-//! exists (the lease store is still being opened, within `start_timeout`) `/readyz` answers
-//! `503 not ready: starting` and `/healthz` `200 ok`. Each connection is HTTP/1.1 (hyper), with
-//! a 10 s limit on reading a request's headers.
+//! What readiness and health mean is the library's ([`changefeed::processor::Health`]); this
+//! crate owns the listeners, the connections and the recorder's upkeep, and installs nothing
+//! global: the service installs its own recorder and hands over its handle. Until the
+//! processor exists (its store still being opened, say) `/readyz` answers `503 not ready:
+//! starting` and `/healthz` `200 ok`. Each connection is HTTP/1.1 (hyper), with a 10 s limit on
+//! reading a request's headers.
+//!
+//! A service with an HTTP server of its own mounts [`Endpoints::answer`] under its routes
+//! instead of calling [`Endpoints::serve`].
+//!
+//! ```no_run
+//! # async fn example(processor: changefeed::processor::Processor) -> Result<(), Box<dyn std::error::Error>> {
+//! use metrics_exporter_prometheus::PrometheusBuilder;
+//! use tokio_util::sync::CancellationToken;
+//!
+//! let recorder = PrometheusBuilder::new().install_recorder()?;
+//! changefeed::processor::describe_metrics();
+//! let stop = CancellationToken::new();
+//! let endpoints = changefeed_http::Endpoints::new(recorder);
+//! endpoints.serve(&["127.0.0.1:9100".parse()?], stop.clone()).await?;
+//! endpoints.ready_from(processor.health_probe());
+//! processor.run(stop).await?;
+//! # Ok(()) }
+//! ```
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use anyhow::Context as _;
 use bytes::Bytes;
 use changefeed::processor::HealthProbe;
 use http_body_util::Full;
@@ -54,40 +72,66 @@ struct State {
     probe: OnceLock<HealthProbe>,
 }
 
-/// The running endpoints: tell them the processor's health with [`Endpoints::ready_from`];
-/// they stop when the token given to [`Endpoints::start`] is cancelled.
-#[derive(Debug)]
+/// An address that could not be served.
+#[derive(Debug, thiserror::Error)]
+#[error("serving HTTP on {addr}: {source}")]
+pub struct BindError {
+    /// The address.
+    pub addr: SocketAddr,
+    /// Why binding it failed.
+    #[source]
+    pub source: std::io::Error,
+}
+
+/// `/metrics`, `/healthz` and `/readyz` of one host: tell them the processor's health with
+/// [`Endpoints::ready_from`]; serve them with [`Endpoints::serve`] or mount
+/// [`Endpoints::answer`] in a server of your own. Clones share the same state.
+#[derive(Debug, Clone)]
 pub struct Endpoints {
     state: Arc<State>,
 }
 
 impl Endpoints {
-    /// Installs the Prometheus recorder, binds every address in `addrs` and serves the same
-    /// endpoints on each until `cancel` is cancelled. Must be called inside a tokio runtime.
+    /// Endpoints rendering `/metrics` from `metrics`, the handle of a Prometheus recorder the
+    /// caller installed (or built).
+    #[must_use]
+    pub fn new(metrics: PrometheusHandle) -> Self {
+        Self {
+            state: Arc::new(State {
+                metrics,
+                probe: OnceLock::new(),
+            }),
+        }
+    }
+
+    /// Binds every address in `addrs` and serves the endpoints on each, and runs the
+    /// recorder's upkeep (draining its histograms every 5 s), until `cancel` is cancelled.
+    /// Returns once every address is bound; must be called inside a tokio runtime.
     ///
     /// # Errors
-    /// If an address cannot be bound (named in the error) or a recorder is already installed.
-    pub async fn start(addrs: &[SocketAddr], cancel: CancellationToken) -> anyhow::Result<Self> {
+    /// If an address cannot be bound (named in the error); then nothing is served.
+    pub async fn serve(
+        &self,
+        addrs: &[SocketAddr],
+        cancel: CancellationToken,
+    ) -> Result<(), BindError> {
         let mut listeners = Vec::with_capacity(addrs.len());
         for addr in addrs {
-            let listener = TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("serving HTTP on {addr}"))?;
+            let listener = TcpListener::bind(addr).await.map_err(|source| BindError {
+                addr: *addr,
+                source,
+            })?;
             listeners.push(listener);
         }
-        let metrics = crate::metrics::install()?;
-        let state = Arc::new(State {
-            metrics: metrics.clone(),
-            probe: OnceLock::new(),
-        });
         for listener in listeners {
             if let Ok(addr) = listener.local_addr() {
                 info!(%addr, "serving /metrics, /healthz and /readyz");
             }
-            let state = state.clone();
-            let answer = move |method: &Method, path: &str| answer(&state, method, path);
+            let endpoints = self.clone();
+            let answer = move |method: &Method, path: &str| endpoints.answer(method, path);
             tokio::spawn(serve(listener, cancel.clone(), answer));
         }
+        let metrics = self.state.metrics.clone();
         tokio::spawn(async move {
             loop {
                 tokio::select! {
@@ -96,7 +140,7 @@ impl Endpoints {
                 }
             }
         });
-        Ok(Self { state })
+        Ok(())
     }
 
     /// From now on `/readyz` and `/healthz` answer from `probe`.
@@ -104,12 +148,18 @@ impl Endpoints {
         // Set once, right after the processor is built; a second call would change nothing.
         let _ = self.state.probe.set(probe);
     }
+
+    /// The response to `method path`: `405` for methods other than `GET` and `HEAD`, `404`
+    /// for paths other than the three.
+    #[must_use]
+    pub fn answer(&self, method: &Method, path: &str) -> Response<Full<Bytes>> {
+        answer(&self.state, method, path)
+    }
 }
 
 /// Accepts connections on `listener` until `cancel`, each served on a task of its own and
-/// answered by `answer(method, path)`. The console (`changefeed console`) serves its page
-/// through this too.
-pub(crate) async fn serve<F>(listener: TcpListener, cancel: CancellationToken, answer: F)
+/// answered by `answer(method, path)` (a web console serves its pages through this too).
+pub async fn serve<F>(listener: TcpListener, cancel: CancellationToken, answer: F)
 where
     F: Fn(&Method, &str) -> Response<Full<Bytes>> + Clone + Send + Sync + 'static,
 {
@@ -152,7 +202,7 @@ where
 }
 
 /// `405` for anything but `GET` and `HEAD` (the only methods served), `None` for those.
-pub(crate) fn only_get(method: &Method) -> Option<Response<Full<Bytes>>> {
+pub fn only_get(method: &Method) -> Option<Response<Full<Bytes>>> {
     if method == Method::GET || method == Method::HEAD {
         return None;
     }
@@ -166,7 +216,7 @@ pub(crate) fn only_get(method: &Method) -> Option<Response<Full<Bytes>>> {
     Some(response)
 }
 
-/// The response to `method path`.
+/// The response to `method path` from `state`.
 fn answer(state: &State, method: &Method, path: &str) -> Response<Full<Bytes>> {
     if let Some(refused) = only_get(method) {
         return refused;
@@ -203,12 +253,12 @@ fn answer(state: &State, method: &Method, path: &str) -> Response<Full<Bytes>> {
 }
 
 /// A plain-text response.
-pub(crate) fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+pub fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
     body_as(status, body, "text/plain; charset=utf-8")
 }
 
 /// A response of `content_type`.
-pub(crate) fn body_as(
+pub fn body_as(
     status: StatusCode,
     body: String,
     content_type: &'static str,
@@ -222,7 +272,7 @@ pub(crate) fn body_as(
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
     use http_body_util::BodyExt as _;
     use metrics_exporter_prometheus::PrometheusBuilder;
@@ -234,8 +284,8 @@ pub(crate) mod tests {
         }
     }
 
-    /// A response's body as text (the console's tests use it too).
-    pub(crate) async fn body(response: Response<Full<Bytes>>) -> String {
+    /// A response's body as text.
+    async fn body(response: Response<Full<Bytes>>) -> String {
         let bytes = response
             .into_body()
             .collect()

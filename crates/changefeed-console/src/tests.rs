@@ -1,13 +1,13 @@
 //! The console's view against scripted store changes on the in-memory store, on virtual time.
 
 use super::*;
-use crate::http::tests::body;
 use changefeed::clock::VirtualClock;
 use changefeed::lease::{ForwardingStore, MemoryLeaseStore};
 use changefeed::model::{
     GroupHead, Heartbeat, HostName, Lease, LeaseKey, LeaseState, MembershipView, PartitionId,
     Position, Timestamp, ViewHost,
 };
+use http_body_util::BodyExt as _;
 use serde_json::{json, Value};
 
 /// The memory store as a store that keeps no membership view: `head` answers `None`.
@@ -23,6 +23,17 @@ impl ForwardingStore for NoView {
     async fn head(&self, _: &GroupName) -> Result<Option<GroupHead>, changefeed::LeaseError> {
         Ok(None)
     }
+}
+
+/// A response's body as text.
+async fn body(response: Response<Full<Bytes>>) -> String {
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .expect("a full body cannot fail")
+        .to_bytes();
+    String::from_utf8(bytes.to_vec()).expect("utf-8")
 }
 
 fn settings() -> Settings {

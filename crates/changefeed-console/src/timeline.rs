@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use crate::svg::{escape, nice_tick};
+use crate::draw::{escape, nice_tick};
 use changefeed::model::{HostName, PartitionId};
 
 use super::events::{Change, Kind};

@@ -53,6 +53,30 @@ pub struct Settings {
     pub heartbeats_every: Duration,
 }
 
+impl Settings {
+    /// Judging hosts by a fleet's own timing settings (`lease_expiry`, `safety_margin`,
+    /// `handoff_timeout`), listing every 30 s, reading heartbeats every 20 s, five minutes of
+    /// history.
+    #[must_use]
+    pub fn for_fleet(fleet: &changefeed::processor::Settings) -> Self {
+        Self {
+            list_every: Duration::from_secs(30),
+            fence_after: fleet.lease_expiry.saturating_sub(fleet.safety_margin),
+            expire_after: fleet.lease_expiry,
+            handoff_timeout: fleet.handoff_timeout,
+            window: Duration::from_secs(300),
+            heartbeats_every: Duration::from_secs(20),
+        }
+    }
+}
+
+impl Default for Settings {
+    /// [`Settings::for_fleet`] of a fleet at the library's default settings.
+    fn default() -> Self {
+        Self::for_fleet(&changefeed::processor::Settings::default())
+    }
+}
+
 /// How a host's liveness is judged at a refresh.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Judged {
@@ -213,7 +237,7 @@ impl Watch {
 
     /// The colour of `host` (a new host gets the next one).
     pub fn colour(&self, host: &HostName) -> &'static str {
-        let palette = &crate::svg::PALETTE;
+        let palette = &crate::draw::PALETTE;
         let i = self.colours.get(host).copied().unwrap_or(0);
         palette[i % palette.len()]
     }
@@ -253,7 +277,10 @@ impl Watch {
     /// The store's, naming the read.
     pub async fn refresh(&mut self) -> anyhow::Result<()> {
         let result = self.read().await;
-        self.error = result.as_ref().err().map(crate::error_text);
+        self.error = result
+            .as_ref()
+            .err()
+            .map(|e| changefeed::error::one_line(e.as_ref()));
         result
     }
 

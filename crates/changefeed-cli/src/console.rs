@@ -14,7 +14,7 @@ use changefeed_console::{Console, Settings};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use crate::config::{parse_duration, UsageError};
+use crate::usage::{parse_duration, UsageError};
 
 /// Arguments of `changefeed console`.
 #[derive(Debug, clap::Args)]

@@ -504,7 +504,7 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
                     "error: --db: {} already exists; the demo creates a new database",
                     p.display()
                 );
-                return Ok(ExitCode::from(crate::config::USAGE_EXIT));
+                return Ok(ExitCode::from(crate::usage::USAGE_EXIT));
             }
             p.clone()
         }

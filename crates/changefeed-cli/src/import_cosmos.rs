@@ -16,8 +16,8 @@ use changefeed::model::{GroupName, Position};
 use changefeed_cosmos::import::{ImportOutcome, ImportReport};
 use changefeed_cosmos::{import_dotnet_leases, DotnetLeaseContainer, ImportOptions};
 
-use crate::config::UsageError;
 use crate::url::{BackendUrl, COSMOS_KEY_VAR};
+use crate::usage::UsageError;
 
 /// Arguments of `changefeed import-cosmos`.
 #[derive(Debug, clap::Args)]
@@ -71,7 +71,7 @@ fn parse_start(value: &str) -> Result<Position, UsageError> {
 
 /// `changefeed import-cosmos`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let usage = |e: UsageError| Ok(crate::run::usage(&e));
+    let usage = |e: UsageError| Ok(crate::usage::usage(&e));
     let group = match GroupName::new(args.group.as_str()) {
         Ok(g) => g,
         Err(e) => return usage(UsageError(format!("--group: {e}"))),
@@ -99,7 +99,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             ));
         }
     }
-    let expiry = match crate::config::parse_duration("--expiry", &args.expiry) {
+    let expiry = match crate::usage::parse_duration("--expiry", &args.expiry) {
         Ok(d) => d,
         Err(e) => return usage(e),
     };

@@ -12,8 +12,8 @@ use anyhow::Context as _;
 use changefeed::model::GroupName;
 use changefeed_dynamodb::{AwsOptions, DynamoLeaseStore};
 
-use crate::config::UsageError;
 use crate::url::BackendUrl;
+use crate::usage::UsageError;
 
 /// Arguments of `changefeed import-kcl`.
 #[derive(Debug, clap::Args)]
@@ -63,20 +63,20 @@ fn merge(
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let group = match GroupName::new(args.group.as_str()) {
         Ok(g) => g,
-        Err(e) => return Ok(crate::run::usage(&UsageError(format!("--group: {e}")))),
+        Err(e) => return Ok(crate::usage::usage(&UsageError(format!("--group: {e}")))),
     };
     let aws = match BackendUrl::store("--store", &args.store) {
         Ok(BackendUrl::Dynamodb(aws)) => aws,
         Ok(_) => {
-            return Ok(crate::run::usage(&UsageError(
+            return Ok(crate::usage::usage(&UsageError(
                 "--store: import-kcl writes to a DynamoDB lease store, dynamodb://TABLE[?endpoint=URL&region=R]"
                     .into(),
             )))
         }
-        Err(e) => return Ok(crate::run::usage(&e)),
+        Err(e) => return Ok(crate::usage::usage(&e)),
     };
     if args.table.is_empty() {
-        return Ok(crate::run::usage(&UsageError(
+        return Ok(crate::usage::usage(&UsageError(
             "--table: the KCL lease table name must not be empty".into(),
         )));
     }
@@ -84,7 +84,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let region = merge("region", args.region.clone(), aws.region.clone());
     let (endpoint_url, region) = match (endpoint, region) {
         (Ok(e), Ok(r)) => (e, r),
-        (Err(e), _) | (_, Err(e)) => return Ok(crate::run::usage(&e)),
+        (Err(e), _) | (_, Err(e)) => return Ok(crate::usage::usage(&e)),
     };
     let options = AwsOptions {
         endpoint_url,

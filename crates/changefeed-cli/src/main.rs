@@ -9,25 +9,24 @@ use clap::{Parser, Subcommand};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-mod child;
 mod config;
 mod console;
 mod demo;
 mod feed;
 mod import_cosmos;
 mod import_kcl;
-mod kcl;
 mod lineage;
-mod lines;
 mod metrics;
 mod ops;
 mod outbox;
 mod plan;
+mod properties;
 mod run;
 mod simulate;
 mod start;
 mod svg;
 mod url;
+mod usage;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -97,8 +96,8 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(err) => {
             eprintln!("error: {}", error_text(&err));
-            match err.downcast_ref::<config::UsageError>() {
-                Some(_) => ExitCode::from(config::USAGE_EXIT),
+            match err.downcast_ref::<usage::UsageError>() {
+                Some(_) => ExitCode::from(usage::USAGE_EXIT),
                 None => ExitCode::from(1),
             }
         }

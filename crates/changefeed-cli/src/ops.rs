@@ -26,8 +26,8 @@ use changefeed::{LeaseError, SourceError};
 use serde::Serialize;
 use serde_json::json;
 
-use crate::config::{parse_duration, UsageError};
 use crate::url::BackendUrl;
+use crate::usage::{parse_duration, UsageError};
 
 /// The store and group every operator command names.
 #[derive(Debug, Clone, clap::Args)]
@@ -134,7 +134,7 @@ where
     match runtime.block_on(f) {
         Ok(code) => Ok(code),
         Err(err) => match err.downcast_ref::<UsageError>() {
-            Some(usage) => Ok(crate::run::usage(usage)),
+            Some(usage) => Ok(crate::usage::usage(usage)),
             None => {
                 eprintln!("error: {}", crate::error_text(&err));
                 Ok(ExitCode::from(1))

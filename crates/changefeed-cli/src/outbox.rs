@@ -15,8 +15,8 @@ use changefeed::source::FeedSource;
 use changefeed_postgres::{PostgresError, PostgresOutbox};
 use serde_json::{json, Value};
 
-use crate::config::UsageError;
 use crate::url::BackendUrl;
+use crate::usage::UsageError;
 
 /// Arguments of `changefeed outbox`.
 #[derive(Debug, clap::Args)]
@@ -87,11 +87,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     {
         Ok(BackendUrl::PostgresOutbox(pg)) => pg,
         Ok(_) => {
-            return Ok(crate::run::usage(&UsageError(
+            return Ok(crate::usage::usage(&UsageError(
                 "--source: outbox commands need a postgres-outbox:// URL".into(),
             )))
         }
-        Err(err) => return Ok(crate::run::usage(&err)),
+        Err(err) => return Ok(crate::usage::usage(&err)),
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -104,7 +104,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 println!("{}", serde_json::to_string_pretty(&out)?);
                 Ok(ExitCode::SUCCESS)
             }
-            Err(Failure::Bad(err)) => Ok(crate::run::usage(&UsageError(err))),
+            Err(Failure::Bad(err)) => Ok(crate::usage::usage(&UsageError(err))),
             Err(Failure::Server(err)) => Err(err.into()),
         }
     })

@@ -245,7 +245,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Ok(code) => Ok(code),
         Err(err) => {
             eprintln!("error: {err:#}");
-            Ok(ExitCode::from(crate::config::USAGE_EXIT))
+            Ok(ExitCode::from(crate::usage::USAGE_EXIT))
         }
     }
 }

@@ -30,7 +30,7 @@ use rand::Rng as _;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use crate::config::UsageError;
+use crate::usage::UsageError;
 
 /// Exit code when a store or source could not be reached within `start_timeout`: transient
 /// faults (`EX_TEMPFAIL` of `sysexits.h`). A supervisor may restart the host.
@@ -80,7 +80,7 @@ impl StartError {
         match self {
             StartError::Usage(error) => {
                 eprintln!("error: {}", crate::error_text(&error));
-                ExitCode::from(crate::config::USAGE_EXIT)
+                ExitCode::from(crate::usage::USAGE_EXIT)
             }
             StartError::Unavailable {
                 error,

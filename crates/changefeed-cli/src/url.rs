@@ -50,7 +50,7 @@ use changefeed_kinesis::{KinesisFeed, ReadOptions};
 use changefeed_postgres::{OutboxTable, PgOptions, PostgresLeaseStore, PostgresOutbox};
 use changefeed_sqlite::{SqliteFeed, SqliteLeaseStore};
 
-use crate::config::UsageError;
+use crate::usage::UsageError;
 
 /// Schemes this build understands, for error messages.
 const SUPPORTED: &str =

@@ -14,18 +14,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use changefeed::model::Position;
-use changefeed::processor::{CheckpointMode, ConfigError, Settings, MAX_DURATION};
+use changefeed::processor::{CheckpointMode, ConfigError, Settings};
 use changefeed_kinesis::ReadOptions;
 
 use crate::url::BackendUrl;
-
-/// Exit code for usage errors: a bad flag, environment variable or config file value.
-pub const USAGE_EXIT: u8 = 2;
-
-/// A usage error: bad flag, environment or file value. The message names the setting.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct UsageError(pub String);
+pub(crate) use crate::usage::{parse_duration, UsageError};
 
 /// How logs are written to standard error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -192,9 +185,9 @@ pub enum Protocol {
     /// A fresh `sh -c CMD` per batch, the batch on its stdin ([`crate::run`]).
     #[default]
     Batch,
-    /// One long-lived process per partition, framed JSON lines ([`crate::lines`]).
+    /// One long-lived process per partition, framed JSON lines ([`changefeed_exec::lines`]).
     Lines,
-    /// One long-lived child per lease, the KCL MultiLangDaemon protocol ([`crate::kcl`]).
+    /// One long-lived child per lease, the KCL MultiLangDaemon protocol ([`changefeed_exec::kcl`]).
     Kcl,
 }
 
@@ -263,7 +256,7 @@ pub struct RunConfig {
     /// (`start_timeout`); zero: not at all.
     pub start_timeout: Duration,
     /// What the KCL properties file held that is not used, logged at start.
-    pub(crate) property_notes: crate::kcl::PropertyNotes,
+    pub(crate) property_notes: crate::properties::Notes,
 }
 
 /// The default `start_timeout`.
@@ -342,17 +335,41 @@ impl RunArgs {
         Ok(())
     }
 
+    /// Fills the settings that flags and the environment left unset from a KCL properties
+    /// file, and returns what to report of the keys it did not use.
+    pub(crate) fn fill_from(
+        &mut self,
+        file: crate::properties::Properties,
+    ) -> crate::properties::Notes {
+        fn fill(slot: &mut Option<String>, value: Option<String>) {
+            if slot.is_none() {
+                *slot = value;
+            }
+        }
+        self.source = Some(file.source(self.source.take()));
+        self.store = Some(file.store(self.store.take()));
+        fill(&mut self.handler, Some(file.handler));
+        fill(&mut self.group, Some(file.application));
+        fill(&mut self.start_position, file.start_position);
+        fill(&mut self.poll_delay, file.poll_delay);
+        fill(&mut self.lease_expiry, file.lease_expiry);
+        fill(&mut self.sync_interval, file.sync_interval);
+        fill(&mut self.max_batch_size, file.max_batch_size);
+        fill(&mut self.host, file.host);
+        file.notes
+    }
+
     /// Reads the `--config` file (if any), then parses and validates every setting.
     ///
     /// # Errors
     /// [`UsageError`] naming the first bad setting.
     pub fn resolve(mut self) -> Result<RunConfig, UsageError> {
-        let mut property_notes = crate::kcl::PropertyNotes::default();
+        let mut property_notes = crate::properties::Notes::default();
         if let Some(path) = self.properties.clone() {
             let name = path.display().to_string();
             let text = std::fs::read_to_string(&path)
                 .map_err(|e| UsageError(format!("properties file {name}: {e}")))?;
-            property_notes = crate::kcl::apply_properties(&mut self, &name, &text)?;
+            property_notes = self.fill_from(crate::properties::read(&name, &text)?);
         }
         if let Some(path) = self.config.clone() {
             let name = path.display().to_string();
@@ -591,28 +608,6 @@ fn default_host() -> String {
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "host".into());
     format!("{name}-{}", std::process::id())
-}
-
-/// Parses a duration such as `10s`, `500ms` or `1m 30s`, naming `setting` on error.
-///
-/// # Errors
-/// [`UsageError`] naming the setting.
-pub fn parse_duration(setting: &str, value: &str) -> Result<Duration, UsageError> {
-    let d = humantime::parse_duration(value.trim()).map_err(|e| {
-        UsageError(format!(
-            "{setting}: \"{}\" is not a duration such as 10s or 500ms ({e})",
-            value.escape_debug()
-        ))
-    })?;
-    // The library refuses these too; saying so here quotes the value as it was written.
-    if d > MAX_DURATION {
-        return Err(UsageError(format!(
-            "{setting}: \"{}\" is longer than the longest accepted duration, {} days",
-            value.escape_debug(),
-            MAX_DURATION.as_secs() / 86_400
-        )));
-    }
-    Ok(d)
 }
 
 fn parse_number<T: std::str::FromStr>(setting: &str, value: &str) -> Result<T, UsageError>

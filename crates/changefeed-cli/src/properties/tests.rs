@@ -1,4 +1,10 @@
 use super::*;
+use crate::config::RunArgs;
+
+/// Reads `text` and fills `args` from it, as `run --properties` does.
+fn apply(args: &mut RunArgs, name: &str, text: &str) -> Result<Notes, UsageError> {
+    Ok(args.fill_from(read(name, text)?))
+}
 
 const FILE: &str = "\
 # The sample.properties of amazon-kinesis-client-python, trimmed

@@ -1,8 +1,8 @@
-//! `changefeed run --protocol lines`: one long-lived handler process per owned partition,
+//! The `lines` protocol (`changefeed run --protocol lines`): one long-lived handler process per owned partition,
 //! framed JSON lines both ways (see `docs/operations.md`, "Long-lived handlers").
 //!
 //! The host writes one line per batch, `{"records":[…]}`, each record as the per-batch
-//! protocol writes it ([`crate::run::RecordLine`]). The process answers with lines of its own:
+//! protocol writes it ([`crate::batch::RecordLine`]). The process answers with lines of its own:
 //!
 //! - `{"ack":"C"}`: every record up to and including continuation `C` is done. When `C` is the
 //!   batch's last record the batch is done (checkpointed as `--checkpoint` says); when it is an
@@ -21,14 +21,16 @@ use changefeed::model::{Batch, Continuation};
 use changefeed::processor::{CloseReason, Context, Handler, HandlerError};
 use serde::{Deserialize, Serialize};
 
+use crate::batch::RecordLine;
 use crate::child::{LongLived, Slots};
-use crate::run::{ProcessGroups, RecordLine, KILL_GRACE};
+use crate::groups::{ProcessGroups, KILL_GRACE};
 
 /// The long-lived JSON-lines handler.
-pub(crate) struct LinesHandler {
-    pub(crate) command: String,
-    pub(crate) group: String,
-    pub(crate) groups: ProcessGroups,
+#[derive(Debug)]
+pub struct LinesHandler {
+    command: String,
+    group: String,
+    groups: ProcessGroups,
     slots: Slots<LongLived>,
 }
 
@@ -76,7 +78,9 @@ pub(crate) fn quote(line: &str) -> String {
 }
 
 impl LinesHandler {
-    pub(crate) fn new(command: String, group: String, groups: ProcessGroups) -> Self {
+    /// Runs `command` with `sh -c`, one process per owned partition of `group`, in `groups`.
+    #[must_use]
+    pub fn new(command: String, group: String, groups: ProcessGroups) -> Self {
         LinesHandler {
             command,
             group,

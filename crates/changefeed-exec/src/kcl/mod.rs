@@ -1,6 +1,6 @@
 //! `changefeed run --protocol kcl`: a drop-in for the KCL MultiLangDaemon. Record processors
 //! written for `amazon_kclpy` (or the Node, Ruby … clients of the same protocol) run unchanged,
-//! started from the application's own properties file (`--properties FILE`, [`properties`]).
+//! started from the application's own properties file (`changefeed run --properties FILE`).
 //!
 //! One long-lived child per owned lease, as the Java daemon runs them, speaking the messages of
 //! [`protocol`] over its stdin and stdout:
@@ -31,7 +31,6 @@
 //! to stdout) is skipped, as the Java daemon does: the first of each child is logged, every
 //! one is counted in `changefeed_kcl_stdout_lines_skipped_total`.
 
-mod properties;
 mod protocol;
 
 use std::sync::Arc;
@@ -45,14 +44,14 @@ use changefeed_kinesis::ExtendedSequenceNumber;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-pub(crate) use properties::{apply as apply_properties, Notes as PropertyNotes};
 use protocol::{FromChild, Line, RecordJson, ToChild};
 
 use crate::child::{LongLived, Slots};
-use crate::run::{ProcessGroups, KILL_GRACE};
+use crate::groups::{ProcessGroups, KILL_GRACE};
 
-/// The KCL protocol handler: one [`Session`] per owned lease.
-pub(crate) struct KclHandler {
+/// The KCL protocol handler: one session (a child and what it was told) per owned lease.
+#[derive(Debug)]
+pub struct KclHandler {
     command: String,
     group: String,
     groups: ProcessGroups,
@@ -63,6 +62,7 @@ pub(crate) struct KclHandler {
 }
 
 /// A lease's child and what it was told.
+#[derive(Debug)]
 struct Session {
     child: LongLived,
     /// The last record delivered: where a checkpoint without a sequence number goes.
@@ -144,7 +144,11 @@ fn exception(err: &LeaseError) -> &'static str {
 }
 
 impl KclHandler {
-    pub(crate) fn new(
+    /// Runs `command` with `sh -c`, one child per owned lease of `group`, in `groups`;
+    /// checkpoints go to `store`; once `stop` is cancelled, children are sent
+    /// `shutdownRequested`.
+    #[must_use]
+    pub fn new(
         command: String,
         group: String,
         groups: ProcessGroups,

@@ -1,7 +1,7 @@
 //! Long-lived handler processes: one per owned partition, speaking JSON lines over their
 //! stdin and stdout (`run --protocol lines` and `run --protocol kcl`).
 //!
-//! The per-batch rules of [`crate::run`] hold for these processes too: each runs in a process
+//! The per-batch rules of [`crate::batch`] hold for these processes too: each runs in a process
 //! group of its own, registered in the host's [`ProcessGroups`], so a second signal or the
 //! host's exit kills it; the [`GroupGuard`] that owns the group travels with the
 //! [`LongLived`] value, so a call the library cuts short (fence, lease lost, timeout, stop
@@ -23,9 +23,10 @@ use changefeed::processor::HandlerError;
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader, Lines};
 use tokio::process::ChildStdout;
 
-use crate::run::{GroupGuard, ProcessGroups, Running};
+use crate::groups::{GroupGuard, ProcessGroups, Running};
 
 /// A handler process that lives as long as this host owns its partition.
+#[derive(Debug)]
 pub(crate) struct LongLived {
     child: tokio::process::Child,
     guard: GroupGuard,
@@ -127,6 +128,7 @@ impl LongLived {
 
 /// The processes of the partitions this host owns, waiting between calls. Calls on one
 /// partition never overlap, so a call takes its process out and puts it back when done.
+#[derive(Debug)]
 pub(crate) struct Slots<T>(Mutex<HashMap<PartitionId, T>>);
 
 impl<T> Default for Slots<T> {

@@ -32,7 +32,7 @@ use std::collections::BTreeMap;
 
 use tracing::{info, warn};
 
-use crate::config::{RunArgs, UsageError};
+use crate::usage::UsageError;
 use keys::Key;
 
 /// What reading the file found to report once the host's logging is up.
@@ -122,7 +122,7 @@ fn stream_arn(arn: &str) -> Result<StreamArn<'_>, String> {
 /// `url` with `params` (name, value) added to its query where it has none of that name:
 /// the file's endpoint and region kept beside a `--store` or `--source` naming its own table
 /// or stream.
-fn keep_params(url: &str, params: &[(&str, Option<&str>)]) -> String {
+fn keep_params(url: &str, params: &[(&str, Option<String>)]) -> String {
     let query = url.split_once('?').map_or("", |(_, q)| q);
     let has = |name: &str| {
         query
@@ -131,7 +131,7 @@ fn keep_params(url: &str, params: &[(&str, Option<&str>)]) -> String {
     };
     let mut out = url.to_string();
     for (name, value) in params {
-        if let Some(v) = value.filter(|v| !v.is_empty()) {
+        if let Some(v) = value.as_deref().filter(|v| !v.is_empty()) {
             if !has(name) {
                 out.push(if out.contains('?') { '&' } else { '?' });
                 out.push_str(&format!("{name}={v}"));
@@ -235,15 +235,58 @@ fn start_position(
     Ok(start)
 }
 
-/// Fills the settings of `args` that flags and the environment left unset from the KCL
-/// properties file `name` with text `text`, and returns what to report of the keys it did not
-/// use ([`Notes::log`]).
+/// What a KCL properties file sets, as `run` settings (each `None` where the file is silent),
+/// for the settings flags and the environment left unset.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Properties {
+    /// `executableName`.
+    pub(crate) handler: String,
+    /// The stream, from `streamArn` or `streamName`.
+    stream: String,
+    /// The Kinesis endpoint and region to keep on any `kinesis://` source.
+    kinesis: [(&'static str, Option<String>); 2],
+    /// `applicationName`: the lease table and the group.
+    pub(crate) application: String,
+    /// The DynamoDB endpoint and region to keep on any `dynamodb://` store.
+    dynamodb: [(&'static str, Option<String>); 2],
+    pub(crate) start_position: Option<String>,
+    pub(crate) poll_delay: Option<String>,
+    pub(crate) lease_expiry: Option<String>,
+    pub(crate) sync_interval: Option<String>,
+    pub(crate) max_batch_size: Option<String>,
+    pub(crate) host: Option<String>,
+    /// What to report of the keys it did not use ([`Notes::log`]).
+    pub(crate) notes: Notes,
+}
+
+impl Properties {
+    /// The source: `given` (a flag's) if it is not Kinesis; a `kinesis://` one keeps the
+    /// file's endpoint and region unless it names its own; else the file's stream.
+    pub(crate) fn source(&self, given: Option<String>) -> String {
+        match given {
+            Some(s) if s.starts_with("kinesis://") => keep_params(&s, &self.kinesis),
+            Some(s) => s,
+            None => keep_params(&format!("kinesis://{}", self.stream), &self.kinesis),
+        }
+    }
+
+    /// The store, as [`Properties::source`] does for the source: the application's table.
+    pub(crate) fn store(&self, given: Option<String>) -> String {
+        match given {
+            Some(s) if s.starts_with("dynamodb://") => keep_params(&s, &self.dynamodb),
+            Some(s) => s,
+            None => keep_params(&format!("dynamodb://{}", self.application), &self.dynamodb),
+        }
+    }
+}
+
+/// Reads the KCL properties file `name` with text `text`.
 ///
 /// # Errors
 /// [`UsageError`] naming the file and property when a required one is missing, a value is not
 /// understood, `streamArn` and `streamName` name different streams, or a key is a near miss of
 /// a known one.
-pub(crate) fn apply(args: &mut RunArgs, name: &str, text: &str) -> Result<Notes, UsageError> {
+pub(crate) fn read(name: &str, text: &str) -> Result<Properties, UsageError> {
     let entries = parse(text);
     let bad = |key: &str, rule: &str| UsageError(format!("properties file {name}: {key}: {rule}"));
     let mut notes = Notes {
@@ -277,7 +320,7 @@ pub(crate) fn apply(args: &mut RunArgs, name: &str, text: &str) -> Result<Notes,
             .ok_or_else(|| bad(key, "is required (the KCL needs it too)"))
     };
     let region = given("regionName");
-    fill(&mut args.handler, required("executableName")?);
+    let handler = required("executableName")?;
     let (stream, stream_region) = match given("streamArn") {
         Some(arn) => {
             let parsed = stream_arn(arn).map_err(|rule| bad("streamArn", &rule))?;
@@ -318,26 +361,17 @@ pub(crate) fn apply(args: &mut RunArgs, name: &str, text: &str) -> Result<Notes,
             region,
         ),
     };
+    let owned = |v: Option<&str>| v.map(str::to_string);
     let kinesis = [
-        ("endpoint", given("kinesisEndpoint")),
-        ("region", stream_region),
+        ("endpoint", owned(given("kinesisEndpoint"))),
+        ("region", owned(stream_region)),
     ];
-    let dynamodb = [("endpoint", given("dynamoDBEndpoint")), ("region", region)];
-    args.source = Some(match args.source.take() {
-        Some(s) if s.starts_with("kinesis://") => keep_params(&s, &kinesis),
-        Some(s) => s,
-        None => keep_params(&format!("kinesis://{stream}"), &kinesis),
-    });
+    let dynamodb = [
+        ("endpoint", owned(given("dynamoDBEndpoint"))),
+        ("region", owned(region)),
+    ];
     let application = required("applicationName")?;
-    args.store = Some(match args.store.take() {
-        Some(s) if s.starts_with("dynamodb://") => keep_params(&s, &dynamodb),
-        Some(s) => s,
-        None => keep_params(&format!("dynamodb://{application}"), &dynamodb),
-    });
-    fill(&mut args.group, application);
-    if let Some(start) = start_position(&entries, bad)? {
-        fill(&mut args.start_position, start);
-    }
+    let start_position = start_position(&entries, bad)?;
     let millis = |key: &str| -> Result<Option<String>, UsageError> {
         match props.get(key) {
             None => Ok(None),
@@ -352,29 +386,20 @@ pub(crate) fn apply(args: &mut RunArgs, name: &str, text: &str) -> Result<Notes,
                 }),
         }
     };
-    if let Some(d) = millis("idleTimeBetweenReadsInMillis")? {
-        fill(&mut args.poll_delay, d);
-    }
-    if let Some(d) = millis("failoverTimeMillis")? {
-        fill(&mut args.lease_expiry, d);
-    }
-    if let Some(d) = millis("shardSyncIntervalMillis")? {
-        fill(&mut args.sync_interval, d);
-    }
-    if let Some(n) = props.get("maxRecords") {
-        fill(&mut args.max_batch_size, n.to_string());
-    }
-    if let Some(w) = given("workerId") {
-        fill(&mut args.host, w.to_string());
-    }
-    Ok(notes)
-}
-
-/// Sets `slot` to `value` unless a flag or variable set it.
-fn fill(slot: &mut Option<String>, value: String) {
-    if slot.is_none() {
-        *slot = Some(value);
-    }
+    Ok(Properties {
+        handler,
+        stream,
+        kinesis,
+        application,
+        dynamodb,
+        start_position,
+        poll_delay: millis("idleTimeBetweenReadsInMillis")?,
+        lease_expiry: millis("failoverTimeMillis")?,
+        sync_interval: millis("shardSyncIntervalMillis")?,
+        max_batch_size: props.get("maxRecords").map(|n| n.to_string()),
+        host: owned(given("workerId")),
+        notes,
+    })
 }
 
 #[cfg(test)]

@@ -216,3 +216,8 @@ fn answer(p: &Published, method: &Method, path: &str) -> Response<Full<Bytes>> {
 
 #[cfg(test)]
 mod tests;
+
+/// The README's example, compiled as a doctest so that it cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeExample;

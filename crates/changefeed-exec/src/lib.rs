@@ -50,3 +50,8 @@ mod child;
 pub mod groups;
 pub mod kcl;
 pub mod lines;
+
+/// The README's example, compiled as a doctest so that it cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeExample;

@@ -106,7 +106,8 @@ impl Endpoints {
 
     /// Binds every address in `addrs` and serves the endpoints on each, and runs the
     /// recorder's upkeep (draining its histograms every 5 s), until `cancel` is cancelled.
-    /// Returns once every address is bound; must be called inside a tokio runtime.
+    /// Returns the bound addresses (port 0 binds any free port) once every address is bound;
+    /// must be called inside a tokio runtime.
     ///
     /// # Errors
     /// If an address cannot be bound (named in the error); then nothing is served.
@@ -114,7 +115,7 @@ impl Endpoints {
         &self,
         addrs: &[SocketAddr],
         cancel: CancellationToken,
-    ) -> Result<(), BindError> {
+    ) -> Result<Vec<SocketAddr>, BindError> {
         let mut listeners = Vec::with_capacity(addrs.len());
         for addr in addrs {
             let listener = TcpListener::bind(addr).await.map_err(|source| BindError {
@@ -123,9 +124,11 @@ impl Endpoints {
             })?;
             listeners.push(listener);
         }
+        let mut bound = Vec::with_capacity(listeners.len());
         for listener in listeners {
             if let Ok(addr) = listener.local_addr() {
                 info!(%addr, "serving /metrics, /healthz and /readyz");
+                bound.push(addr);
             }
             let endpoints = self.clone();
             let answer = move |method: &Method, path: &str| endpoints.answer(method, path);
@@ -140,7 +143,7 @@ impl Endpoints {
                 }
             }
         });
-        Ok(())
+        Ok(bound)
     }
 
     /// From now on `/readyz` and `/healthz` answer from `probe`.
@@ -324,3 +327,8 @@ mod tests {
         );
     }
 }
+
+/// The README's example, compiled as a doctest so that it cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeExample;

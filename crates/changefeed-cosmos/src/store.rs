@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use changefeed::clock::{Clock, SystemClock};
 use changefeed::lease::{BackendError, Changes, LeaseRow, LeaseStore, Listing};
 use changefeed::model::{
-    GroupHead, GroupName, Heartbeat, HostName, Lease, LeaseKey, LeaseState, Membership,
-    MembershipView, PartitionId, Timestamp, Version,
+    GroupHead, GroupName, Heartbeat, HostName, Lease, LeaseKey, Membership, MembershipView,
+    Ownership, PartitionId, Timestamp, Version,
 };
 use changefeed::LeaseError;
 use rand::rngs::SmallRng;
@@ -268,23 +268,6 @@ struct Seen {
     changed_at: u64,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Ownership {
-    state: LeaseState,
-    owner: Option<HostName>,
-    next_owner: Option<HostName>,
-}
-
-impl Ownership {
-    fn of(lease: &Lease) -> Self {
-        Self {
-            state: lease.state,
-            owner: lease.owner.clone(),
-            next_owner: lease.next_owner.clone(),
-        }
-    }
-}
-
 /// The lease part of an ownership batch.
 enum LeaseWrite<'a> {
     /// Create the lease at version 1; expects no document.
@@ -510,7 +493,7 @@ impl CosmosLeaseStore {
                 seen_at,
                 version: lease.version,
                 etag,
-                ownership: Ownership::of(lease),
+                ownership: lease.ownership(),
                 changed_at,
             },
         );
@@ -561,7 +544,7 @@ impl CosmosLeaseStore {
             seen_at: at,
             version: parsed.lease.version,
             etag,
-            ownership: Ownership::of(&parsed.lease),
+            ownership: parsed.lease.ownership(),
             changed_at: parsed.changed_at,
         };
         lock(&self.inner.leases).insert(key.clone(), seen.clone());
@@ -1050,7 +1033,7 @@ impl LeaseStore for CosmosLeaseStore {
         let row = LeaseRow::encode(lease)?;
         let key = &lease.key;
         let next = expected.next();
-        let new = Ownership::of(lease);
+        let new = lease.ownership();
         let mut stored = lease.clone();
         stored.version = next;
         for _ in 0..SAME_VERSION_ATTEMPTS {

@@ -16,8 +16,8 @@ use aws_sdk_dynamodb::types::{
 use aws_sdk_dynamodb::Client;
 use changefeed::lease::{LeaseRow, LeaseStore, Listing};
 use changefeed::model::{
-    GroupHead, GroupName, Heartbeat, HostName, Lease, LeaseKey, LeaseState, Membership,
-    MembershipView, Timestamp, Version,
+    GroupHead, GroupName, Heartbeat, HostName, Lease, LeaseKey, Membership, MembershipView,
+    Ownership, Timestamp, Version,
 };
 use changefeed::LeaseError;
 use rand::rngs::SmallRng;
@@ -124,23 +124,6 @@ pub(crate) struct Inner {
     pub(crate) shards: Mutex<HashMap<GroupName, u32>>,
     /// The partition key each heartbeat row was last written or read under.
     pub(crate) heartbeat_keys: Mutex<HashMap<(GroupName, HostName), String>>,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Ownership {
-    state: LeaseState,
-    owner: Option<HostName>,
-    next_owner: Option<HostName>,
-}
-
-impl Ownership {
-    fn of(lease: &Lease) -> Self {
-        Self {
-            state: lease.state,
-            owner: lease.owner.clone(),
-            next_owner: lease.next_owner.clone(),
-        }
-    }
 }
 
 /// How a conditional write ended when its condition failed.
@@ -331,7 +314,7 @@ impl DynamoLeaseStore {
     }
 
     fn remember(&self, lease: &Lease) {
-        lock(&self.inner.seen).insert(lease.key.clone(), (lease.version, Ownership::of(lease)));
+        lock(&self.inner.seen).insert(lease.key.clone(), (lease.version, lease.ownership()));
     }
 
     fn forget(&self, key: &LeaseKey) {
@@ -869,7 +852,7 @@ impl LeaseStore for DynamoLeaseStore {
 
     async fn replace(&self, lease: &Lease, expected: Version) -> Result<Lease, LeaseError> {
         let row = LeaseRow::encode(lease)?;
-        let new = Ownership::of(lease);
+        let new = lease.ownership();
         let mut old = self
             .known(&lease.key, expected)
             .unwrap_or_else(|| new.clone());
@@ -894,7 +877,7 @@ impl LeaseStore for DynamoLeaseStore {
                 }
                 Some(refused) => {
                     let current = self.refused_to_error(&lease.key, expected, refused)?;
-                    old = Ownership::of(&current);
+                    old = current.ownership();
                 }
             }
         }

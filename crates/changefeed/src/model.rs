@@ -642,6 +642,16 @@ impl Lease {
         }
     }
 
+    /// Who owns this lease: its state, owner and next owner.
+    #[must_use]
+    pub fn ownership(&self) -> Ownership {
+        Ownership {
+            state: self.state,
+            owner: self.owner.clone(),
+            next_owner: self.next_owner.clone(),
+        }
+    }
+
     /// Whether `other` differs from this lease in who owns it (owner, next owner or state).
     /// Stores bump the group's change counter exactly for such writes.
     pub fn ownership_differs(&self, other: &Lease) -> bool {
@@ -649,6 +659,18 @@ impl Lease {
             || self.owner != other.owner
             || self.next_owner != other.next_owner
     }
+}
+
+/// The part of a lease that says who owns it. A write that changes it moves the group's change
+/// counter ([`Lease::ownership_differs`]); stores that condition a write on it compare this.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ownership {
+    /// The lease's state.
+    pub state: LeaseState,
+    /// Its owner.
+    pub owner: Option<HostName>,
+    /// The host a hand-off was asked for.
+    pub next_owner: Option<HostName>,
 }
 
 /// One live host's membership row: written by the host once per renew interval.

@@ -182,7 +182,7 @@ pub struct RunArgs {
 /// How `run` talks to the handler command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Protocol {
-    /// A fresh `sh -c CMD` per batch, the batch on its stdin ([`crate::run`]).
+    /// A fresh `sh -c CMD` per batch, the batch on its stdin ([`changefeed_exec::batch`]).
     #[default]
     Batch,
     /// One long-lived process per partition, framed JSON lines ([`changefeed_exec::lines`]).

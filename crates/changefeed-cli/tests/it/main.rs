@@ -17,6 +17,7 @@ mod kcl;
 mod lag_seconds;
 mod lineage;
 mod lines;
+mod modules;
 mod ops;
 mod pg_failure;
 mod plan;

@@ -1,5 +1,5 @@
-//! The fenced sink of `examples/fenced_sink.rs` against a deposed owner frozen mid-write
-//! (issue 16, "The fence covers the batch in flight"): two real processors on a PostgreSQL
+//! The fenced sink of `examples/fenced_sink.rs` against a deposed owner frozen mid-write (the
+//! fence must cover the batch in flight): two real processors on a PostgreSQL
 //! lease store, one frozen with a write on the wire, the other taking over, then the frozen
 //! write let go.
 //!
@@ -126,8 +126,8 @@ struct LateWrite {
     written: Written,
 }
 
-// A deposed owner frozen mid-write cannot overwrite its successor through the fenced sink
-// (issue 16): its late write carries a lower fencing token and the guard refuses it, while the
+// A deposed owner frozen mid-write cannot overwrite its successor through the fenced sink:
+// its late write carries a lower fencing token and the guard refuses it, while the
 // same write through an unguarded upsert overwrites the successor's newer values.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deposed_owner_frozen_mid_write_is_refused_by_the_fenced_sink() {

@@ -17,11 +17,15 @@
 //! 3. at the shard's end: `shardEnded`; the child must checkpoint (else the last batch is
 //!    delivered again to a fresh child, as the KCL retries), then the lease is finished and the
 //!    children's leases continue from the parent's end;
-//! 4. when a stop begins: `shutdownRequested`, after the batch in flight or at once for an idle
+//! 4. when a stop begins, or another host asks for the lease (a planned move: balancing, a
+//!    host joining): `shutdownRequested`, after the batch in flight or at once for an idle
 //!    child (the library's [`Handler::stopping`]), so the child may checkpoint while the lease
-//!    is still held;
-//! 5. when the lease goes for any other reason (stop, lost, handed off, failed): `leaseLost`,
-//!    then stdin is closed and the child has [`KILL_GRACE`] to exit.
+//!    is still held; on a move its checkpoint passes the lease over, and the new owner's child
+//!    starts right after it (KCL 3.x's graceful lease hand-off, bounded by the time the asker
+//!    waits before it may take the lease: `handoff_timeout − safety_margin`). Then stdin is
+//!    closed and the child has [`KILL_GRACE`] to exit;
+//! 5. when the lease goes any other way (lost, failed, a move or a stop that could not wait
+//!    for the child): `leaseLost`, then stdin is closed likewise.
 //!
 //! A child that exits, writes an unknown or malformed message, or answers out of turn fails
 //! the batch; it is killed (its whole process group) and the batch is retried with the
@@ -413,6 +417,11 @@ impl Handler for KclHandler {
                     self.shard_end(ctx, &mut session).await
                 }
                 CloseReason::PartitionEnded => Ok(()),
+                // The child finished at `shutdownRequested` and the lease left in good order
+                // (released at a stop, or passed on at the child's checkpoint): not lost.
+                CloseReason::Shutdown | CloseReason::HandedOff if session.shutdown_requested => {
+                    Ok(())
+                }
                 _ => self
                     .converse(ctx, &mut session, &ToChild::LeaseLost, "leaseLost", None)
                     .await

@@ -161,12 +161,18 @@ pub trait Handler: Send + Sync + 'static {
         self.handle(ctx, &batch).await
     }
 
-    /// Called once when a graceful stop reaches this worker between batches, while the lease
-    /// is still held: the last chance to checkpoint ([`Context::checkpoint`]) what was done
-    /// (KCL's `shutdownRequested`). Raced, like a batch, against the fence, the loss of the
-    /// lease and the stop's grace (half of `shutdown_timeout`). Not called when the lease is
-    /// lost, handed off, finished or failed, nor when the host is fenced. Then the lease is
-    /// released and [`Handler::close`] follows with [`CloseReason::Shutdown`].
+    /// Called once when the lease is about to leave this host in good order, between batches,
+    /// while it is still held: a graceful stop reached this worker, or another host asked for
+    /// the lease (a hand-off, from balancing). The last chance to checkpoint
+    /// ([`Context::checkpoint`]) what was done (KCL's `shutdownRequested`); on a hand-off a
+    /// checkpoint written now also passes the lease over, at that checkpoint. Raced, like a
+    /// batch, against the fence, the loss of the lease, the stop's grace (half of
+    /// `shutdown_timeout`) and, on a hand-off, the time the asker waits before it may steal
+    /// (`handoff_timeout − safety_margin` from this host's last confirmation of its lease).
+    /// Not called when the lease is lost, finished or failed, nor when the host is fenced, nor
+    /// when the hand-off request was found only while a batch ran into that deadline. Then the
+    /// lease is released or handed over and [`Handler::close`] follows with
+    /// [`CloseReason::Shutdown`] or [`CloseReason::HandedOff`].
     ///
     /// # Errors
     /// Any error is logged and reported to `on_error`; the stop goes on.

@@ -466,3 +466,139 @@ async fn a_graceful_stop_lets_an_idle_handler_checkpoint_before_the_release() {
     assert!(lease.continuation.is_some());
     assert_eq!(lease.owner, None, "released");
 }
+
+/// Checkpoints nothing while handling (manual mode); asked to stop or hand off, checkpoints
+/// the last record it was given on that partition. Records every delivery with its host.
+#[derive(Default)]
+struct HandOffCheckpointer {
+    last: Mutex<std::collections::HashMap<String, changefeed::model::Continuation>>,
+    stopping_calls: Mutex<Vec<String>>,
+    delivered: Mutex<Vec<(String, String)>>,
+}
+
+#[async_trait::async_trait]
+impl changefeed::processor::Handler for HandOffCheckpointer {
+    async fn handle(
+        &self,
+        ctx: &changefeed::processor::Context,
+        batch: &changefeed::model::Batch,
+    ) -> Result<(), changefeed::processor::HandlerError> {
+        for r in &batch.records {
+            self.delivered.lock().unwrap().push((
+                ctx.host().to_string(),
+                String::from_utf8_lossy(&r.data).into_owned(),
+            ));
+        }
+        if let Some(c) = &batch.continuation {
+            self.last
+                .lock()
+                .unwrap()
+                .insert(ctx.partition().to_string(), c.clone());
+        }
+        Ok(())
+    }
+
+    async fn stopping(
+        &self,
+        ctx: &changefeed::processor::Context,
+    ) -> Result<(), changefeed::processor::HandlerError> {
+        self.stopping_calls
+            .lock()
+            .unwrap()
+            .push(format!("{}:{}", ctx.host(), ctx.partition()));
+        let last = self
+            .last
+            .lock()
+            .unwrap()
+            .get(ctx.partition().as_str())
+            .cloned();
+        if let Some(c) = last {
+            ctx.checkpoint(c).await?;
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hand_off_lets_a_lazy_handler_checkpoint_so_the_new_owner_delivers_nothing_again() {
+    // KCL 3.x's graceful lease hand-off: a host joining a running fleet asks for its share;
+    // the current owner's handler is asked to finish first, and its checkpoint is where the
+    // lease moves, so nothing the first host delivered is delivered again.
+    let (store, feed) = setup(4).await;
+    let mut written = Vec::new();
+    for p in 0..4 {
+        for i in 0..5 {
+            let data = format!("p{p}-r{i}");
+            feed.append_to(&pid(&p.to_string()), "k", data.clone())
+                .unwrap();
+            written.push(data);
+        }
+    }
+    let store: Arc<dyn LeaseStore> = Arc::new(store);
+    let handler = Arc::new(HandOffCheckpointer::default());
+    let start = |host: &str| {
+        builder(store.clone(), &feed)
+            .host(host)
+            .shared_handler(handler.clone())
+            .checkpoint_mode(changefeed::processor::CheckpointMode::Manual)
+            .build()
+            .unwrap()
+            .start()
+    };
+    let a = start("a");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        handler.delivered.lock().unwrap().len(),
+        written.len(),
+        "host a delivered everything"
+    );
+    let b = start("b");
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let mut owners = std::collections::BTreeMap::new();
+    for p in 0..4 {
+        let lease = store
+            .get(&LeaseKey::new(group(), pid(&p.to_string())))
+            .await
+            .unwrap()
+            .unwrap();
+        *owners
+            .entry(lease.owner.map(|o| o.to_string()))
+            .or_insert(0) += 1;
+    }
+    assert_eq!(
+        owners,
+        [(Some("a".to_string()), 2), (Some("b".to_string()), 2)].into(),
+        "b took its share by hand-offs"
+    );
+    let mut asked = handler.stopping_calls.lock().unwrap().clone();
+    asked.sort();
+    assert_eq!(
+        asked.len(),
+        2,
+        "a's handler was asked once per lease it handed over: {asked:?}"
+    );
+    assert!(asked.iter().all(|c| c.starts_with("a:")), "{asked:?}");
+    for p in 0..4 {
+        feed.append_to(&pid(&p.to_string()), "k", format!("p{p}-late"))
+            .unwrap();
+        written.push(format!("p{p}-late"));
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let delivered = handler.delivered.lock().unwrap().clone();
+    let mut records: Vec<&str> = delivered.iter().map(|(_, r)| r.as_str()).collect();
+    records.sort_unstable();
+    let mut expected: Vec<&str> = written.iter().map(String::as_str).collect();
+    expected.sort_unstable();
+    assert_eq!(
+        records, expected,
+        "every record once, none again after the move"
+    );
+    assert!(
+        delivered
+            .iter()
+            .any(|(h, r)| h == "b" && r.ends_with("-late")),
+        "b delivers its partitions' new records"
+    );
+    b.stop().await.unwrap();
+    a.stop().await.unwrap();
+}

@@ -139,10 +139,12 @@ impl Worker {
         }
     }
 
-    /// Calls [`Handler::stopping`](crate::processor::Handler::stopping) once a graceful stop
-    /// reached this worker between batches, raced like a batch call (the stop's grace, the
-    /// fence, the loss of the lease). Whatever it ends with, the stop goes on.
-    pub(super) async fn stopping(&mut self) {
+    /// Calls [`Handler::stopping`](crate::processor::Handler::stopping) between batches, once
+    /// a graceful stop reached this worker or, `handing_off`, once a hand-off request did; raced
+    /// like a batch call (the stop's grace, the fence, the loss of the lease, and a known
+    /// request's steal horizon, counted from the confirmation before it). Whatever it ends
+    /// with, the stop or the hand-off goes on.
+    pub(super) async fn stopping(&mut self, handing_off: bool) {
         if self.fence.is_up() {
             return;
         }
@@ -150,7 +152,7 @@ impl Worker {
         self.ctx.cancel = token.clone();
         let handler = self.args.handler.clone();
         let ctx = self.ctx.clone();
-        match self.race(handler.stopping(&ctx)).await {
+        match self.race_from(handler.stopping(&ctx), handing_off).await {
             CallEnd::Returned(Ok(())) => {}
             CallEnd::Returned(Err(err)) => {
                 warn!(lease = %self.ctx.key, error = %err, "the handler's stopping call failed; stopping anyway");
@@ -241,10 +243,20 @@ impl Worker {
     /// Runs `call` until it returns or one of the worker's deadlines passes (see [`Self::call`]),
     /// dropping it then.
     async fn race<T>(&mut self, call: impl std::future::Future<Output = T>) -> CallEnd<T> {
+        self.race_from(call, false).await
+    }
+
+    /// [`Self::race`], for a call made when a hand-off request is already known (`requested`):
+    /// its horizon then runs from the last confirmation, which later ones do not move.
+    async fn race_from<T>(
+        &mut self,
+        call: impl std::future::Future<Output = T>,
+        requested: bool,
+    ) -> CallEnd<T> {
         let now = self.args.clock.now();
         let guard = SharedGuard(std::sync::Mutex::new(CallGuard {
             confirmed: self.confirmed(),
-            frozen: false,
+            frozen: requested,
             stop_at: self
                 .args
                 .cancel

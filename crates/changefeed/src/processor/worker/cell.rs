@@ -6,6 +6,7 @@
 //! row owned by someone else means the lease was lost. The worker decides *when* to write
 //! (`checkpoint.rs`); this file decides *how*.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use tokio::sync::{watch, Mutex};
@@ -34,6 +35,8 @@ pub(crate) struct LeaseCell {
     host: HostName,
     /// Set once the lease has been handed off or lost: no more writes.
     done: watch::Sender<bool>,
+    /// Set once a write of this cell handed the lease to its next owner.
+    handed: AtomicBool,
     /// The simulator's deliberately broken variants (inert in a normal build).
     pub(super) hooks: Hooks,
     /// Times the checkpoint latency histogram.
@@ -52,6 +55,7 @@ impl LeaseCell {
             store,
             host,
             done: watch::channel(false).0,
+            handed: AtomicBool::new(false),
             hooks: Hooks::default(),
             clock,
         }
@@ -59,6 +63,12 @@ impl LeaseCell {
 
     fn is_done(&self) -> bool {
         *self.done.borrow()
+    }
+
+    /// Whether a write of this cell (a worker's, or the handler's own checkpoint) handed the
+    /// lease to its next owner.
+    pub(super) fn handed_off(&self) -> bool {
+        self.handed.load(Ordering::Acquire)
     }
 
     /// Applies `change` to the row and writes it by CAS, adopting the current row and retrying
@@ -92,6 +102,7 @@ impl LeaseCell {
                 Ok(stored) => {
                     *lease = stored;
                     if handoff {
+                        self.handed.store(true, Ordering::Release);
                         self.done.send_replace(true);
                         return Ok(WriteOutcome::HandedOff);
                     }

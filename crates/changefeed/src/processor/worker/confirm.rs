@@ -36,6 +36,13 @@ impl Worker {
             return Some(CloseReason::LeaseLost);
         }
         if row.next_owner.is_some() {
+            // A planned move: the handler may checkpoint what it did first (KCL's graceful
+            // hand-off); a checkpoint written now passes the lease over at that checkpoint.
+            self.stopping(true).await;
+            if self.cell.handed_off() {
+                metrics::counter!("changefeed_handoffs_given_total", "group" => self.args.group_label.clone()).increment(1);
+                return Some(CloseReason::HandedOff);
+            }
             return Some(self.hand_off().await);
         }
         None

@@ -290,7 +290,7 @@ impl Worker {
             match self.step(reader.as_mut()).await {
                 Step::Continue => {}
                 Step::Stop(CloseReason::Shutdown) => {
-                    self.stopping().await;
+                    self.stopping(false).await;
                     return self.shutdown().await;
                 }
                 Step::Stop(reason) => return reason,

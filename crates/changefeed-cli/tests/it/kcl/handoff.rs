@@ -1,0 +1,127 @@
+//! A host joining a running fleet in KCL mode: the lease it takes moves by a graceful
+//! hand-off, so nothing the first host's record processor delivered is delivered again.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use changefeed::model::PartitionId;
+use serde_json::Value;
+
+use super::{kclpy_python, ledger};
+use crate::support::{bin, read, terminate, wait_exit, wait_for, Fixture, KillOnDrop, FAST};
+
+/// Record indices the test processor never checkpoints at by itself (it checkpoints at
+/// multiples of 3): every checkpoint comes from `shutdownRequested` or a shard's end.
+fn indices(range: std::ops::Range<usize>) -> Vec<usize> {
+    range.filter(|i| i % 3 != 0).collect()
+}
+
+fn append(fx: &Fixture, indices: &[usize]) {
+    fx.with_feed(async |feed| {
+        for i in indices {
+            let p = PartitionId::new((i % 2).to_string()).expect("id");
+            feed.append_to(&p, &format!("key-{i}"), format!("r-{i}"))
+                .await
+                .expect("append");
+        }
+    });
+}
+
+fn host(fx: &Fixture, name: &str, ledger: &Path) -> KillOnDrop {
+    let python = kclpy_python();
+    let processor = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/kcl/record_processor.py");
+    KillOnDrop(
+        bin()
+            .args(["run", "--store", &fx.url(), "--source", &fx.url()])
+            .args(["--protocol", "kcl", "--host", name, "--group", "g"])
+            .arg("--handler")
+            .arg(format!("'{python}' '{}'", processor.display()))
+            .args(FAST)
+            .env("KCL_TEST_LEDGER", ledger)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(fx.path(&format!("{name}.stderr"))).expect("stderr"))
+            .spawn()
+            .expect("start run"),
+    )
+}
+
+/// How many times each record was delivered, by data.
+fn deliveries(entries: &[Value]) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for e in entries.iter().filter(|e| e["ev"] == "rec") {
+        *counts
+            .entry(e["data"].as_str().unwrap_or_default().to_string())
+            .or_insert(0) += 1;
+    }
+    counts
+}
+
+#[test]
+fn a_host_joining_takes_its_lease_by_a_graceful_hand_off_with_nothing_delivered_again() {
+    // KCL 3.x's graceful lease hand-off: when h2 joins, h1's record processor for the lease
+    // that moves gets shutdownRequested (not leaseLost) and checkpoints where it is; h2's
+    // processor starts right after it. The processor checkpoints at nothing else, so without
+    // the hand-off every record of that shard would be delivered again.
+    let fx = Fixture::new();
+    fx.with_feed(async |feed| feed.create_partitions(2).await.expect("partitions"));
+    let first = indices(1..60);
+    append(&fx, &first);
+    let ledger_path = fx.path("ledger.jsonl");
+    let mut h1 = host(&fx, "h1", &ledger_path);
+    wait_for(Duration::from_secs(60), "h1 delivered every record", || {
+        assert!(
+            h1.0.try_wait().expect("try_wait").is_none(),
+            "h1 exited: {}",
+            read(&fx.path("h1.stderr"))
+        );
+        (deliveries(&ledger(&ledger_path)).len() == first.len()).then_some(())
+    });
+    let mut h2 = host(&fx, "h2", &ledger_path);
+    wait_for(Duration::from_secs(60), "h2 started a processor", || {
+        ledger(&ledger_path)
+            .iter()
+            .any(|e| e["ev"] == "init" && e["host"] == "h2")
+            .then_some(())
+    });
+    let later = indices(60..120);
+    append(&fx, &later);
+    wait_for(Duration::from_secs(60), "every record delivered", || {
+        (deliveries(&ledger(&ledger_path)).len() == first.len() + later.len()).then_some(())
+    });
+    let entries = ledger(&ledger_path);
+    let again: Vec<(String, usize)> = deliveries(&entries)
+        .into_iter()
+        .filter(|(_, n)| *n > 1)
+        .collect();
+    assert!(again.is_empty(), "records delivered again: {again:?}");
+    let h1_said = |ev: &str| {
+        entries
+            .iter()
+            .filter(|e| e["host"] == "h1" && e["ev"] == ev)
+            .count()
+    };
+    assert_eq!(
+        h1_said("shutdown_requested"),
+        1,
+        "h1's processor asked to finish: {entries:?}"
+    );
+    assert_eq!(
+        h1_said("lost"),
+        0,
+        "no leaseLost for a planned move: {entries:?}"
+    );
+    assert!(
+        entries
+            .iter()
+            .any(|e| e["ev"] == "rec" && e["host"] == "h2"),
+        "h2 delivers its shard's new records"
+    );
+    for h in [&mut h2, &mut h1] {
+        terminate(&h.0);
+        let status = wait_exit(&mut h.0, Duration::from_secs(15));
+        assert!(status.success(), "graceful stop: {status}");
+    }
+}

@@ -2,9 +2,16 @@
 //!
 //! A team moving a Kinesis consumer from Java KCL keeps every checkpoint: each KCL lease
 //! becomes one of our leases, available, at the same continuation (see
-//! [`changefeed_dynamodb::import_kcl`]). Running it again creates nothing new. Exit codes:
-//! 0 when every KCL lease was imported (or already existed), 1 when a table could not be read
-//! or written or some KCL leases were skipped (each named, with why), 2 for bad usage.
+//! [`changefeed_dynamodb::import_kcl`]). Running it again creates nothing new.
+//!
+//! The KCL must have stopped first: two fleets on one stream would both deliver. So before
+//! writing anything, when any KCL lease has an owner, the KCL table is read twice
+//! `--failover-time` apart (the KCL's `failoverTimeMillis`, 10 s by default), and a lease whose
+//! `leaseCounter` or owner moved in between is held by a live KCL worker, as the KCL itself
+//! judges it: the import is refused, naming each such lease and its owner. No flag overrides
+//! that. Exit codes: 0 when every KCL lease was imported (or already existed), 1 when KCL
+//! workers still hold leases, a table could not be read or written, or some KCL leases were
+//! skipped (each named, with why), 2 for bad usage.
 
 use std::process::ExitCode;
 
@@ -41,6 +48,10 @@ pub struct Args {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// The KCL application's failover time (its `failoverTimeMillis`): a KCL lease whose
+    /// counter moves within it is held by a live worker, and the import is refused.
+    #[arg(long, value_name = "DURATION", default_value = "10s")]
+    failover_time: String,
 }
 
 /// Both tables are reached through one client, so a flag and the store URL must agree.
@@ -75,6 +86,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         Err(e) => return Ok(crate::usage::usage(&e)),
     };
+    let failover = match crate::usage::parse_duration("--failover-time", &args.failover_time) {
+        Ok(d) => d,
+        Err(e) => return Ok(crate::usage::usage(&e)),
+    };
     if args.table.is_empty() {
         return Ok(crate::usage::usage(&UsageError(
             "--table: the KCL lease table name must not be empty".into(),
@@ -96,14 +111,41 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
-    let report = runtime.block_on(async {
+    let outcome = runtime.block_on(async {
         let store = DynamoLeaseStore::connect(&options, &aws.name)
             .await
             .with_context(|| format!("opening DynamoDB lease table {}", aws.name))?;
+        let live = kcl_workers_alive(&store, &args.table, failover).await?;
+        if !live.is_empty() {
+            return Ok(Err(live));
+        }
         changefeed_dynamodb::import_kcl(&store, &args.table, &group)
             .await
+            .map(Ok)
             .with_context(|| format!("importing KCL lease table {}", args.table))
     })?;
+    let report = match outcome {
+        Ok(report) => report,
+        Err(live) => {
+            for (key, now, before) in &live {
+                let counter = match before {
+                    Some(b) => format!("leaseCounter {b} -> {}", now.counter),
+                    None => format!("new, leaseCounter {}", now.counter),
+                };
+                eprintln!(
+                    "  {key}: held by {} ({counter} within {})",
+                    now.owner.as_deref().unwrap_or("?"),
+                    args.failover_time.trim()
+                );
+            }
+            eprintln!(
+                "error: {} lease(s) of KCL table {} are held by running KCL workers (listed above); stop every worker of the KCL application, then run import-kcl again. Nothing was imported",
+                live.len(),
+                args.table
+            );
+            return Ok(ExitCode::from(1));
+        }
+    };
     if args.json {
         let key = |k: &changefeed::model::LeaseKey| k.partition.to_string();
         let value = serde_json::json!({
@@ -168,4 +210,29 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         );
         Ok(ExitCode::from(1))
     }
+}
+
+/// The KCL leases live workers hold: none without reading twice when no lease has an owner;
+/// otherwise those whose counter or owner moved within `failover`.
+async fn kcl_workers_alive(
+    store: &DynamoLeaseStore,
+    table: &str,
+    failover: std::time::Duration,
+) -> anyhow::Result<Vec<(String, changefeed_dynamodb::KclHolder, Option<u64>)>> {
+    let read = || async {
+        changefeed_dynamodb::kcl_holders(store, table)
+            .await
+            .with_context(|| format!("reading KCL lease table {table}"))
+    };
+    let before = read().await?;
+    let owned = before.values().filter(|h| h.owner.is_some()).count();
+    if owned == 0 {
+        return Ok(Vec::new());
+    }
+    eprintln!(
+        "checking that no KCL worker still holds a lease: watching the counters of {owned} owned KCL lease(s) for {failover:?} (--failover-time)"
+    );
+    tokio::time::sleep(failover).await;
+    let after = read().await?;
+    Ok(changefeed_dynamodb::live_kcl_leases(&before, &after))
 }

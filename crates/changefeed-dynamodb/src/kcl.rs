@@ -8,7 +8,7 @@
 //! of our leases per item, available, at the same continuation, so a consumer moved from Java
 //! KCL to Rust neither reprocesses nor skips records.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use changefeed::lease::LeaseStore;
@@ -89,6 +89,77 @@ pub async fn import_kcl(
         }
     }
     Ok(report)
+}
+
+/// Who holds one KCL lease, as its table shows it at one read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KclHolder {
+    /// `leaseOwner`: the worker holding it (`None`: nobody).
+    pub owner: Option<String>,
+    /// `leaseCounter`: moved by every renewal and every take.
+    pub counter: u64,
+}
+
+/// Reads who holds each lease of the KCL lease table `kcl_table`, by `leaseKey`. A KCL worker
+/// renews each lease it holds by moving its `leaseCounter`; whether one still does is told by
+/// two reads a failover time apart ([`live_kcl_leases`]).
+///
+/// # Errors
+/// [`LeaseError::Store`] if the table cannot be read.
+pub async fn kcl_holders(
+    store: &DynamoLeaseStore,
+    kcl_table: &str,
+) -> Result<BTreeMap<String, KclHolder>, LeaseError> {
+    let mut holders = BTreeMap::new();
+    let mut start = None;
+    loop {
+        let out = store
+            .client()
+            .scan()
+            .table_name(kcl_table)
+            .consistent_read(true)
+            .projection_expression("leaseKey, leaseOwner, leaseCounter")
+            .set_exclusive_start_key(start.take())
+            .send()
+            .await
+            .map_err(|e| store_error("kcl_holders", Some(kcl_table.to_string()), e))?;
+        for item in out.items() {
+            let Some(key) = text(item, "leaseKey") else {
+                continue;
+            };
+            let holder = KclHolder {
+                owner: text(item, "leaseOwner").filter(|o| !o.is_empty()),
+                counter: text(item, "leaseCounter")
+                    .and_then(|c| c.parse().ok())
+                    .unwrap_or(0),
+            };
+            holders.insert(key, holder);
+        }
+        match out.last_evaluated_key() {
+            Some(k) if !k.is_empty() => start = Some(k.clone()),
+            _ => break,
+        }
+    }
+    Ok(holders)
+}
+
+/// The leases a KCL worker held between two reads of [`kcl_holders`]: owned at the second, and
+/// renewed or taken in between (the counter or the owner moved, or the lease is new), as the
+/// KCL itself tells a live holder from a dead one. Each with its counter at the first read.
+#[must_use]
+pub fn live_kcl_leases(
+    before: &BTreeMap<String, KclHolder>,
+    after: &BTreeMap<String, KclHolder>,
+) -> Vec<(String, KclHolder, Option<u64>)> {
+    after
+        .iter()
+        .filter(|(_, now)| now.owner.is_some())
+        .filter_map(|(key, now)| {
+            let then = before.get(key);
+            let moved = then.is_none_or(|t| t.counter != now.counter || t.owner != now.owner);
+            moved.then(|| (key.clone(), now.clone(), then.map(|t| t.counter)))
+        })
+        .collect()
 }
 
 /// A KCL multi-stream lease key, `account:stream:creationEpoch:shardId`, split into the stream
@@ -198,5 +269,33 @@ mod tests {
         assert_eq!(c("4960", "0"), Ok("4960/0".to_string()));
         let err = c("4960", "-1").expect_err("not a whole number");
         assert!(err.contains("checkpointSubSequenceNumber"), "{err}");
+    }
+
+    #[test]
+    fn a_kcl_lease_is_live_when_its_counter_or_owner_moved_between_reads() {
+        let holder = |owner: Option<&str>, counter| KclHolder {
+            owner: owner.map(str::to_string),
+            counter,
+        };
+        let before: BTreeMap<String, KclHolder> = [
+            ("renewed".into(), holder(Some("w1"), 4)),
+            ("dead".into(), holder(Some("w2"), 9)),
+            ("taken".into(), holder(Some("w2"), 3)),
+            ("released".into(), holder(Some("w1"), 1)),
+        ]
+        .into();
+        let after: BTreeMap<String, KclHolder> = [
+            ("renewed".into(), holder(Some("w1"), 5)),
+            ("dead".into(), holder(Some("w2"), 9)),
+            ("taken".into(), holder(Some("w1"), 3)),
+            ("released".into(), holder(None, 2)),
+            ("new".into(), holder(Some("w1"), 1)),
+        ]
+        .into();
+        let live: Vec<String> = live_kcl_leases(&before, &after)
+            .into_iter()
+            .map(|(k, _, _)| k)
+            .collect();
+        assert_eq!(live, ["new", "renewed", "taken"]);
     }
 }

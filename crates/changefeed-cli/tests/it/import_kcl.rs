@@ -115,6 +115,7 @@ fn import_kcl_creates_our_leases_at_the_kcl_checkpoints() {
         bin()
             .args(["import-kcl", "--table", &kcl, "--store", &store_url])
             .args(["--group", "migrated", "--region", "us-east-1", "--json"])
+            .args(["--failover-time", "1s"])
             .env("AWS_ACCESS_KEY_ID", "test")
             .env("AWS_SECRET_ACCESS_KEY", "test")
             .output()
@@ -123,6 +124,10 @@ fn import_kcl_creates_our_leases_at_the_kcl_checkpoints() {
     let out = import();
     let (stdout, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("watching the counters of 4 owned KCL lease(s)"),
+        "the KCL's owners were watched before importing: {stderr}"
+    );
     let report: serde_json::Value = serde_json::from_str(&stdout).expect("JSON report");
     assert_eq!(
         report["created"].as_array().map(Vec::len),
@@ -203,6 +208,7 @@ fn import_kcl_exits_1_naming_skipped_leases_and_2_on_bad_usage() {
             &format!("dynamodb://{ours}"),
         ])
         .args(["--endpoint", &endpoint(), "--region", "us-east-1"])
+        .args(["--failover-time", "1s"])
         .env("AWS_ACCESS_KEY_ID", "test")
         .env("AWS_SECRET_ACCESS_KEY", "test")
         .output()
@@ -234,4 +240,74 @@ fn import_kcl_exits_1_naming_skipped_leases_and_2_on_bad_usage() {
     let (_, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("--store"), "{stderr}");
+}
+
+#[test]
+fn import_kcl_refuses_while_a_kcl_worker_renews_its_leases_naming_each() {
+    // Two fleets on one stream would both deliver: while a KCL worker still renews a lease
+    // (its leaseCounter moves within the failover time, as the KCL judges liveness), nothing
+    // is imported and the lease and its owner are named.
+    let ours = fresh_table("cli-kcl-ours3");
+    let kcl = fresh_table("cli-kcl-app3");
+    let rows: &[(&str, &str, u64, &[&str])] = &[
+        ("shardId-000000000001", SEQ, 0, &[]),
+        ("shardId-000000000002", SEQ, 0, &[]),
+    ];
+    rt().block_on(async {
+        let store = connect(&ours).await;
+        write_kcl_table(&store, &kcl, rows).await;
+    });
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let renewer = {
+        let (stop, kcl, ours) = (stop.clone(), kcl.clone(), ours.clone());
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async {
+                let store = connect(&ours).await;
+                // A live KCL worker: renews shardId-1 every 100 ms (its renewals are a third
+                // of the failover time by default).
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    store
+                        .client()
+                        .update_item()
+                        .table_name(&kcl)
+                        .key("leaseKey", AttributeValue::S("shardId-000000000001".into()))
+                        .update_expression("ADD leaseCounter :one")
+                        .expression_attribute_values(":one", AttributeValue::N("1".into()))
+                        .send()
+                        .await
+                        .expect("renew");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+            });
+        })
+    };
+    let out = bin()
+        .args(["import-kcl", "--table", &kcl, "--store"])
+        .arg(format!("dynamodb://{ours}?endpoint={}", endpoint()))
+        .args(["--region", "us-east-1", "--failover-time", "1s"])
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .output()
+        .expect("run changefeed import-kcl");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    renewer.join().expect("renewer");
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("shardId-000000000001: held by java-worker-1 (leaseCounter ")
+            && stderr.contains(" within 1s)"),
+        "the live lease and its owner named: {stderr}"
+    );
+    assert!(
+        !stderr.contains("shardId-000000000002:"),
+        "a lease nobody renews is not live: {stderr}"
+    );
+    assert!(stderr.contains("Nothing was imported"), "{stderr}");
+    let group = GroupName::new("default").expect("valid");
+    let leases = rt().block_on(async { connect(&ours).await.list(&group).await.expect("list") });
+    assert!(leases.leases.is_empty(), "nothing written: {leases:?}");
 }

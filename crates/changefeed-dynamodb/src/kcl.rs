@@ -19,6 +19,8 @@ use changefeed::source::MultiFeed;
 use changefeed::LeaseError;
 
 use crate::error::store_error;
+use crate::store::{PK, SK};
+use crate::DynamoError;
 use crate::DynamoLeaseStore;
 
 /// What [`import_kcl`] did.
@@ -160,6 +162,41 @@ pub fn live_kcl_leases(
             moved.then(|| (key.clone(), now.clone(), then.map(|t| t.counter)))
         })
         .collect()
+}
+
+/// Refuses a table keyed otherwise than ours (every call on it would fail), naming what it
+/// is when it is a KCL application's own lease table, and what to do instead.
+pub(crate) fn check_key_schema(
+    name: &str,
+    table: &aws_sdk_dynamodb::types::TableDescription,
+) -> Result<(), LeaseError> {
+    let hash = table
+        .key_schema()
+        .iter()
+        .find(|k| k.key_type() == &aws_sdk_dynamodb::types::KeyType::Hash)
+        .map(|k| k.attribute_name());
+    let refuse = |why: String| {
+        Err(LeaseError::store(
+            "describe_table",
+            Some(name.to_string()),
+            false,
+            DynamoError::other(why),
+        ))
+    };
+    match hash {
+        None | Some(PK) => Ok(()),
+        Some("leaseKey") => refuse(format!(
+            "table {t} is a KCL application's lease table (keyed by leaseKey), not a changefeed lease table: \
+             changefeed keeps its leases in a table of its own. Stop the KCL application, copy its checkpoints with \
+             `changefeed import-kcl --table {t} --store dynamodb://{t}-changefeed --group {t}`, \
+             then run with --store dynamodb://{t}-changefeed",
+            t = name
+        )),
+        Some(other) => refuse(format!(
+            "table {} is keyed by {other}, not a changefeed lease table (keyed by {PK} and {SK}): name a table of its own",
+            name
+        )),
+    }
 }
 
 /// A KCL multi-stream lease key, `account:stream:creationEpoch:shardId`, split into the stream

@@ -273,6 +273,9 @@ impl DynamoLeaseStore {
                 .send()
                 .await
                 .map_err(|e| store_error("describe_table", Some(self.table.clone()), e))?;
+            if let Some(table) = described.table() {
+                crate::kcl::check_key_schema(&self.table, table)?;
+            }
             let status = described.table().and_then(|t| t.table_status().cloned());
             if status == Some(TableStatus::Active) {
                 return Ok(());

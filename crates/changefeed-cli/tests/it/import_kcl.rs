@@ -311,3 +311,37 @@ fn import_kcl_refuses_while_a_kcl_worker_renews_its_leases_naming_each() {
     let leases = rt().block_on(async { connect(&ours).await.list(&group).await.expect("list") });
     assert!(leases.leases.is_empty(), "nothing written: {leases:?}");
 }
+
+#[test]
+fn run_pointed_at_a_kcl_lease_table_says_what_it_is_and_how_to_import_it() {
+    // A KCL user who gives `run` the application's own lease table is told at once (exit 78,
+    // no retries) that it is the KCL's, and the import-kcl line to run instead.
+    let kcl = fresh_table("cli-kcl-own");
+    rt().block_on(async {
+        let store = connect(&fresh_table("cli-kcl-any")).await;
+        write_kcl_table(&store, &kcl, &[("shardId-000000000001", SEQ, 0, &[])]).await;
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let feed = format!("sqlite://{}", dir.path().join("feed.db").display());
+    let out = bin()
+        .args(["run", "--store"])
+        .arg(format!(
+            "dynamodb://{kcl}?endpoint={}&region=us-east-1",
+            endpoint()
+        ))
+        .args(["--source", &feed, "--group", "app", "--handler", "cat"])
+        .args(["--start-timeout", "30s"])
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .output()
+        .expect("run changefeed run");
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(78), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains(&format!("table {kcl} is a KCL application's lease table"))
+            && stderr.contains(&format!(
+                "changefeed import-kcl --table {kcl} --store dynamodb://{kcl}-changefeed"
+            )),
+        "{stderr}"
+    );
+}

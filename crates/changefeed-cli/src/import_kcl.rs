@@ -22,16 +22,16 @@ use changefeed_dynamodb::{AwsOptions, DynamoLeaseStore};
 use crate::url::BackendUrl;
 use crate::usage::UsageError;
 
-/// Arguments of `changefeed import-kcl`.
+/// The two tables of `import-kcl` and `export-kcl`.
 #[derive(Debug, clap::Args)]
-pub struct Args {
-    /// The KCL 2.x lease table to read (KCL's application name).
+pub struct TableArgs {
+    /// The KCL 2.x lease table (KCL's application name).
     #[arg(long, value_name = "TABLE")]
-    table: String,
+    pub(crate) table: String,
     /// Our lease store, a DynamoDB table: dynamodb://TABLE[?endpoint=URL&region=R].
     #[arg(long, value_name = "URL", env = "CHANGEFEED_STORE")]
     store: String,
-    /// The group the imported leases belong to.
+    /// The group of our leases.
     #[arg(
         long,
         value_name = "NAME",
@@ -47,7 +47,63 @@ pub struct Args {
     region: Option<String>,
     /// Print JSON instead of a table.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
+}
+
+impl TableArgs {
+    /// The group, and our store's table with the options that reach it (both tables through
+    /// one client).
+    ///
+    /// # Errors
+    /// A [`UsageError`] naming the flag.
+    pub(crate) fn resolve(&self) -> Result<(GroupName, AwsOptions, String), UsageError> {
+        let group =
+            GroupName::new(self.group.as_str()).map_err(|e| UsageError(format!("--group: {e}")))?;
+        let aws = match BackendUrl::store("--store", &self.store)? {
+            BackendUrl::Dynamodb(aws) => aws,
+            _ => {
+                return Err(UsageError(
+                    "--store: the KCL's tables are DynamoDB tables; give a DynamoDB lease store, dynamodb://TABLE[?endpoint=URL&region=R]"
+                        .into(),
+                ))
+            }
+        };
+        if self.table.is_empty() {
+            return Err(UsageError(
+                "--table: the KCL lease table name must not be empty".into(),
+            ));
+        }
+        let endpoint_url = merge("endpoint", self.endpoint.clone(), aws.endpoint.clone())?;
+        let region = merge("region", self.region.clone(), aws.region.clone())?;
+        let options = AwsOptions {
+            endpoint_url,
+            region,
+            static_credentials: None,
+            ..aws.options()
+        };
+        Ok((group, options, aws.name.clone()))
+    }
+
+    /// Connects to our store's table.
+    ///
+    /// # Errors
+    /// If it cannot be reached, or is not a changefeed lease table.
+    pub(crate) async fn connect(
+        &self,
+        options: &AwsOptions,
+        name: &str,
+    ) -> anyhow::Result<DynamoLeaseStore> {
+        DynamoLeaseStore::connect(options, name)
+            .await
+            .with_context(|| format!("opening DynamoDB lease table {name}"))
+    }
+}
+
+/// Arguments of `changefeed import-kcl`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    tables: TableArgs,
     /// The KCL application's failover time (its `failoverTimeMillis`): a KCL lease whose
     /// counter moves within it is held by a live worker, and the import is refused.
     #[arg(long, value_name = "DURATION", default_value = "10s")]
@@ -72,57 +128,29 @@ fn merge(
 
 /// `changefeed import-kcl`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let group = match GroupName::new(args.group.as_str()) {
-        Ok(g) => g,
-        Err(e) => return Ok(crate::usage::usage(&UsageError(format!("--group: {e}")))),
-    };
-    let aws = match BackendUrl::store("--store", &args.store) {
-        Ok(BackendUrl::Dynamodb(aws)) => aws,
-        Ok(_) => {
-            return Ok(crate::usage::usage(&UsageError(
-                "--store: import-kcl writes to a DynamoDB lease store, dynamodb://TABLE[?endpoint=URL&region=R]"
-                    .into(),
-            )))
-        }
+    let (group, options, name) = match args.tables.resolve() {
+        Ok(resolved) => resolved,
         Err(e) => return Ok(crate::usage::usage(&e)),
     };
     let failover = match crate::usage::parse_duration("--failover-time", &args.failover_time) {
         Ok(d) => d,
         Err(e) => return Ok(crate::usage::usage(&e)),
     };
-    if args.table.is_empty() {
-        return Ok(crate::usage::usage(&UsageError(
-            "--table: the KCL lease table name must not be empty".into(),
-        )));
-    }
-    let endpoint = merge("endpoint", args.endpoint.clone(), aws.endpoint.clone());
-    let region = merge("region", args.region.clone(), aws.region.clone());
-    let (endpoint_url, region) = match (endpoint, region) {
-        (Ok(e), Ok(r)) => (e, r),
-        (Err(e), _) | (_, Err(e)) => return Ok(crate::usage::usage(&e)),
-    };
-    let options = AwsOptions {
-        endpoint_url,
-        region,
-        static_credentials: None,
-        ..aws.options()
-    };
+    let table = &args.tables.table;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
     let outcome = runtime.block_on(async {
-        let store = DynamoLeaseStore::connect(&options, &aws.name)
-            .await
-            .with_context(|| format!("opening DynamoDB lease table {}", aws.name))?;
-        let live = kcl_workers_alive(&store, &args.table, failover).await?;
+        let store = args.tables.connect(&options, &name).await?;
+        let live = kcl_workers_alive(&store, table, failover).await?;
         if !live.is_empty() {
             return Ok(Err(live));
         }
-        changefeed_dynamodb::import_kcl(&store, &args.table, &group)
+        changefeed_dynamodb::import_kcl(&store, table, &group)
             .await
             .map(Ok)
-            .with_context(|| format!("importing KCL lease table {}", args.table))
+            .with_context(|| format!("importing KCL lease table {table}"))
     })?;
     let report = match outcome {
         Ok(report) => report,
@@ -141,16 +169,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             eprintln!(
                 "error: {} lease(s) of KCL table {} are held by running KCL workers (listed above); stop every worker of the KCL application, then run import-kcl again. Nothing was imported",
                 live.len(),
-                args.table
+                table
             );
             return Ok(ExitCode::from(1));
         }
     };
-    if args.json {
+    if args.tables.json {
         let key = |k: &changefeed::model::LeaseKey| k.partition.to_string();
         let value = serde_json::json!({
             "group": group.to_string(),
-            "kcl_table": args.table,
+            "kcl_table": table,
             "created": report.created.iter().map(key).collect::<Vec<_>>(),
             "existing": report.existing.iter().map(key).collect::<Vec<_>>(),
             "skipped": report
@@ -198,7 +226,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             report.created.len(),
             report.existing.len(),
             report.skipped.len(),
-            args.table
+            table
         );
     }
     if report.skipped.is_empty() {

@@ -12,6 +12,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod config;
 mod console;
 mod demo;
+mod export_kcl;
 mod feed;
 mod import_cosmos;
 mod import_kcl;
@@ -69,6 +70,8 @@ enum Command {
     Simulate(simulate::Args),
     /// Create a group's leases from a KCL 2.x lease table, at the same checkpoints.
     ImportKcl(import_kcl::Args),
+    /// Write a group's checkpoints back into a KCL lease table, so the KCL resumes there.
+    ExportKcl(export_kcl::Args),
     /// Create a group's leases from a .NET Cosmos DB change feed processor's lease container.
     ImportCosmos(import_cosmos::Args),
 }
@@ -90,6 +93,7 @@ fn main() -> ExitCode {
         Command::Outbox(args) => outbox::run(args),
         Command::Simulate(args) => simulate::run(args),
         Command::ImportKcl(args) => import_kcl::run(args),
+        Command::ExportKcl(args) => export_kcl::run(args),
         Command::ImportCosmos(args) => import_cosmos::run(args),
     };
     match result {

@@ -199,6 +199,150 @@ pub(crate) fn check_key_schema(
     }
 }
 
+/// What [`export_kcl`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ExportReport {
+    /// KCL leases whose checkpoint was set to ours.
+    pub updated: Vec<String>,
+    /// KCL leases created for partitions the KCL table did not have (children of a split
+    /// since the import, say).
+    pub created: Vec<String>,
+    /// Our leases not exported, each with why.
+    pub skipped: Vec<(String, String)>,
+}
+
+/// The KCL checkpoint of one of our leases: `(checkpoint, checkpointSubSequenceNumber)`, or
+/// why it has none the KCL can read. The inverse of the import: `SEQ/SUB` (after user record
+/// `SUB` of the record at `SEQ`) and a plain `SEQ` (after the record at `SEQ`, as the KCL's
+/// sub-sequence 0 of a record that is not KPL-aggregated) become the KCL's `(SEQ, SUB)`; a
+/// lease with no checkpoint yet, its start; a finished one, `SHARD_END`.
+fn kcl_checkpoint(lease: &Lease) -> Result<(String, u64), String> {
+    if lease.state == LeaseState::Finished {
+        return Ok(("SHARD_END".into(), 0));
+    }
+    let Some(c) = &lease.continuation else {
+        return match lease.start {
+            Position::Beginning => Ok(("TRIM_HORIZON".into(), 0)),
+            Position::Now => Ok(("LATEST".into(), 0)),
+            _ => Err(format!(
+                "no checkpoint yet and starts at {:?}: the KCL keeps no such start in a lease; create it by hand",
+                lease.start
+            )),
+        };
+    };
+    let (seq, sub) = match c.as_str().split_once('/') {
+        Some((seq, sub)) => (
+            seq,
+            sub.parse::<u64>()
+                .map_err(|_| format!("checkpoint {c} is not a Kinesis position"))?,
+        ),
+        None => (c.as_str(), 0),
+    };
+    if seq.is_empty() || !seq.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("checkpoint {c} is not a Kinesis sequence number"));
+    }
+    Ok((seq.to_string(), sub))
+}
+
+/// The KCL `leaseKey` of one of our leases: its partition id, or in multi-stream mode the
+/// stream identifier the import kept (`kcl.streamIdentifier`) and the shard id.
+fn kcl_lease_key(lease: &Lease) -> Result<String, String> {
+    let partition = lease.key.partition.as_str();
+    match lease.properties.get("kcl.streamIdentifier") {
+        Some(identifier) => {
+            let shard = partition.rsplit_once(':').map_or(partition, |(_, s)| s);
+            Ok(format!("{identifier}:{shard}"))
+        }
+        None if partition.contains(':') => Err(
+            "a multi-stream partition without the KCL stream identifier (kcl.streamIdentifier) an import keeps".into(),
+        ),
+        None => Ok(partition.to_string()),
+    }
+}
+
+/// Writes the checkpoints of `group`'s leases in `store` into the KCL lease table `kcl_table`,
+/// so that the KCL application, started again, resumes where changefeed stopped: each KCL
+/// lease gets our checkpoint, loses its owner and has its `leaseCounter` moved (a worker that
+/// still cached it takes it afresh); a partition the KCL table lacks gets a lease of its own,
+/// with its parents. Our hosts must have stopped first (the caller checks).
+///
+/// # Errors
+/// [`LeaseError::Store`] if a table cannot be read or written.
+pub async fn export_kcl(
+    store: &DynamoLeaseStore,
+    kcl_table: &str,
+    group: &GroupName,
+) -> Result<ExportReport, LeaseError> {
+    let mut report = ExportReport::default();
+    let listing = store.list(group).await?;
+    let existing = kcl_holders(store, kcl_table).await?;
+    let client = store.client();
+    for lease in &listing.leases {
+        let partition = lease.key.partition.to_string();
+        let (key, (checkpoint, sub)) =
+            match kcl_lease_key(lease).and_then(|k| Ok((k, kcl_checkpoint(lease)?))) {
+                Ok(found) => found,
+                Err(why) => {
+                    report.skipped.push((partition, why));
+                    continue;
+                }
+            };
+        if existing.contains_key(&key) {
+            client
+                .update_item()
+                .table_name(kcl_table)
+                .key("leaseKey", AttributeValue::S(key.clone()))
+                .update_expression(
+                    "SET checkpoint = :c, checkpointSubSequenceNumber = :s, ownerSwitchesSinceCheckpoint = :zero \
+                     REMOVE leaseOwner, pendingCheckpoint, pendingCheckpointSubSequenceNumber \
+                     ADD leaseCounter :one",
+                )
+                .expression_attribute_values(":c", AttributeValue::S(checkpoint))
+                .expression_attribute_values(":s", AttributeValue::N(sub.to_string()))
+                .expression_attribute_values(":zero", AttributeValue::N("0".into()))
+                .expression_attribute_values(":one", AttributeValue::N("1".into()))
+                .send()
+                .await
+                .map_err(|e| store_error("export_kcl", Some(key.clone()), e))?;
+            report.updated.push(key);
+        } else {
+            let mut put = client
+                .put_item()
+                .table_name(kcl_table)
+                .item("leaseKey", AttributeValue::S(key.clone()))
+                .item("checkpoint", AttributeValue::S(checkpoint))
+                .item(
+                    "checkpointSubSequenceNumber",
+                    AttributeValue::N(sub.to_string()),
+                )
+                .item("leaseCounter", AttributeValue::N("0".into()))
+                .item(
+                    "ownerSwitchesSinceCheckpoint",
+                    AttributeValue::N("0".into()),
+                )
+                .condition_expression("attribute_not_exists(leaseKey)");
+            let parents: Vec<String> = lease
+                .parents
+                .iter()
+                .map(|p| {
+                    p.as_str()
+                        .rsplit_once(':')
+                        .map_or(p.as_str(), |(_, s)| s)
+                        .to_string()
+                })
+                .collect();
+            if !parents.is_empty() {
+                put = put.item("parentShardIds", AttributeValue::Ss(parents));
+            }
+            put.send()
+                .await
+                .map_err(|e| store_error("export_kcl", Some(key.clone()), e))?;
+            report.created.push(key);
+        }
+    }
+    Ok(report)
+}
+
 /// A KCL multi-stream lease key, `account:stream:creationEpoch:shardId`, split into the stream
 /// identifier (`account:stream:creationEpoch`), the stream name and the shard id; `None` for a
 /// single-stream key (a shard id).

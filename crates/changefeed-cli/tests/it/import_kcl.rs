@@ -345,3 +345,80 @@ fn run_pointed_at_a_kcl_lease_table_says_what_it_is_and_how_to_import_it() {
         "{stderr}"
     );
 }
+
+#[test]
+fn export_kcl_refuses_while_a_changefeed_host_runs_naming_it() {
+    // The way back must not hand the KCL leases our hosts still deliver: while a host of the
+    // group renews its heartbeat, nothing is written to the KCL table and the host is named.
+    let ours = fresh_table("cli-kcl-back");
+    let kcl = fresh_table("cli-kcl-back-app");
+    rt().block_on(async {
+        let store = connect(&ours).await;
+        write_kcl_table(&store, &kcl, &[("0", SEQ, 0, &[])]).await;
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let feed = format!("sqlite://{}", dir.path().join("feed.db").display());
+    crate::support::run_ok(&["feed", "--db", &feed["sqlite://".len()..], "create", "1"]);
+    let store_url = format!("dynamodb://{ours}?endpoint={}&region=us-east-1", endpoint());
+    let mut host = crate::support::KillOnDrop(
+        bin()
+            .args(["run", "--store", &store_url, "--source", &feed])
+            .args(["--group", "app", "--handler", "cat", "--host", "h-back"])
+            .args(crate::support::FAST)
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "test")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("start run"),
+    );
+    let group = GroupName::new("app").expect("valid");
+    crate::support::wait_for(
+        std::time::Duration::from_secs(30),
+        "the host registered",
+        || {
+            let hosts = rt().block_on(async {
+                connect(&ours)
+                    .await
+                    .membership(&group)
+                    .await
+                    .expect("membership")
+            });
+            (!hosts.hosts.is_empty()).then_some(())
+        },
+    );
+    let out = bin()
+        .args(["export-kcl", "--table", &kcl, "--store", &store_url])
+        .args(["--group", "app", "--expiry", "2s"])
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .output()
+        .expect("run changefeed export-kcl");
+    crate::support::terminate(&host.0);
+    crate::support::wait_exit(&mut host.0, std::time::Duration::from_secs(15));
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("host(s) h-back of group app still renew their heartbeats")
+            && stderr.contains("Nothing was written"),
+        "{stderr}"
+    );
+    let checkpoint = rt().block_on(async {
+        connect(&ours)
+            .await
+            .client()
+            .get_item()
+            .table_name(&kcl)
+            .key("leaseKey", AttributeValue::S("0".into()))
+            .send()
+            .await
+            .expect("get")
+            .item()
+            .and_then(|i| i.get("checkpoint").cloned())
+    });
+    assert_eq!(
+        checkpoint,
+        Some(AttributeValue::S(SEQ.into())),
+        "the KCL table untouched"
+    );
+}

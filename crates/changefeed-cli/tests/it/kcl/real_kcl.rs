@@ -4,7 +4,9 @@
 //! Local; it is SIGKILLed with part of each shard checkpointed; `changefeed import-kcl` copies
 //! its lease table; `changefeed run --properties` (the same file) resumes: nothing before the
 //! KCL's checkpoints is delivered again, nothing after them is lost, the parent the KCL
-//! finished (`SHARD_END`) is not read again.
+//! finished (`SHARD_END`) is not read again. And back: `changefeed export-kcl` writes
+//! changefeed's checkpoints into the KCL's table, and the KCL, started again, delivers nothing
+//! changefeed checkpointed.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::process::CommandExt as _;
@@ -278,6 +280,76 @@ fn changefeed_resumes_a_real_kcl_fleet_from_its_lease_table() {
     assert_eq!(
         redelivered, after_checkpoints,
         "what the KCL had not checkpointed, and only that"
+    );
+
+    // And back: our checkpoints written into the KCL's table, the KCL started again resumes
+    // after them, re-delivering at most what changefeed delivered past its last checkpoints
+    // (nothing, after its graceful stop: the processor checkpointed at shutdownRequested).
+    let mut cf_ckpt: BTreeMap<String, Value> = BTreeMap::new();
+    for e in ours.iter().filter(|e| e["ev"] == "ckpt") {
+        cf_ckpt.insert(e["shard"].as_str().expect("shard").into(), e["seq"].clone());
+    }
+    let cf_after_checkpoints: BTreeSet<&str> = ours
+        .iter()
+        .filter(|e| e["ev"] == "rec")
+        .filter(|e| {
+            cf_ckpt
+                .get(e["shard"].as_str().unwrap_or_default())
+                .is_none_or(|c| seq(&e["seq"]) > seq(c))
+        })
+        .filter_map(|e| e["data"].as_str())
+        .collect();
+    run_ok(&[
+        "export-kcl",
+        "--table",
+        &app,
+        "--store",
+        &store,
+        "--group",
+        &app,
+        "--expiry",
+        "3s",
+    ]);
+    put(&feed, 50..60);
+    let restart_at = ledger(&ledger_path).len();
+    let jvm = start_kcl(&jars, dir.path(), &properties, &ledger_path);
+    let newest: BTreeSet<String> = (50..60).map(|i| format!("r-{i}")).collect();
+    wait_for(
+        Duration::from_secs(120),
+        "the KCL, started again, to deliver the records after changefeed's",
+        || {
+            let entries = ledger(&ledger_path);
+            newest
+                .is_subset(&delivered(&entries[restart_at.min(entries.len())..]))
+                .then_some(())
+        },
+    );
+    checkpoints_answered(&ledger_path);
+    stop_kcl(jvm, &ledger_path);
+    let back: Vec<Value> = ledger(&ledger_path)[restart_at..].to_vec();
+    for e in back.iter().filter(|e| e["ev"] == "rec") {
+        let shard = e["shard"].as_str().unwrap_or_default();
+        if let Some(c) = cf_ckpt.get(shard) {
+            assert!(
+                seq(&e["seq"]) > seq(c),
+                "{shard}: the KCL delivered {e} again, at or before changefeed's checkpoint {c}"
+            );
+        }
+    }
+    let again: BTreeSet<&str> = back
+        .iter()
+        .filter(|e| e["ev"] == "rec")
+        .filter_map(|e| e["data"].as_str())
+        .filter(|d| d["r-".len()..].parse::<usize>().is_ok_and(|i| i < 50))
+        .collect();
+    assert!(
+        again.is_subset(&cf_after_checkpoints),
+        "the KCL re-delivered only what changefeed had not checkpointed: {again:?} (not checkpointed: {cf_after_checkpoints:?})"
+    );
+    eprintln!(
+        "RESULT kcl_to_changefeed_redelivered={} changefeed_to_kcl_redelivered={}",
+        redelivered.len(),
+        again.len()
     );
 
     rt().block_on(feed.delete_stream()).expect("delete stream");

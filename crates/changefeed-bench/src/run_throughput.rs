@@ -7,11 +7,20 @@
 //!
 //! Each measurement gets a fresh lease database and feed (separate SQLite files) filled with
 //! `records` records over `partitions` partitions, then starts the release `changefeed` binary
-//! and polls the lease table until every partition is checkpointed at its last record. The
-//! clock starts once every lease is owned, so lease discovery and the first acquisition
-//! (`acquire_interval`) are not counted, and the records already checkpointed then (a SQLite
-//! continuation `P:N` covers N records) are left out of the count; every batch is
-//! checkpointed in every mode.
+//! and polls the lease table until every partition is checkpointed at its last record; every
+//! batch is checkpointed in every mode.
+//!
+//! The headline is CPU cost: the user and system CPU seconds of the host process and every
+//! handler process it started (`getrusage(RUSAGE_CHILDREN)` around the host's whole life,
+//! stopped with SIGTERM once done, so its handlers are reaped and counted), per million
+//! records. CPU time does not depend on what else the machine runs, as a rate of records per
+//! second does; the modes' ratios (`long_lived_cpu_ratio_b10`, `kcl_cpu_ratio_b10`: the
+//! per-batch mode's CPU per record over each mode's) are taken on it, the modes at batch 10
+//! alternating over `--rounds` rounds, each mode's median kept. Records per second are shown
+//! beside it: that clock starts once every lease is owned (lease discovery and the first
+//! acquisition are not counted, nor the records checkpointed by then; a SQLite continuation
+//! `P:N` covers N records), or at the host's start when a small run is done before a poll saw
+//! every lease owned.
 //!
 //! Real time is measured here with `std::time::Instant`: a benchmark is the one place that must
 //! read the machine's clock rather than the library's injectable one.
@@ -51,6 +60,33 @@ pub struct Args {
     /// Longest one measurement may take.
     #[arg(long, default_value = "300")]
     timeout_secs: u64,
+    /// Rounds of the three modes at batch 10, alternating; each mode's median CPU per record.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// A smoke test under a minute: 1,000 records per mode at batch 10 and 20,000 at batch
+    /// 1,000, one round (figures too small to quote).
+    #[arg(long)]
+    quick: bool,
+}
+
+/// What one measurement found.
+#[derive(Debug, Clone, Copy)]
+struct Measured {
+    /// Seconds from every lease owned to every record checkpointed.
+    secs: f64,
+    /// Records per second over those seconds.
+    rate: f64,
+    /// User and system CPU seconds of the host and its handlers, over the host's whole life.
+    cpu: f64,
+    /// Records the host processed (all of the feed).
+    records: u64,
+}
+
+impl Measured {
+    /// CPU microseconds per record.
+    fn cpu_us_per_record(&self) -> f64 {
+        self.cpu * 1e6 / self.records.max(1) as f64
+    }
 }
 
 /// The long-lived handler of `--protocol lines`: acknowledge each batch at its last record.
@@ -132,33 +168,85 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .worker_threads(1)
         .enable_all()
         .build()?;
-    let plan = [
-        (Mode::PerBatch, 10, args.per_batch_records_b10),
-        (Mode::Lines, 10, args.records_b10),
-        (Mode::Kcl, 10, args.records_b10),
-        (Mode::PerBatch, 1000, args.records_b1000),
-        (Mode::Lines, 1000, args.records_b1000),
-        (Mode::Kcl, 1000, args.records_b1000),
-    ];
-    println!("mode        batch   records      seconds    records/s");
-    let mut rates = Vec::new();
-    for (mode, batch, records) in plan {
-        let (secs, rate) = runtime.block_on(measure(&args, &binary, mode, batch, records))?;
+    let (per_batch_b10, long_lived_b10, b1000, rounds) = if args.quick {
+        (1_000, 1_000, 20_000, 1)
+    } else {
+        (
+            args.per_batch_records_b10,
+            args.records_b10,
+            args.records_b1000,
+            args.rounds.max(1),
+        )
+    };
+    println!("mode        batch   records      seconds    records/s     CPU s  CPU µs/record");
+    let show = |mode: Mode, batch: usize, m: &Measured| {
         println!(
-            "{:<10} {batch:>6} {records:>9} {secs:>12.2} {rate:>12.0}",
-            mode.name()
+            "{:<10} {batch:>6} {:>9} {:>12.2} {:>12.0} {:>9.2} {:>14.1}",
+            mode.name(),
+            m.records,
+            m.secs,
+            m.rate,
+            m.cpu,
+            m.cpu_us_per_record()
         );
-        rates.push(rate);
+    };
+    // Batch 10: the modes alternate, so that whatever else the machine does falls on each.
+    let b10 = [
+        (Mode::PerBatch, per_batch_b10),
+        (Mode::Lines, long_lived_b10),
+        (Mode::Kcl, long_lived_b10),
+    ];
+    let mut at_b10: Vec<Vec<Measured>> = vec![Vec::new(); b10.len()];
+    for _ in 0..rounds {
+        for (i, (mode, records)) in b10.iter().enumerate() {
+            let m = runtime.block_on(measure(&args, &binary, *mode, 10, *records))?;
+            show(*mode, 10, &m);
+            at_b10[i].push(m);
+        }
     }
+    let mut at_b1000 = Vec::new();
+    for mode in [Mode::PerBatch, Mode::Lines, Mode::Kcl] {
+        let m = runtime.block_on(measure(&args, &binary, mode, 1000, b1000))?;
+        show(mode, 1000, &m);
+        at_b1000.push(m);
+    }
+    let median = |ms: &[Measured], f: fn(&Measured) -> f64| {
+        let mut v: Vec<f64> = ms.iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let cpu = |i: usize| median(&at_b10[i], Measured::cpu_us_per_record);
+    let rate = |i: usize| median(&at_b10[i], |m| m.rate);
+    let spread = |i: usize| {
+        let v: Vec<String> = at_b10[i]
+            .iter()
+            .map(|m| format!("{:.1}", m.cpu_us_per_record()))
+            .collect();
+        v.join(", ")
+    };
     println!(
-        "ratio long-lived/per-batch at batch 10: {:.1}; kcl/per-batch: {:.1}",
-        rates[1] / rates[0],
-        rates[2] / rates[0]
+        "CPU µs per record at batch 10, per round: per-batch {}; long-lived {}; kcl {}",
+        spread(0),
+        spread(1),
+        spread(2)
     );
-    println!("kcl at batch 1000: {:.0} records/s", rates[5]);
     println!(
-        "RESULT per_batch_rps_b10={:.0} long_lived_rps_b10={:.0} kcl_rps_b10={:.0} per_batch_rps_b1000={:.0} long_lived_rps_b1000={:.0}",
-        rates[0], rates[1], rates[2], rates[3], rates[4]
+        "CPU cost ratio at batch 10 (per-batch / mode, medians of {rounds}): long-lived {:.1}, kcl {:.1} (goal: both at least 10)",
+        cpu(0) / cpu(1),
+        cpu(0) / cpu(2)
+    );
+    println!(
+        "RESULT per_batch_rps_b10={:.0} long_lived_rps_b10={:.0} kcl_rps_b10={:.0} per_batch_rps_b1000={:.0} long_lived_rps_b1000={:.0} per_batch_cpu_us_b10={:.1} long_lived_cpu_us_b10={:.1} kcl_cpu_us_b10={:.1} long_lived_cpu_ratio_b10={:.1} kcl_cpu_ratio_b10={:.1}",
+        rate(0),
+        rate(1),
+        rate(2),
+        at_b1000[0].rate,
+        at_b1000[1].rate,
+        cpu(0),
+        cpu(1),
+        cpu(2),
+        cpu(0) / cpu(1),
+        cpu(0) / cpu(2)
     );
     Ok(())
 }
@@ -171,7 +259,7 @@ async fn measure(
     mode: Mode,
     batch: usize,
     records: u64,
-) -> anyhow::Result<(f64, f64)> {
+) -> anyhow::Result<Measured> {
     let dir = tempfile::tempdir()?;
     let feed_db = dir.path().join("feed.db");
     let lease_db = dir.path().join("leases.db");
@@ -195,6 +283,8 @@ async fn measure(
         Mode::Lines => "lines",
         Mode::Kcl => "kcl",
     };
+    let cpu_before = children_cpu()?;
+    let spawned = (Instant::now(), 0);
     let mut host = Host(
         Command::new(binary)
             .arg("run")
@@ -233,10 +323,19 @@ async fn measure(
                     .any(|(p, c)| *p == l.key.partition && l.continuation.as_ref() == Some(c))
             });
         if done {
-            let (from, before) = started
-                .context("done before every lease was seen owned: too few records to measure")?;
+            // A small run may be done before a poll saw every lease owned: then the clock
+            // started with the host.
+            let (from, before) = started.unwrap_or(spawned);
             let secs = from.elapsed().as_secs_f64();
-            return Ok((secs, (records - before) as f64 / secs));
+            let rate = records.saturating_sub(before) as f64 / secs;
+            stop(&mut host, mode, batch)?;
+            let cpu = children_cpu()? - cpu_before;
+            return Ok(Measured {
+                secs,
+                rate,
+                cpu,
+                records,
+            });
         }
         if started.is_none()
             && leases.len() == ends.len()
@@ -250,6 +349,33 @@ async fn measure(
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// Stops the host with SIGTERM (a graceful stop: it ends its handlers and reaps them) and waits
+/// for it, so that its CPU time and its handlers' count in [`children_cpu`].
+fn stop(host: &mut Host, mode: Mode, batch: usize) -> anyhow::Result<()> {
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(host.0.id())?);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while host.0.try_wait()?.is_none() {
+        if Instant::now() > deadline {
+            bail!(
+                "{} at batch {batch}: changefeed run did not stop within 30 s of SIGTERM",
+                mode.name()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(())
+}
+
+/// User and system CPU seconds of this process's children that have ended and been waited
+/// for, with their own waited-for children (the host's handlers).
+fn children_cpu() -> anyhow::Result<f64> {
+    use nix::sys::resource::{getrusage, UsageWho};
+    let usage = getrusage(UsageWho::RUSAGE_CHILDREN)?;
+    let secs = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+    Ok(secs(usage.user_time()) + secs(usage.system_time()))
 }
 
 /// How many records of its partition a SQLite feed continuation (`PARTITION:N`) covers.

@@ -287,9 +287,10 @@ fn simulate(args: Args) -> anyhow::Result<ExitCode> {
         let mut liveness = Liveness::default();
         liveness.add(&out);
         println!(
-            "RESULT seeds=1 violations={} wall_s={:.2} {} {}",
+            "RESULT seeds=1 violations={} wall_s={:.2} {} {} {}",
             out.violations.len(),
             started.elapsed().as_secs_f64(),
+            process_cost(),
             child_waits(&out.child_waits, first.settings.acquire_interval),
             liveness.fields()
         );
@@ -367,9 +368,10 @@ fn simulate(args: Args) -> anyhow::Result<ExitCode> {
     let waits = waits.into_inner().unwrap_or_else(|p| p.into_inner());
     let liveness = liveness.into_inner().unwrap_or_else(|p| p.into_inner());
     println!(
-        "RESULT seeds={count} violations={} wall_s={:.1} {} {}",
+        "RESULT seeds={count} violations={} wall_s={:.1} {} {} {}",
         failures.len(),
         started.elapsed().as_secs_f64(),
+        process_cost(),
         child_waits(&waits, first.settings.acquire_interval),
         liveness.fields()
     );
@@ -420,5 +422,23 @@ mod tests {
             "{}",
             rerun_line(&cfg, false)
         );
+    }
+}
+
+/// The `RESULT` fields on what the run cost this process: user and system CPU seconds (all
+/// threads; wall time on a shared machine says little) and the peak resident memory.
+fn process_cost() -> String {
+    use nix::sys::resource::{getrusage, UsageWho};
+    match getrusage(UsageWho::RUSAGE_SELF) {
+        Ok(usage) => {
+            let secs = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+            format!(
+                "cpu_s={:.1} peak_rss_mb={}",
+                secs(usage.user_time()) + secs(usage.system_time()),
+                // Linux reports the peak in kilobytes.
+                usage.max_rss() / 1024
+            )
+        }
+        Err(_) => "cpu_s=? peak_rss_mb=?".to_string(),
     }
 }

@@ -382,6 +382,24 @@ fn simulate(args: Args) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// The `RESULT` fields on what the run cost this process: user and system CPU seconds (all
+/// threads; wall time on a shared machine says little) and the peak resident memory.
+fn process_cost() -> String {
+    use nix::sys::resource::{getrusage, UsageWho};
+    match getrusage(UsageWho::RUSAGE_SELF) {
+        Ok(usage) => {
+            let secs = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+            format!(
+                "cpu_s={:.1} peak_rss_mb={}",
+                secs(usage.user_time()) + secs(usage.system_time()),
+                // Linux reports the peak in kilobytes.
+                usage.max_rss() / 1024
+            )
+        }
+        Err(_) => "cpu_s=? peak_rss_mb=?".to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -422,23 +440,5 @@ mod tests {
             "{}",
             rerun_line(&cfg, false)
         );
-    }
-}
-
-/// The `RESULT` fields on what the run cost this process: user and system CPU seconds (all
-/// threads; wall time on a shared machine says little) and the peak resident memory.
-fn process_cost() -> String {
-    use nix::sys::resource::{getrusage, UsageWho};
-    match getrusage(UsageWho::RUSAGE_SELF) {
-        Ok(usage) => {
-            let secs = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
-            format!(
-                "cpu_s={:.1} peak_rss_mb={}",
-                secs(usage.user_time()) + secs(usage.system_time()),
-                // Linux reports the peak in kilobytes.
-                usage.max_rss() / 1024
-            )
-        }
-        Err(_) => "cpu_s=? peak_rss_mb=?".to_string(),
     }
 }

@@ -12,6 +12,7 @@ mod properties;
 mod real_kcl;
 mod stdout;
 mod stop;
+mod wheel;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

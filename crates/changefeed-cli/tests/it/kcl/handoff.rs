@@ -125,3 +125,74 @@ fn a_host_joining_takes_its_lease_by_a_graceful_hand_off_with_nothing_delivered_
         assert!(status.success(), "graceful stop: {status}");
     }
 }
+
+#[test]
+fn on_kinesis_a_host_joining_a_properties_file_fleet_delivers_nothing_again() {
+    // The same, as a KCL application runs: the properties file (sample keys, local endpoints),
+    // a kinesis-mock stream of two shards, the leases in DynamoDB Local.
+    let python = kclpy_python();
+    let kinesis = super::endpoint("CHANGEFEED_TEST_KINESIS_URL");
+    let dynamodb = super::endpoint("CHANGEFEED_TEST_DYNAMODB_URL");
+    let app = format!("kclhandoff-{}-{}", std::process::id(), super::rand_suffix());
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let ledger_path = dir.path().join("ledger.jsonl");
+    let properties = super::write_properties(
+        dir.path(),
+        &python,
+        &app,
+        &kinesis,
+        &dynamodb,
+        "AWSCredentialsProvider = DefaultCredentialsProvider\n",
+    );
+    let feed = super::stream(&kinesis, &app);
+    let put = |range: std::ops::Range<usize>| -> Vec<usize> {
+        let chosen = indices(range);
+        crate::support::rt().block_on(async {
+            for i in &chosen {
+                feed.put(&format!("key-{i}"), format!("r-{i}").into_bytes(), None)
+                    .await
+                    .expect("put");
+            }
+        });
+        chosen
+    };
+    let first = put(0..40);
+    let _a = super::start_host(&properties, &ledger_path, "a", &[]);
+    wait_for(
+        Duration::from_secs(60),
+        "host a delivered every record",
+        || (deliveries(&ledger(&ledger_path)).len() == first.len()).then_some(()),
+    );
+    let _b = super::start_host(&properties, &ledger_path, "b", &[]);
+    wait_for(
+        Duration::from_secs(60),
+        "host b started a processor",
+        || {
+            ledger(&ledger_path)
+                .iter()
+                .any(|e| e["ev"] == "init" && e["host"] == "b")
+                .then_some(())
+        },
+    );
+    let later = put(40..80);
+    wait_for(Duration::from_secs(60), "every record delivered", || {
+        (deliveries(&ledger(&ledger_path)).len() == first.len() + later.len()).then_some(())
+    });
+    let entries = ledger(&ledger_path);
+    let again: Vec<(String, usize)> = deliveries(&entries)
+        .into_iter()
+        .filter(|(_, n)| *n > 1)
+        .collect();
+    assert!(again.is_empty(), "records delivered again: {again:?}");
+    let said = |host: &str, ev: &str| {
+        entries
+            .iter()
+            .filter(|e| e["host"] == host && e["ev"] == ev)
+            .count()
+    };
+    assert_eq!(said("a", "shutdown_requested"), 1, "{entries:?}");
+    assert_eq!(said("a", "lost"), 0, "no leaseLost for a planned move");
+    crate::support::rt()
+        .block_on(feed.delete_stream())
+        .expect("delete stream");
+}

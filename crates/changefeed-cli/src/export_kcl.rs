@@ -32,19 +32,12 @@ pub struct Args {
 
 /// `changefeed export-kcl`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let (group, options, name) = match args.tables.resolve() {
+    let (group, options, name, expiry) = match args.tables.resolve_with("--expiry", &args.expiry) {
         Ok(resolved) => resolved,
         Err(e) => return Ok(crate::usage::usage(&e)),
     };
-    let expiry = match crate::usage::parse_duration("--expiry", &args.expiry) {
-        Ok(d) => d,
-        Err(e) => return Ok(crate::usage::usage(&e)),
-    };
     let table = &args.tables.table;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the tokio runtime")?;
+    let runtime = TableArgs::runtime()?;
     let outcome = runtime.block_on(async {
         let store = args.tables.connect(&options, &name).await?;
         let running = hosts_running(&store, &group, expiry).await?;
@@ -100,15 +93,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             report.skipped.len()
         );
     }
-    if report.skipped.is_empty() {
-        Ok(ExitCode::SUCCESS)
-    } else {
-        eprintln!(
-            "error: {} lease(s) were not exported; the KCL starts them at its own checkpoints or its initial position",
-            report.skipped.len()
-        );
-        Ok(ExitCode::from(1))
-    }
+    Ok(crate::import_kcl::skipped_exit(
+        report.skipped.len(),
+        "lease(s) were not exported; the KCL starts them at its own checkpoints or its initial position",
+    ))
 }
 
 /// The hosts of `group` whose heartbeat moved within `expiry`: none without a second read when

@@ -84,6 +84,31 @@ impl TableArgs {
         Ok((group, options, aws.name.clone()))
     }
 
+    /// [`TableArgs::resolve`], and the duration flag `flag` given as `value`.
+    ///
+    /// # Errors
+    /// A [`UsageError`] naming the flag.
+    pub(crate) fn resolve_with(
+        &self,
+        flag: &str,
+        value: &str,
+    ) -> Result<(GroupName, AwsOptions, String, std::time::Duration), UsageError> {
+        let (group, options, name) = self.resolve()?;
+        let duration = crate::usage::parse_duration(flag, value)?;
+        Ok((group, options, name, duration))
+    }
+
+    /// A runtime for one command's calls.
+    ///
+    /// # Errors
+    /// If tokio cannot start one.
+    pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the tokio runtime")
+    }
+
     /// Connects to our store's table.
     ///
     /// # Errors
@@ -128,19 +153,15 @@ fn merge(
 
 /// `changefeed import-kcl`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let (group, options, name) = match args.tables.resolve() {
+    let (group, options, name, failover) = match args
+        .tables
+        .resolve_with("--failover-time", &args.failover_time)
+    {
         Ok(resolved) => resolved,
         Err(e) => return Ok(crate::usage::usage(&e)),
     };
-    let failover = match crate::usage::parse_duration("--failover-time", &args.failover_time) {
-        Ok(d) => d,
-        Err(e) => return Ok(crate::usage::usage(&e)),
-    };
     let table = &args.tables.table;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the tokio runtime")?;
+    let runtime = TableArgs::runtime()?;
     let outcome = runtime.block_on(async {
         let store = args.tables.connect(&options, &name).await?;
         let live = kcl_workers_alive(&store, table, failover).await?;
@@ -229,15 +250,19 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             table
         );
     }
-    if report.skipped.is_empty() {
-        Ok(ExitCode::SUCCESS)
-    } else {
-        eprintln!(
-            "error: {} KCL lease(s) were not imported; create them by hand (changefeed reset) or fix the KCL table and run again",
-            report.skipped.len()
-        );
-        Ok(ExitCode::from(1))
+    Ok(skipped_exit(
+        report.skipped.len(),
+        "KCL lease(s) were not imported; create them by hand (changefeed reset) or fix the KCL table and run again",
+    ))
+}
+
+/// 0 when no lease was skipped; otherwise says how many and `what` of them, and 1.
+pub(crate) fn skipped_exit(skipped: usize, what: &str) -> ExitCode {
+    if skipped == 0 {
+        return ExitCode::SUCCESS;
     }
+    eprintln!("error: {skipped} {what}");
+    ExitCode::from(1)
 }
 
 /// The KCL leases live workers hold: none without reading twice when no lease has an owner;

@@ -453,6 +453,70 @@ mod tests {
     }
 
     #[test]
+    fn our_checkpoints_become_the_kcl_checkpoints_the_import_reads_back() {
+        // The way back is the import's inverse: each export, read by the import, gives the
+        // same lease position again; what the KCL cannot hold is refused with why.
+        let group = GroupName::new("g").expect("group");
+        let lease = |p: &str| {
+            Lease::new(
+                LeaseKey::new(group.clone(), PartitionId::new(p).expect("id")),
+                Position::Beginning,
+            )
+        };
+        let seq = "49590338271490256608559692538361571095921575989136588898";
+        let mut at = lease("shardId-1");
+        at.continuation = Some(Continuation::new(format!("{seq}/7")));
+        assert_eq!(kcl_checkpoint(&at), Ok((seq.to_string(), 7)));
+        at.continuation = Some(Continuation::new(seq));
+        assert_eq!(kcl_checkpoint(&at), Ok((seq.to_string(), 0)));
+        let mut now = lease("shardId-2");
+        now.start = Position::Now;
+        assert_eq!(kcl_checkpoint(&now), Ok(("LATEST".into(), 0)));
+        assert_eq!(
+            kcl_checkpoint(&lease("shardId-3")),
+            Ok(("TRIM_HORIZON".into(), 0))
+        );
+        let mut done = lease("shardId-4");
+        done.state = LeaseState::Finished;
+        assert_eq!(kcl_checkpoint(&done), Ok(("SHARD_END".into(), 0)));
+        let mut odd = lease("shardId-5");
+        odd.continuation = Some(Continuation::new("0:42"));
+        assert!(kcl_checkpoint(&odd).is_err_and(|e| e.contains("0:42")));
+        // Round trip through the import's reading of a KCL item.
+        for (checkpoint, sub) in [(seq.to_string(), 7), ("TRIM_HORIZON".into(), 0)] {
+            let item: HashMap<String, AttributeValue> = [
+                (
+                    "leaseKey".to_string(),
+                    AttributeValue::S("shardId-1".into()),
+                ),
+                (
+                    "checkpoint".to_string(),
+                    AttributeValue::S(checkpoint.clone()),
+                ),
+                (
+                    "checkpointSubSequenceNumber".to_string(),
+                    AttributeValue::N(sub.to_string()),
+                ),
+            ]
+            .into();
+            let back = kcl_lease(&group, "shardId-1", &item).expect("imported");
+            assert_eq!(kcl_checkpoint(&back), Ok((checkpoint, sub)));
+        }
+        // Multi-stream: the identifier the import kept names the KCL lease.
+        let mut multi = lease("orders:shardId-9");
+        multi.properties.insert(
+            "kcl.streamIdentifier".into(),
+            "123456789012:orders:1700000000".into(),
+        );
+        assert_eq!(
+            kcl_lease_key(&multi),
+            Ok("123456789012:orders:1700000000:shardId-9".into())
+        );
+        assert!(kcl_lease_key(&lease("orders:shardId-9")).is_err());
+        assert_eq!(kcl_lease_key(&lease("shardId-1")), Ok("shardId-1".into()));
+    }
+
+    #[test]
     fn a_kcl_lease_is_live_when_its_counter_or_owner_moved_between_reads() {
         let holder = |owner: Option<&str>, counter| KclHolder {
             owner: owner.map(str::to_string),

@@ -40,6 +40,7 @@
 mod api;
 pub mod draw;
 mod events;
+mod settings;
 mod timeline;
 mod watch;
 
@@ -60,7 +61,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use changefeed_http::{body_as, only_get, text};
-pub use watch::{Settings, Watch};
+pub use settings::Settings;
+pub use watch::Watch;
 
 /// The page, served at `/`.
 const PAGE: &str = include_str!("page.html");

@@ -23,7 +23,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use changefeed::model::{HostName, Lease, LeaseState, PartitionId};
+use changefeed::model::{HostName, Lease, LeaseState, MembershipView, PartitionId};
 use serde::Serialize;
 
 /// The kind of an event, as the API and the page name it.
@@ -252,6 +252,65 @@ pub fn births(created: &[&Lease]) -> Vec<Change> {
             None,
             format!("{parent} split into {}", names.join(" + ")),
         ));
+    }
+    out
+}
+
+/// The events between two views: a host the new one lists live that the old did not is a
+/// `join` (a `resume` if it was listed dead, a `restart` if in another incarnation); one it
+/// newly lists dead is an `expire`; one it no longer lists at all is a `leave`; a new leader is
+/// a `lead`. Without an old view (the first one written), only the leader.
+pub(super) fn view_changes(old: Option<&MembershipView>, new: &MembershipView) -> Vec<Change> {
+    let mut out = Vec::new();
+    let leader = &new.leader;
+    if old.is_none_or(|o| o.leader != new.leader || o.leader_incarnation != new.leader_incarnation)
+    {
+        out.push(Change::host(
+            Kind::Lead,
+            leader,
+            format!("{leader} leads the membership view"),
+        ));
+    }
+    let Some(old) = old else {
+        return out;
+    };
+    for h in &new.live {
+        let host = &h.host;
+        let before = old.live.iter().find(|o| o.host == *host);
+        let change = match before {
+            Some(o) if o.incarnation == h.incarnation => None,
+            Some(_) => Some((Kind::Restart, format!("{host} restarted (new incarnation)"))),
+            None if old.dead.contains(host) => Some((
+                Kind::Resume,
+                format!("{host} is live again ({leader}'s membership view)"),
+            )),
+            None => Some((
+                Kind::Join,
+                format!("{host} joined ({leader}'s membership view lists it live)"),
+            )),
+        };
+        if let Some((kind, text)) = change {
+            out.push(Change::host(kind, host, text));
+        }
+    }
+    for host in new.dead.iter().filter(|h| !old.dead.contains(h)) {
+        out.push(Change::host(
+            Kind::Expire,
+            host,
+            format!("{host} expired: judged dead by {leader}'s membership view"),
+        ));
+    }
+    let listed = |v: &MembershipView, h: &HostName| {
+        v.dead.contains(h) || v.live.iter().any(|l| l.host == *h)
+    };
+    for host in old.live.iter().map(|h| &h.host).chain(&old.dead) {
+        if !listed(new, host) {
+            out.push(Change::host(
+                Kind::Leave,
+                host,
+                format!("{host} left ({leader}'s membership view lists it no more)"),
+            ));
+        }
     }
     out
 }

@@ -44,3 +44,23 @@ impl Default for Settings {
         Self::for_fleet(&changefeed::processor::Settings::default())
     }
 }
+
+/// How a host's liveness is judged at a refresh.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Judged {
+    /// From the membership view, which its leader keeps fresh.
+    View,
+    /// From the heartbeat rows, on the console's clock: the store keeps no view, or no leader
+    /// keeps it fresh.
+    Heartbeats,
+}
+
+impl Judged {
+    /// The name the API uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Judged::View => "view",
+            Judged::Heartbeats => "heartbeats",
+        }
+    }
+}

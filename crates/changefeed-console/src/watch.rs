@@ -27,32 +27,13 @@ use changefeed::model::{
 use changefeed::source::FeedSource;
 use changefeed::LeaseError;
 
-use super::events::{births, lease_moves, Change, Judge, Kind};
+use super::events::{births, lease_moves, view_changes, Change, Judge, Kind};
+pub use super::settings::Judged;
 use super::settings::Settings;
 use super::timeline::Timeline;
 
 /// How many events the console remembers.
 const EVENTS_KEPT: usize = 500;
-
-/// How a host's liveness is judged at a refresh.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Judged {
-    /// From the membership view, which its leader keeps fresh.
-    View,
-    /// From the heartbeat rows, on the console's clock: the store keeps no view, or no leader
-    /// keeps it fresh.
-    Heartbeats,
-}
-
-impl Judged {
-    /// The name the API uses.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Judged::View => "view",
-            Judged::Heartbeats => "heartbeats",
-        }
-    }
-}
 
 /// A host as the console last saw it.
 #[derive(Debug)]
@@ -688,65 +669,6 @@ impl Watch {
             self.lag.insert(p.clone(), lag_of(records, age));
         }
     }
-}
-
-/// The events between two views: a host the new one lists live that the old did not is a
-/// `join` (a `resume` if it was listed dead, a `restart` if in another incarnation); one it
-/// newly lists dead is an `expire`; one it no longer lists at all is a `leave`; a new leader is
-/// a `lead`. Without an old view (the first one written), only the leader.
-fn view_changes(old: Option<&MembershipView>, new: &MembershipView) -> Vec<Change> {
-    let mut out = Vec::new();
-    let leader = &new.leader;
-    if old.is_none_or(|o| o.leader != new.leader || o.leader_incarnation != new.leader_incarnation)
-    {
-        out.push(Change::host(
-            Kind::Lead,
-            leader,
-            format!("{leader} leads the membership view"),
-        ));
-    }
-    let Some(old) = old else {
-        return out;
-    };
-    for h in &new.live {
-        let host = &h.host;
-        let before = old.live.iter().find(|o| o.host == *host);
-        let change = match before {
-            Some(o) if o.incarnation == h.incarnation => None,
-            Some(_) => Some((Kind::Restart, format!("{host} restarted (new incarnation)"))),
-            None if old.dead.contains(host) => Some((
-                Kind::Resume,
-                format!("{host} is live again ({leader}'s membership view)"),
-            )),
-            None => Some((
-                Kind::Join,
-                format!("{host} joined ({leader}'s membership view lists it live)"),
-            )),
-        };
-        if let Some((kind, text)) = change {
-            out.push(Change::host(kind, host, text));
-        }
-    }
-    for host in new.dead.iter().filter(|h| !old.dead.contains(h)) {
-        out.push(Change::host(
-            Kind::Expire,
-            host,
-            format!("{host} expired: judged dead by {leader}'s membership view"),
-        ));
-    }
-    let listed = |v: &MembershipView, h: &HostName| {
-        v.dead.contains(h) || v.live.iter().any(|l| l.host == *h)
-    };
-    for host in old.live.iter().map(|h| &h.host).chain(&old.dead) {
-        if !listed(new, host) {
-            out.push(Change::host(
-                Kind::Leave,
-                host,
-                format!("{host} left ({leader}'s membership view lists it no more)"),
-            ));
-        }
-    }
-    out
 }
 
 fn lag_of(

@@ -328,7 +328,7 @@ async fn measure(
             let (from, before) = started.unwrap_or(spawned);
             let secs = from.elapsed().as_secs_f64();
             let rate = records.saturating_sub(before) as f64 / secs;
-            stop(&mut host, mode, batch)?;
+            stop(&mut host, mode, batch).await?;
             let cpu = children_cpu()? - cpu_before;
             return Ok(Measured {
                 secs,
@@ -353,7 +353,7 @@ async fn measure(
 
 /// Stops the host with SIGTERM (a graceful stop: it ends its handlers and reaps them) and waits
 /// for it, so that its CPU time and its handlers' count in [`children_cpu`].
-fn stop(host: &mut Host, mode: Mode, batch: usize) -> anyhow::Result<()> {
+async fn stop(host: &mut Host, mode: Mode, batch: usize) -> anyhow::Result<()> {
     let pid = nix::unistd::Pid::from_raw(i32::try_from(host.0.id())?);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)?;
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -364,7 +364,7 @@ fn stop(host: &mut Host, mode: Mode, batch: usize) -> anyhow::Result<()> {
                 mode.name()
             );
         }
-        std::thread::sleep(Duration::from_millis(10));
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     Ok(())
 }

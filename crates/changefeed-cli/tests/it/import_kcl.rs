@@ -269,7 +269,9 @@ fn import_kcl_refuses_while_a_kcl_worker_renews_its_leases_naming_each() {
                 let store = connect(&ours).await;
                 // A live KCL worker: renews shardId-1 every 100 ms (its renewals are a third
                 // of the failover time by default).
+                let mut renewals = tokio::time::interval(std::time::Duration::from_millis(100));
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    renewals.tick().await;
                     store
                         .client()
                         .update_item()
@@ -280,7 +282,6 @@ fn import_kcl_refuses_while_a_kcl_worker_renews_its_leases_naming_each() {
                         .send()
                         .await
                         .expect("renew");
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 }
             });
         })

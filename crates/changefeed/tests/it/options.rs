@@ -546,30 +546,45 @@ async fn a_hand_off_lets_a_lazy_handler_checkpoint_so_the_new_owner_delivers_not
             .start()
     };
     let a = start("a");
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_eq!(
-        handler.delivered.lock().unwrap().len(),
-        written.len(),
-        "host a delivered everything"
-    );
+    let delivered_all = |n: usize| {
+        let handler = handler.clone();
+        move || {
+            let handler = handler.clone();
+            async move { (handler.delivered.lock().unwrap().len() >= n).then_some(()) }
+        }
+    };
+    within(
+        Duration::from_secs(5),
+        "host a delivered everything",
+        delivered_all(written.len()),
+    )
+    .await;
     let b = start("b");
-    tokio::time::sleep(Duration::from_secs(30)).await;
-    let mut owners = std::collections::BTreeMap::new();
-    for p in 0..4 {
-        let lease = store
-            .get(&LeaseKey::new(group(), pid(&p.to_string())))
-            .await
-            .unwrap()
-            .unwrap();
-        *owners
-            .entry(lease.owner.map(|o| o.to_string()))
-            .or_insert(0) += 1;
-    }
-    assert_eq!(
+    let owners = || {
+        let store = store.clone();
+        async move {
+            let mut owners = std::collections::BTreeMap::new();
+            for p in 0..4 {
+                let lease = store
+                    .get(&LeaseKey::new(group(), pid(&p.to_string())))
+                    .await
+                    .unwrap()
+                    .unwrap();
+                *owners
+                    .entry(lease.owner.map(|o| o.to_string()))
+                    .or_insert(0) += 1;
+            }
+            let wanted: std::collections::BTreeMap<Option<String>, i32> =
+                [(Some("a".to_string()), 2), (Some("b".to_string()), 2)].into();
+            (owners == wanted).then_some(())
+        }
+    };
+    within(
+        Duration::from_secs(30),
+        "b took its share by hand-offs",
         owners,
-        [(Some("a".to_string()), 2), (Some("b".to_string()), 2)].into(),
-        "b took its share by hand-offs"
-    );
+    )
+    .await;
     let mut asked = handler.stopping_calls.lock().unwrap().clone();
     asked.sort();
     assert_eq!(
@@ -583,7 +598,12 @@ async fn a_hand_off_lets_a_lazy_handler_checkpoint_so_the_new_owner_delivers_not
             .unwrap();
         written.push(format!("p{p}-late"));
     }
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    within(
+        Duration::from_secs(5),
+        "the new records delivered",
+        delivered_all(written.len()),
+    )
+    .await;
     let delivered = handler.delivered.lock().unwrap().clone();
     let mut records: Vec<&str> = delivered.iter().map(|(_, r)| r.as_str()).collect();
     records.sort_unstable();
@@ -601,4 +621,18 @@ async fn a_hand_off_lets_a_lazy_handler_checkpoint_so_the_new_owner_delivers_not
     );
     b.stop().await.unwrap();
     a.stop().await.unwrap();
+}
+
+/// Waits on virtual time, 100 ms a step, until `done` answers `Some`; fails naming `what` after
+/// `limit`.
+async fn within<F, Fut>(limit: Duration, what: &str, mut done: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<()>>,
+{
+    let deadline = Instant::now() + limit;
+    while done().await.is_none() {
+        assert!(Instant::now() < deadline, "not within {limit:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

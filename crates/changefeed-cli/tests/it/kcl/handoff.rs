@@ -3,14 +3,13 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
 use changefeed::model::PartitionId;
 use serde_json::Value;
 
 use super::{kclpy_python, ledger};
-use crate::support::{bin, read, terminate, wait_exit, wait_for, Fixture, KillOnDrop, FAST};
+use crate::support::{read, terminate, wait_exit, wait_for, Fixture, KillOnDrop};
 
 /// Record indices the test processor never checkpoints at by itself (it checkpoints at
 /// multiples of 3): every checkpoint comes from `shutdownRequested` or a shard's end.
@@ -30,22 +29,7 @@ fn append(fx: &Fixture, indices: &[usize]) {
 }
 
 fn host(fx: &Fixture, name: &str, ledger: &Path) -> KillOnDrop {
-    let python = kclpy_python();
-    let processor = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/kcl/record_processor.py");
-    KillOnDrop(
-        bin()
-            .args(["run", "--store", &fx.url(), "--source", &fx.url()])
-            .args(["--protocol", "kcl", "--host", name, "--group", "g"])
-            .arg("--handler")
-            .arg(format!("'{python}' '{}'", processor.display()))
-            .args(FAST)
-            .env("KCL_TEST_LEDGER", ledger)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(fx.path(&format!("{name}.stderr"))).expect("stderr"))
-            .spawn()
-            .expect("start run"),
-    )
+    super::sqlite_kcl_host(crate::support::bin(), fx, name, ledger)
 }
 
 /// How many times each record was delivered, by data.

@@ -130,6 +130,33 @@ fn start_host(properties: &Path, ledger: &Path, name: &str, extra: &[&str]) -> K
     )
 }
 
+/// `binary run --protocol kcl` on the fixture's SQLite store and feed, group `g`, host `name`,
+/// the test record processor as its handler writing to `ledger`; its stderr in
+/// `fx.path("{name}.stderr")`.
+fn sqlite_kcl_host(
+    mut binary: std::process::Command,
+    fx: &crate::support::Fixture,
+    name: &str,
+    ledger: &Path,
+) -> KillOnDrop {
+    let python = kclpy_python();
+    let processor = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/kcl/record_processor.py");
+    KillOnDrop(
+        binary
+            .args(["run", "--store", &fx.url(), "--source", &fx.url()])
+            .args(["--protocol", "kcl", "--host", name, "--group", "g"])
+            .arg("--handler")
+            .arg(format!("'{python}' '{}'", processor.display()))
+            .args(FAST)
+            .env("KCL_TEST_LEDGER", ledger)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(fx.path(&format!("{name}.stderr"))).expect("stderr"))
+            .spawn()
+            .expect("start run"),
+    )
+}
+
 /// Writes `dir/app.properties` for the test record processor run by `python` on stream and
 /// application `app` at the local servers, with the `extra` lines, and returns its path.
 fn write_properties(

@@ -5,13 +5,13 @@
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use changefeed::model::PartitionId;
 
-use super::{delivered, kclpy_python, ledger};
-use crate::support::{read, terminate, wait_exit, wait_for, Fixture, KillOnDrop, FAST};
+use super::{delivered, ledger};
+use crate::support::{read, terminate, wait_exit, wait_for, Fixture};
 
 /// The `changefeed` the wheel installed, checked to exist.
 fn wheel_bin() -> String {
@@ -37,7 +37,6 @@ fn the_pip_installed_changefeed_runs_a_kcl_record_processor() {
         format!("changefeed {}", env!("CARGO_PKG_VERSION")),
         "the wheel carries this version's binary"
     );
-    let python = kclpy_python();
     let fx = Fixture::new();
     fx.with_feed(async |feed| {
         feed.create_partitions(2).await.expect("partitions");
@@ -48,23 +47,9 @@ fn the_pip_installed_changefeed_runs_a_kcl_record_processor() {
                 .expect("append");
         }
     });
-    let processor = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/kcl/record_processor.py");
     let ledger_path = fx.path("ledger.jsonl");
-    let stderr = fx.path("stderr");
-    let mut host = KillOnDrop(
-        Command::new(&bin)
-            .args(["run", "--store", &fx.url(), "--source", &fx.url()])
-            .args(["--protocol", "kcl", "--host", "h1", "--group", "g"])
-            .arg("--handler")
-            .arg(format!("'{python}' '{}'", processor.display()))
-            .args(FAST)
-            .env("KCL_TEST_LEDGER", &ledger_path)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&stderr).expect("stderr file"))
-            .spawn()
-            .expect("start the wheel's changefeed"),
-    );
+    let stderr = fx.path("h1.stderr");
+    let mut host = super::sqlite_kcl_host(Command::new(&bin), &fx, "h1", &ledger_path);
     let want: BTreeSet<String> = (0..20).map(|i| format!("r-{i}")).collect();
     wait_for(Duration::from_secs(60), "every record delivered", || {
         assert!(

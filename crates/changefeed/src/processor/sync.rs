@@ -54,7 +54,6 @@ pub(crate) enum SyncError {
 /// The sync task's memory between runs, on this host's clock.
 #[derive(Debug, Default)]
 pub(crate) struct Syncer {
-    last_run: Option<Instant>,
     /// Since when each finished lease has been deletable.
     deletable_since: BTreeMap<PartitionId, Instant>,
     /// Since when each lease has been [retired](FeedSource::retired) (its stream removed).
@@ -81,7 +80,6 @@ impl Syncer {
     /// A syncer asking `callbacks` where the partitions the group starts on begin.
     pub fn new(callbacks: Arc<Callbacks>) -> Self {
         Self {
-            last_run: None,
             deletable_since: BTreeMap::new(),
             retired_since: BTreeMap::new(),
             last_plan: None,
@@ -89,16 +87,9 @@ impl Syncer {
         }
     }
 
-    /// Whether a sync is due at `now`.
-    pub fn due(&self, now: Instant, settings: &Settings) -> bool {
-        self.last_run
-            .is_none_or(|t| now.saturating_duration_since(t) >= settings.sync_interval)
-    }
-
-    /// Forgets the schedule (this host stopped leading): the next time it leads, it syncs at
-    /// once and times cleanup delays afresh.
+    /// Forgets the cleanup timers and the last plan (this host stopped leading): the next
+    /// time it leads, it times cleanup delays afresh.
     pub fn reset(&mut self) {
-        self.last_run = None;
         self.deletable_since.clear();
         self.retired_since.clear();
         self.last_plan = None;
@@ -121,7 +112,6 @@ impl Syncer {
         now: Instant,
         counter: Option<u64>,
     ) -> Result<SyncReport, SyncError> {
-        self.last_run = Some(now);
         let mut report = SyncReport::default();
         if lineage::covers_key_space(leases)
             && !leases.iter().any(|l| source.retired(&l.key.partition))

@@ -2,21 +2,19 @@
 //! cycle.
 
 use std::collections::BTreeSet;
-use std::time::Duration;
+use std::sync::Arc;
 
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use crate::lag;
-use crate::model::{Continuation, LeaseState, PartitionId, Position};
+use crate::model::{Continuation, Lease, LeaseState, PartitionId, Position};
 use crate::processor::callbacks::ErrorOrigin;
+use crate::processor::host_state::Answer;
 use crate::processor::{sync, worker};
 use crate::source::OldestUnread;
 
 use super::Host;
-
-/// How often the leader estimates the lag of the partitions no host reads.
-const UNOWNED_LAG_REFRESH: Duration = Duration::from_secs(10);
 
 /// At most this many partitions no host reads are asked about per estimate.
 const UNOWNED_LAG_MAX: usize = 64;
@@ -33,18 +31,14 @@ fn older(a: OldestUnread, b: OldestUnread) -> OldestUnread {
 }
 
 impl Host {
-    /// Runs the partition sync when this host leads (the first live host by name) and it is
-    /// due, or at once when a lease became finished (its children may need leases). Returns whether the lease table changed, after re-listing it.
-    pub(super) async fn sync(&mut self, now: Instant) -> bool {
-        let wanted = self.state.sync_wanted();
-        if !self.state.leads() {
-            self.syncer.reset();
-            self.state.synced();
-            return false;
-        }
-        if !wanted && !self.syncer.due(now, &self.p.settings) {
-            return false;
-        }
+    /// Runs the leader's partition sync over `rows` (listed at `counter`); failures are
+    /// logged and reported.
+    pub(super) async fn sync(
+        &mut self,
+        rows: &[Arc<Lease>],
+        counter: Option<u64>,
+        now: Instant,
+    ) -> Answer {
         let report = self
             .syncer
             .run(
@@ -52,43 +46,21 @@ impl Host {
                 self.p.source.as_ref(),
                 &self.p.group,
                 &self.p.settings,
-                &self.state.rows(),
+                rows,
                 now,
-                self.state.listed_counter(),
+                counter,
             )
             .await;
-        if report.is_ok() {
-            self.state.synced();
-        }
         match report {
-            Ok(report) if report.changed() => {
-                debug!(?report, "partition sync changed the lease table");
-                // Read what the sync (and anyone else) changed since the table's counter: the
-                // table is then at the counter the store answered with. A store that cannot
-                // say is listed in full, and the counter distrusted until the next list.
-                let listed = match self.read_changes().await {
-                    Ok(Some(at)) => {
-                        self.state.advanced(at);
-                        Ok(())
-                    }
-                    Ok(None) => self
-                        .p
-                        .store
-                        .list(&self.p.group)
-                        .await
-                        .map(|listing| self.state.relisted(listing.leases)),
-                    Err(err) => Err(err),
-                };
-                match listed {
-                    Ok(()) => true,
-                    Err(err) => {
-                        warn!(error = %err, "listing leases after the sync failed");
-                        self.state.invalidate();
-                        false
-                    }
+            Ok(report) => {
+                if report.changed() {
+                    debug!(?report, "partition sync changed the lease table");
+                }
+                Answer::Synced {
+                    ok: true,
+                    changed: report.changed(),
                 }
             }
-            Ok(_) => false,
             Err(err) => {
                 warn!(error = %err, "partition sync failed; retrying at the next interval");
                 let origin = match err {
@@ -98,32 +70,20 @@ impl Host {
                 self.p
                     .callbacks
                     .error(origin, None, || format!("partition sync failed: {err}"));
-                false
+                Answer::Synced {
+                    ok: false,
+                    changed: false,
+                }
             }
         }
     }
 
-    /// On the leader, at most every [`UNOWNED_LAG_REFRESH`]: the lag of the partitions no host
-    /// reads (leases without an owner, such as children waiting for their parents, and
-    /// partitions the source lists that have no lease yet), added to this host's lag gauges so
-    /// the fleet's sum counts them once. At most [`UNOWNED_LAG_MAX`] partitions are asked
-    /// about (one or two small source reads each); a failed read is left out.
-    pub(super) async fn estimate_unowned(&mut self, now: Instant) {
-        if !self.state.leads() {
-            if self.unowned_lag_at.take().is_some() {
-                self.lag
-                    .set_unowned(&self.group_label, None, self.p.clock.wall());
-            }
-            return;
-        }
-        if self
-            .unowned_lag_at
-            .is_some_and(|t| now.saturating_duration_since(t) < UNOWNED_LAG_REFRESH)
-        {
-            return;
-        }
-        self.unowned_lag_at = Some(now);
-        let rows = self.state.rows();
+    /// The lag of the partitions no host reads (leases without an owner, such as children
+    /// waiting for their parents, and partitions the source lists that have no lease yet),
+    /// added to this host's lag gauges so the fleet's sum counts them once. At most
+    /// [`UNOWNED_LAG_MAX`] partitions are asked about (one or two small source reads each); a
+    /// failed read is left out.
+    pub(super) async fn estimate_unowned(&mut self, rows: Vec<Arc<Lease>>) {
         let mut todo: Vec<(PartitionId, Option<Continuation>, Position)> = rows
             .iter()
             .filter(|l| l.owner.is_none() && l.state != LeaseState::Finished)
@@ -177,7 +137,7 @@ impl Host {
         metrics::gauge!("changefeed_leases_owned", "group" => self.group_label.clone())
             .set(self.state.running() as f64);
         metrics::gauge!("changefeed_malformed_leases", "group" => self.group_label.clone())
-            .set(self.malformed.len() as f64);
+            .set(self.state.malformed_rows() as f64);
         self.lag
             .publish_seconds(&self.group_label, self.p.clock.wall());
     }

@@ -12,9 +12,11 @@
 //! view and the live hosts judged from it; the listing state; the hand-off requests this host
 //! waits on; its registration time; and whether the last plan was cut short.
 
+mod cycle;
 mod decide;
 mod plan;
 mod share;
+mod step;
 mod table;
 mod view;
 
@@ -25,15 +27,17 @@ use std::time::Duration;
 
 pub(crate) use decide::*;
 pub use share::TableShare;
+pub(crate) use step::{Answer, Call, Effect, Now, Roll, Why};
 pub(crate) use table::*;
 use view::Members;
 
 use super::heartbeat::Liveness;
-use crate::balance::HandoffRequest;
+use crate::balance::{BalanceStrategy, HandoffRequest};
 use crate::clock::Instant;
 use crate::lineage::ParentsRule;
 use crate::model::{
-    GroupHead, Heartbeat, HostName, Lease, Membership, MembershipView, PartitionId, Version,
+    GroupHead, GroupName, Heartbeat, HostName, Lease, Membership, MembershipView, PartitionId,
+    Version,
 };
 
 /// Why a lease is taken: free or expired (a take), or an unhonoured hand-off (a steal).
@@ -62,15 +66,6 @@ impl fmt::Display for TakeKind {
     }
 }
 
-/// What a running worker must be told, in the order it was decided.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Signal {
-    /// A newer row of its lease than it knows (a hand-off request, or a new owner).
-    Hint(Lease),
-    /// Stop: its lease was deleted, or the plan releases it.
-    Stop(PartitionId),
-}
-
 /// The settings the host's decisions depend on.
 #[derive(Debug, Clone)]
 pub(crate) struct StateConfig {
@@ -91,6 +86,13 @@ pub(crate) struct StateConfig {
     pub head_reads_per_second: Option<f64>,
     /// The lease tables this host shares with the other hosts of its process, if any.
     pub share: Option<TableShare>,
+    /// How long after a renewal was sent the host is fenced (`lease_expiry − safety_margin`).
+    pub fence_after: Duration,
+    /// How often the leader syncs the partitions when nothing asks for it sooner.
+    pub sync_interval: Duration,
+    pub strategy: Arc<dyn BalanceStrategy>,
+    /// The group, as malformed rows' keys name it.
+    pub group: GroupName,
 }
 
 /// What the plan asks of this host now, to carry out in this order.
@@ -135,7 +137,15 @@ pub(crate) struct HostState {
     /// syncs in its next cycle, so the children get leases within an acquire interval of
     /// their parents' end instead of up to `sync_interval` later.
     sync_wanted: bool,
-    outbox: Vec<Signal>,
+    outbox: Vec<Effect>,
+    /// The cycle in progress, if any.
+    cycle: Option<cycle::Cycle>,
+    /// Keys of lease rows the store could not read, for the malformed-rows gauge.
+    malformed: BTreeSet<String>,
+    /// When the leader last ran the partition sync (`None`: not leading, or never).
+    sync_at: Option<Instant>,
+    /// When the leader last estimated the lag of the partitions no host reads.
+    unowned_lag_at: Option<Instant>,
     /// The rows of the running workers' leases in the last full listing, as listed, until
     /// [`HostState::hint_all`] tells the workers of them.
     listed_rows: Vec<Arc<Lease>>,
@@ -162,11 +172,15 @@ impl HostState {
             sync_wanted: false,
             outbox: Vec::new(),
             listed_rows: Vec::new(),
+            cycle: None,
+            malformed: BTreeSet::new(),
+            sync_at: None,
+            unowned_lag_at: None,
         }
     }
 
-    /// What the workers must be told since the last call, in order.
-    pub(crate) fn signals(&mut self) -> Vec<Signal> {
+    /// What the shell must carry out since the last call, in order.
+    pub(crate) fn take_effects(&mut self) -> Vec<Effect> {
         std::mem::take(&mut self.outbox)
     }
 
@@ -420,7 +434,7 @@ impl HostState {
             .filter(|p| self.table.get(p).is_none() && !unreadable(p))
             .cloned()
             .collect();
-        self.outbox.extend(gone.into_iter().map(Signal::Stop));
+        self.outbox.extend(gone.into_iter().map(Effect::Stop));
     }
 
     /// Takes in a list of changes: rows deleted (their workers stop) and rows newer than the
@@ -432,7 +446,7 @@ impl HostState {
     ) {
         for partition in deleted {
             if self.running.contains_key(partition) {
-                self.outbox.push(Signal::Stop(partition.clone()));
+                self.outbox.push(Effect::Stop(partition.clone()));
             }
         }
         let leases = leases.into_iter().map(Into::into).collect();
@@ -458,7 +472,7 @@ impl HostState {
             }
         }
         self.listed_rows = rows;
-        self.outbox.extend(gone.into_iter().map(Signal::Stop));
+        self.outbox.extend(gone.into_iter().map(Effect::Stop));
         true
     }
 

@@ -233,7 +233,7 @@ impl HostState {
         if let Some(known) = self.running.get_mut(&row.key.partition) {
             if row.version > *known {
                 *known = row.version;
-                self.outbox.push(Signal::Hint(Lease::clone(row)));
+                self.outbox.push(Effect::Hint(Lease::clone(row)));
             }
         }
     }

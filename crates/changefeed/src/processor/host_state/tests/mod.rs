@@ -104,6 +104,10 @@ fn config() -> StateConfig {
         safety_margin: 2 * SECOND,
         head_reads_per_second: None,
         share: None,
+        fence_after: 8 * SECOND,
+        sync_interval: 60 * SECOND,
+        strategy: std::sync::Arc::new(EqualShare::default()),
+        group: GroupName::new("g").unwrap(),
     }
 }
 

@@ -42,7 +42,7 @@ fn nothing_to_do_in_a_quiet_cycle() {
     assert!(a.takes.is_empty() && a.requests.is_empty() && a.releases.is_empty());
     assert_eq!(s.next_read(1, start + SECOND), Read::Nothing);
     assert!(!s.wants_plan(false));
-    assert!(s.signals().is_empty());
+    assert!(s.take_effects().is_empty());
 }
 
 #[test]
@@ -64,7 +64,7 @@ fn a_lease_deleted_in_a_list_of_changes_stops_its_worker() {
     let mut s = state("a", &["a"], vec![row("0", Some("a"), None, 1)], start);
     s.worker_started(&row("0", Some("a"), None, 1));
     s.listed_changes(&[p("0")], Vec::<Lease>::new());
-    assert_eq!(s.signals(), vec![Signal::Stop(p("0"))]);
+    assert_eq!(s.take_effects(), vec![Effect::Stop(p("0"))]);
     assert!(s.rows().is_empty());
 }
 
@@ -76,7 +76,7 @@ fn a_lease_gone_from_a_full_list_stops_its_worker_unless_only_unreadable() {
     s.worker_started(&row("0", Some("a"), None, 1));
     s.worker_started(&row("1", Some("a"), None, 1));
     s.listed_all(Vec::<Lease>::new(), |partition| partition == &p("1"));
-    assert_eq!(s.signals(), vec![Signal::Stop(p("0"))]);
+    assert_eq!(s.take_effects(), vec![Effect::Stop(p("0"))]);
 }
 
 #[test]
@@ -87,7 +87,10 @@ fn workers_are_told_of_newer_rows_once_in_partition_order() {
     s.worker_started(&row("1", Some("a"), None, 1));
     s.worker_started(&row("0", Some("a"), None, 1));
     s.hint_all();
-    assert!(s.signals().is_empty(), "the workers know these versions");
+    assert!(
+        s.take_effects().is_empty(),
+        "the workers know these versions"
+    );
     let asked = vec![
         row("0", Some("a"), Some("b"), 2),
         row("1", Some("a"), Some("b"), 2),
@@ -95,11 +98,11 @@ fn workers_are_told_of_newer_rows_once_in_partition_order() {
     s.listed_all(asked.clone(), |_| false);
     s.hint_all();
     assert_eq!(
-        s.signals(),
-        asked.into_iter().map(Signal::Hint).collect::<Vec<_>>()
+        s.take_effects(),
+        asked.into_iter().map(Effect::Hint).collect::<Vec<_>>()
     );
     s.hint_all();
-    assert!(s.signals().is_empty(), "told once");
+    assert!(s.take_effects().is_empty(), "told once");
 }
 
 #[test]
@@ -109,12 +112,12 @@ fn a_row_from_a_list_of_changes_is_told_to_its_worker_at_once() {
     s.worker_started(&row("0", Some("a"), None, 1));
     s.listed_changes(&[], vec![row("0", Some("a"), Some("b"), 2)]);
     assert_eq!(
-        s.signals(),
-        vec![Signal::Hint(row("0", Some("a"), Some("b"), 2))]
+        s.take_effects(),
+        vec![Effect::Hint(row("0", Some("a"), Some("b"), 2))]
     );
     s.listed_changes(&[], vec![row("0", Some("a"), Some("b"), 2)]);
     assert!(
-        s.signals().is_empty(),
+        s.take_effects().is_empty(),
         "a row already known is not told again"
     );
 }

@@ -136,6 +136,7 @@ fn partitions(takes: &[(Lease, TakeKind)]) -> Vec<(PartitionId, TakeKind)> {
 }
 
 mod census;
+mod ordering;
 mod parts;
 mod state;
 mod view;

@@ -55,7 +55,8 @@ pub use handler::{
     handler_fn, CloseReason, Context, DeadLetter, DeadLetterSink, FnHandler, Handler, HandlerError,
 };
 pub use health::{Health, HealthProbe, Unhealthy, UnhealthyReason};
-pub use heartbeat::{Liveness, ProcessorError};
+pub use heartbeat::ProcessorError;
+pub use host_state::Liveness;
 #[cfg(feature = "sim-broken")]
 pub use hooks::Broken;
 #[cfg(feature = "sim")]

@@ -15,11 +15,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 mod fence;
-mod liveness;
 
 use fence::FenceWriter;
 pub(crate) use fence::{FenceDeadline, Trouble};
-pub use liveness::Liveness;
 
 use super::callbacks::{Callbacks, ErrorOrigin};
 use super::health::Unhealthy;

@@ -6,6 +6,7 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 
 use super::*;
+use crate::processor::host_state::Liveness;
 use crate::clock::{Sleep, SystemClock};
 use crate::lease::{ForwardingStore, MemoryLeaseStore};
 use crate::model::{Timestamp, Version};

@@ -103,6 +103,9 @@ impl Host {
         cancel: CancellationToken,
         row: Heartbeat,
     ) -> Result<(), ProcessorError> {
+        // Workers stop with the caller's token too (a child of it), and on their own when the
+        // host stops for another reason (its heartbeat task ended).
+        self.worker_cancel = cancel.child_token();
         self.state.registered_as(row.incarnation.clone());
         self.link = heartbeat::ViewLink::new(row.incarnation.clone());
         let hb_cancel = CancellationToken::new();

@@ -1,19 +1,21 @@
 //! The host's decisions, pure: [`HostState`]. No I/O, no clock reads, no async: time comes in
-//! as an argument, in the style of raft-rs's `RawNode` (`Ready`/`advance`).
+//! as an argument, in the style of raft-rs's `RawNode` (`tick`/`ready`/`advance`).
 //!
-//! The shell ([`super::host`]) reads the store and feeds what it read in here; asks what to
-//! read next and what to do ([`HostState::next_read`], [`HostState::actions`]); carries the
-//! actions out (store calls, starting workers) and feeds each outcome back
-//! ([`HostState::took`], [`HostState::take_conflict`], …). Whatever the workers must be told
-//! as a result (a newer row of their lease, or to stop) collects in an outbox the shell drains
-//! after each step ([`HostState::signals`]).
+//! The shell ([`super::host`]) starts each acquire cycle with [`HostState::tick`], then loops:
+//! [`HostState::ready`] hands back the [`Effect`]s decided so far, in order, and at most one
+//! [`Call`] (a store or source request); the shell carries out the effects, makes the call and
+//! answers it with [`HostState::advance`]. No call: the cycle is over. Which reads, writes and
+//! effects happen, and in what order, is decided here (`cycle`), and the ordering rules are
+//! tested as properties of random runs (`tests/ordering.rs`).
 //!
 //! What it owns: the lease table and the version each running worker knows; the liveness
 //! view and the live hosts judged from it; the listing state; the hand-off requests this host
-//! waits on; its registration time; and whether the last plan was cut short.
+//! waits on; its registration time; the leader's sync and lag-estimate schedule; the malformed
+//! rows seen; and whether the last plan was cut short.
 
 mod cycle;
 mod decide;
+mod liveness;
 mod plan;
 mod share;
 mod step;
@@ -26,12 +28,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub(crate) use decide::*;
+pub use liveness::Liveness;
 pub use share::TableShare;
 pub(crate) use step::{Answer, Call, Effect, Now, Roll, Why};
 pub(crate) use table::*;
 use view::Members;
 
-use super::heartbeat::Liveness;
 use crate::balance::{BalanceStrategy, HandoffRequest};
 use crate::clock::Instant;
 use crate::lineage::ParentsRule;

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
+use crate::clock::Instant;
 
 use crate::model::{Heartbeat, HostName, Membership, Version};
 

@@ -6,6 +6,7 @@
 //! `MemoryLeaseStore`. Wall time is read with
 //! `std::time::Instant`: measuring real elapsed time is the point of a benchmark.
 
+use changefeed::lease::HeartbeatRole;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -141,7 +142,14 @@ async fn heartbeat_ms(store: &dyn LeaseStore) -> anyhow::Result<f64> {
     let group = GroupName::new("bench-heartbeat")?;
     let host = HostName::new("bench-host")?;
     let mut row = match store
-        .heartbeat(&group, &host, "bench", Timestamp(0), None)
+        .heartbeat(
+            &group,
+            &host,
+            "bench",
+            Timestamp(0),
+            None,
+            HeartbeatRole::Member,
+        )
         .await
     {
         Ok(row) => row,
@@ -154,7 +162,14 @@ async fn heartbeat_ms(store: &dyn LeaseStore) -> anyhow::Result<f64> {
     for i in 0..200 {
         let start = Instant::now();
         row = store
-            .heartbeat(&group, &host, "bench", Timestamp(i), Some(row.version))
+            .heartbeat(
+                &group,
+                &host,
+                "bench",
+                Timestamp(i),
+                Some(row.version),
+                HeartbeatRole::Member,
+            )
             .await?;
         times.push(start.elapsed());
     }

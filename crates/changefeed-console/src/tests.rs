@@ -2,6 +2,7 @@
 
 use super::*;
 use changefeed::clock::VirtualClock;
+use changefeed::lease::HeartbeatRole;
 use changefeed::lease::{ForwardingStore, MemoryLeaseStore};
 use changefeed::model::{
     GroupHead, Heartbeat, HostName, Lease, LeaseKey, LeaseState, MembershipView, PartitionId,
@@ -108,6 +109,7 @@ impl Script {
                 &format!("inc-{h}"),
                 Timestamp(0),
                 last.map(|b| b.version),
+                HeartbeatRole::Member,
             )
             .await
             .expect("heartbeat")
@@ -121,12 +123,13 @@ impl Script {
     /// [`Script::lead`], written at `at` (wall clock).
     async fn lead_at(&self, h: &str, last: &Heartbeat, at: Timestamp) -> Heartbeat {
         self.store
-            .lead_heartbeat(
+            .heartbeat(
                 &self.group,
                 &host(h),
                 &format!("inc-{h}"),
                 at,
                 Some(last.version),
+                HeartbeatRole::Leader,
             )
             .await
             .expect("lead heartbeat")

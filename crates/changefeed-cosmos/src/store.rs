@@ -1,5 +1,6 @@
 //! [`CosmosLeaseStore`]: the lease store seam on one Cosmos DB container.
 
+use changefeed::lease::HeartbeatRole;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -1155,88 +1156,97 @@ impl LeaseStore for CosmosLeaseStore {
         incarnation: &str,
         written_at: Timestamp,
         expected: Option<Version>,
+        role: HeartbeatRole,
     ) -> Result<Heartbeat, LeaseError> {
-        let version = expected.map_or(Version::FIRST, Version::next);
-        let doc = heartbeat_doc(group, host, incarnation, written_at, version);
-        let stored = Heartbeat {
-            group: group.clone(),
-            host: host.clone(),
-            incarnation: incarnation.into(),
-            version,
-            written_at,
-        };
-        let name = || Some(format!("{group}/{host}"));
-        let slot = (group.clone(), host.clone());
-        let Some(expected) = expected else {
-            let answer = self
-                .rest
-                .create(group.as_str(), &doc)
-                .await
-                .map_err(|e| e.into_lease("heartbeat", name()))?;
-            return match answer.status {
-                200 | 201 => {
-                    let etag = answer.json().ok().and_then(|b| etag_of(&answer, &b).ok());
-                    if let Some(etag) = etag {
-                        lock(&self.inner.hosts).insert(slot, (version, etag));
-                    }
-                    Ok(stored)
-                }
-                409 => {
-                    let current = self.read_heartbeat("heartbeat", group, host).await?;
-                    Err(Self::heartbeat_conflict(
-                        group,
-                        host,
-                        current.map(|(h, _)| h),
-                    ))
-                }
-                _ => Err(answer.into_error().into_lease("heartbeat", name())),
-            };
-        };
-        for _ in 0..SAME_VERSION_ATTEMPTS {
-            let known = lock(&self.inner.hosts)
-                .get(&slot)
-                .filter(|(v, _)| *v == expected)
-                .map(|(_, etag)| etag.clone());
-            let etag = match known {
-                Some(etag) => etag,
-                None => match self.read_heartbeat("heartbeat", group, host).await? {
-                    None => return Err(Self::heartbeat_conflict(group, host, None)),
-                    Some((current, _)) if current.version != expected => {
-                        return Err(Self::heartbeat_conflict(group, host, Some(current)))
-                    }
-                    Some((_, etag)) => etag,
-                },
-            };
-            let answer = self
-                .rest
-                .replace(group.as_str(), &host_id(host.as_str()), &doc, &etag)
-                .await
-                .map_err(|e| e.into_lease("heartbeat", name()))?;
-            match answer.status {
-                200 | 201 => {
-                    let etag = answer.json().ok().and_then(|b| etag_of(&answer, &b).ok());
-                    match etag {
-                        Some(etag) => lock(&self.inner.hosts).insert(slot, (version, etag)),
-                        None => lock(&self.inner.hosts).remove(&slot),
+        match role {
+            HeartbeatRole::Member => {
+                let version = expected.map_or(Version::FIRST, Version::next);
+                let doc = heartbeat_doc(group, host, incarnation, written_at, version);
+                let stored = Heartbeat {
+                    group: group.clone(),
+                    host: host.clone(),
+                    incarnation: incarnation.into(),
+                    version,
+                    written_at,
+                };
+                let name = || Some(format!("{group}/{host}"));
+                let slot = (group.clone(), host.clone());
+                let Some(expected) = expected else {
+                    let answer = self
+                        .rest
+                        .create(group.as_str(), &doc)
+                        .await
+                        .map_err(|e| e.into_lease("heartbeat", name()))?;
+                    return match answer.status {
+                        200 | 201 => {
+                            let etag = answer.json().ok().and_then(|b| etag_of(&answer, &b).ok());
+                            if let Some(etag) = etag {
+                                lock(&self.inner.hosts).insert(slot, (version, etag));
+                            }
+                            Ok(stored)
+                        }
+                        409 => {
+                            let current = self.read_heartbeat("heartbeat", group, host).await?;
+                            Err(Self::heartbeat_conflict(
+                                group,
+                                host,
+                                current.map(|(h, _)| h),
+                            ))
+                        }
+                        _ => Err(answer.into_error().into_lease("heartbeat", name())),
                     };
-                    return Ok(stored);
+                };
+                for _ in 0..SAME_VERSION_ATTEMPTS {
+                    let known = lock(&self.inner.hosts)
+                        .get(&slot)
+                        .filter(|(v, _)| *v == expected)
+                        .map(|(_, etag)| etag.clone());
+                    let etag = match known {
+                        Some(etag) => etag,
+                        None => match self.read_heartbeat("heartbeat", group, host).await? {
+                            None => return Err(Self::heartbeat_conflict(group, host, None)),
+                            Some((current, _)) if current.version != expected => {
+                                return Err(Self::heartbeat_conflict(group, host, Some(current)))
+                            }
+                            Some((_, etag)) => etag,
+                        },
+                    };
+                    let answer = self
+                        .rest
+                        .replace(group.as_str(), &host_id(host.as_str()), &doc, &etag)
+                        .await
+                        .map_err(|e| e.into_lease("heartbeat", name()))?;
+                    match answer.status {
+                        200 | 201 => {
+                            let etag = answer.json().ok().and_then(|b| etag_of(&answer, &b).ok());
+                            match etag {
+                                Some(etag) => lock(&self.inner.hosts).insert(slot, (version, etag)),
+                                None => lock(&self.inner.hosts).remove(&slot),
+                            };
+                            return Ok(stored);
+                        }
+                        404 => {
+                            lock(&self.inner.hosts).remove(&slot);
+                            return Err(Self::heartbeat_conflict(group, host, None));
+                        }
+                        412 => {
+                            lock(&self.inner.hosts).remove(&slot);
+                        }
+                        _ => return Err(answer.into_error().into_lease("heartbeat", name())),
+                    }
                 }
-                404 => {
-                    lock(&self.inner.hosts).remove(&slot);
-                    return Err(Self::heartbeat_conflict(group, host, None));
-                }
-                412 => {
-                    lock(&self.inner.hosts).remove(&slot);
-                }
-                _ => return Err(answer.into_error().into_lease("heartbeat", name())),
+                let current = self.read_heartbeat("heartbeat", group, host).await?;
+                Err(Self::heartbeat_conflict(
+                    group,
+                    host,
+                    current.map(|(h, _)| h),
+                ))
+            }
+            HeartbeatRole::Leader => {
+                self.put_lead_heartbeat(group, host, incarnation, written_at, expected)
+                    .await
             }
         }
-        let current = self.read_heartbeat("heartbeat", group, host).await?;
-        Err(Self::heartbeat_conflict(
-            group,
-            host,
-            current.map(|(h, _)| h),
-        ))
     }
 
     async fn remove_heartbeat(
@@ -1313,18 +1323,6 @@ impl LeaseStore for CosmosLeaseStore {
         }
         membership.hosts.sort_by(|a, b| a.host.cmp(&b.host));
         Ok(membership)
-    }
-
-    async fn lead_heartbeat(
-        &self,
-        group: &GroupName,
-        host: &HostName,
-        incarnation: &str,
-        written_at: Timestamp,
-        expected: Option<Version>,
-    ) -> Result<Heartbeat, LeaseError> {
-        self.put_lead_heartbeat(group, host, incarnation, written_at, expected)
-            .await
     }
 
     async fn head(&self, group: &GroupName) -> Result<Option<GroupHead>, LeaseError> {

@@ -1,5 +1,6 @@
 //! [`DynamoLeaseStore`]: the lease store seam on one DynamoDB table.
 
+use changefeed::lease::HeartbeatRole;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -930,21 +931,18 @@ impl LeaseStore for DynamoLeaseStore {
         incarnation: &str,
         written_at: Timestamp,
         expected: Option<Version>,
+        role: HeartbeatRole,
     ) -> Result<Heartbeat, LeaseError> {
-        self.write_heartbeat(group, host, incarnation, written_at, expected)
-            .await
-    }
-
-    async fn lead_heartbeat(
-        &self,
-        group: &GroupName,
-        host: &HostName,
-        incarnation: &str,
-        written_at: Timestamp,
-        expected: Option<Version>,
-    ) -> Result<Heartbeat, LeaseError> {
-        self.put_lead_heartbeat(group, host, incarnation, written_at, expected)
-            .await
+        match role {
+            HeartbeatRole::Member => {
+                self.write_heartbeat(group, host, incarnation, written_at, expected)
+                    .await
+            }
+            HeartbeatRole::Leader => {
+                self.put_lead_heartbeat(group, host, incarnation, written_at, expected)
+                    .await
+            }
+        }
     }
 
     async fn remove_heartbeat(

@@ -51,6 +51,7 @@
 //! (the create's second statement only updates the row it inserted), and only deletes touch
 //! the deletion records, after the counter row: no lock cycles.
 
+use changefeed::lease::HeartbeatRole;
 use std::borrow::Cow;
 use std::sync::Arc;
 
@@ -779,21 +780,17 @@ impl LeaseStore for PostgresLeaseStore {
         incarnation: &str,
         written_at: Timestamp,
         expected: Option<Version>,
+        role: HeartbeatRole,
     ) -> Result<Heartbeat, LeaseError> {
-        self.write_heartbeat(group, host, incarnation, written_at, expected, false)
-            .await
-    }
-
-    async fn lead_heartbeat(
-        &self,
-        group: &GroupName,
-        host: &HostName,
-        incarnation: &str,
-        written_at: Timestamp,
-        expected: Option<Version>,
-    ) -> Result<Heartbeat, LeaseError> {
-        self.write_heartbeat(group, host, incarnation, written_at, expected, true)
-            .await
+        self.write_heartbeat(
+            group,
+            host,
+            incarnation,
+            written_at,
+            expected,
+            role == HeartbeatRole::Leader,
+        )
+        .await
     }
 
     async fn head(&self, group: &GroupName) -> Result<Option<GroupHead>, LeaseError> {

@@ -44,6 +44,7 @@
 //! `view_leader_incarnation` and `view_leader_heartbeat`, which [`LeaseStore::lead_heartbeat`]
 //! updates in the heartbeat's own transaction when the leader and incarnation match.
 
+use changefeed::lease::HeartbeatRole;
 use std::borrow::Cow;
 use std::path::Path;
 use std::sync::Arc;
@@ -762,21 +763,17 @@ impl LeaseStore for SqliteLeaseStore {
         incarnation: &str,
         written_at: Timestamp,
         expected: Option<Version>,
+        role: HeartbeatRole,
     ) -> Result<Heartbeat, LeaseError> {
-        self.write_heartbeat(group, host, incarnation, written_at, expected, false)
-            .await
-    }
-
-    async fn lead_heartbeat(
-        &self,
-        group: &GroupName,
-        host: &HostName,
-        incarnation: &str,
-        written_at: Timestamp,
-        expected: Option<Version>,
-    ) -> Result<Heartbeat, LeaseError> {
-        self.write_heartbeat(group, host, incarnation, written_at, expected, true)
-            .await
+        self.write_heartbeat(
+            group,
+            host,
+            incarnation,
+            written_at,
+            expected,
+            role == HeartbeatRole::Leader,
+        )
+        .await
     }
 
     async fn remove_heartbeat(

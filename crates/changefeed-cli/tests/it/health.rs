@@ -4,6 +4,7 @@
 //! again. `/healthz` is 503 only once the host has stayed fenced for longer than
 //! `--max-unhealthy`, and 200 again once it has recovered. Every wait is a bounded poll.
 
+use changefeed::lease::HeartbeatRole;
 use std::io::{Read as _, Write as _};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Stdio};
@@ -105,6 +106,7 @@ fn readyz_is_503_until_the_host_registers_then_200_with_healthz_and_metrics() {
                 "previous",
                 Timestamp(0),
                 None,
+                HeartbeatRole::Member,
             )
             .await
             .expect("the previous incarnation's row")

@@ -1,5 +1,6 @@
 //! Operator commands against a temporary SQLite store: status, reset, release.
 
+use changefeed::lease::HeartbeatRole;
 use changefeed::lease::LeaseStore;
 use changefeed::model::{
     Continuation, GroupName, HostName, Lease, LeaseState, PartitionId, Position, Timestamp,
@@ -148,9 +149,16 @@ fn release_frees_a_dead_hosts_leases_and_removes_its_heartbeat() {
     let group = GroupName::new("g").expect("group");
     let h1 = HostName::new("h1").expect("host");
     fx.with_store(async |s| {
-        s.heartbeat(&group, &h1, "inc", Timestamp(0), None)
-            .await
-            .expect("heartbeat");
+        s.heartbeat(
+            &group,
+            &h1,
+            "inc",
+            Timestamp(0),
+            None,
+            HeartbeatRole::Member,
+        )
+        .await
+        .expect("heartbeat");
     });
     let out = bin()
         .args([

@@ -24,6 +24,7 @@
 //! the renewal, never the renewal without the copy, and that is safe: see the crate README,
 //! "The membership view".
 
+use changefeed::lease::HeartbeatRole;
 use changefeed::lease::{BackendError, LeaseStore};
 use changefeed::model::{
     GroupHead, GroupName, Heartbeat, HostName, MembershipView, Timestamp, Version, ViewHost,
@@ -420,13 +421,27 @@ impl CosmosLeaseStore {
             };
             let (Some(head), Some(counter_etag)) = (&counter.view, &counter.etag) else {
                 return self
-                    .heartbeat(group, host, incarnation, written_at, expected)
+                    .heartbeat(
+                        group,
+                        host,
+                        incarnation,
+                        written_at,
+                        expected,
+                        HeartbeatRole::Member,
+                    )
                     .await;
             };
             if !leads(&counter) {
                 // Not (or no longer) the view's leader: a plain renewal.
                 return self
-                    .heartbeat(group, host, incarnation, written_at, expected)
+                    .heartbeat(
+                        group,
+                        host,
+                        incarnation,
+                        written_at,
+                        expected,
+                        HeartbeatRole::Member,
+                    )
                     .await;
             }
             let row = heartbeat_doc(group, host, incarnation, written_at, version);

@@ -3,6 +3,7 @@
 //! recovery") with a retryable error instead of hanging, and the store talks again as soon as
 //! the path is back, never on a connection the fault left dead.
 
+use changefeed::lease::HeartbeatRole;
 use std::time::{Duration, Instant};
 
 use changefeed::lease::LeaseStore;
@@ -78,7 +79,14 @@ async fn a_request_into_a_black_hole_fails_retryably_within_the_request_timeout(
     warm(&store, 3).await;
     let host = HostName::new("h1").expect("host");
     let hb = store
-        .heartbeat(&group(), &host, "i1", Timestamp(1), None)
+        .heartbeat(
+            &group(),
+            &host,
+            "i1",
+            Timestamp(1),
+            None,
+            HeartbeatRole::Member,
+        )
         .await
         .expect("a heartbeat through the passing proxy");
     proxy.black_hole();
@@ -89,7 +97,14 @@ async fn a_request_into_a_black_hole_fails_retryably_within_the_request_timeout(
     // A heartbeat (a PUT with If-Match, sent again once) too.
     let started = Instant::now();
     let result = store
-        .heartbeat(&group(), &host, "i1", Timestamp(2), Some(hb.version))
+        .heartbeat(
+            &group(),
+            &host,
+            "i1",
+            Timestamp(2),
+            Some(hb.version),
+            HeartbeatRole::Member,
+        )
         .await
         .map(|_| ());
     let elapsed = started.elapsed();

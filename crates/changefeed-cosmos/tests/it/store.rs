@@ -1,5 +1,6 @@
 //! The lease store conformance suite and what is Cosmos DB's own.
 
+use changefeed::lease::HeartbeatRole;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -113,6 +114,7 @@ async fn list_pages_through_a_prefix_query() {
             "inc",
             changefeed::model::Timestamp(1),
             None,
+            HeartbeatRole::Member,
         )
         .await
         .expect("heartbeat");
@@ -396,7 +398,7 @@ async fn head_is_one_read_and_a_leaders_renewal_one_batch() {
     let g = group("view-cost");
     let a = HostName::new("a").expect("valid");
     let hb = store
-        .heartbeat(&g, &a, "inc-a", Timestamp(1), None)
+        .heartbeat(&g, &a, "inc-a", Timestamp(1), None, HeartbeatRole::Member)
         .await
         .expect("register");
     let v1 = store
@@ -416,7 +418,14 @@ async fn head_is_one_read_and_a_leaders_renewal_one_batch() {
 
     let before = store.usage();
     let renewed = store
-        .lead_heartbeat(&g, &a, "inc-a", Timestamp(2), Some(hb.version))
+        .heartbeat(
+            &g,
+            &a,
+            "inc-a",
+            Timestamp(2),
+            Some(hb.version),
+            HeartbeatRole::Leader,
+        )
         .await
         .expect("lead renewal");
     assert_eq!(

@@ -1,5 +1,6 @@
 //! The lease store conformance suite and DynamoDB-specific checks.
 
+use changefeed::lease::HeartbeatRole;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -133,7 +134,7 @@ async fn a_new_group_spreads_heartbeats_over_shards_and_membership_reads_them_al
     for i in 0..40 {
         let h = HostName::new(format!("h{i:02}")).expect("valid");
         store
-            .heartbeat(&g, &h, "inc", Timestamp(1), None)
+            .heartbeat(&g, &h, "inc", Timestamp(1), None, HeartbeatRole::Member)
             .await
             .expect("register");
     }
@@ -175,6 +176,7 @@ async fn an_old_layout_group_is_sharded_only_once_no_old_process_heartbeats() {
             "inc",
             Timestamp(1),
             None,
+            HeartbeatRole::Member,
         )
         .await
         .expect("a new process joins");
@@ -204,7 +206,14 @@ async fn an_old_layout_group_is_sharded_only_once_no_old_process_heartbeats() {
     // The next renewal, after a head read, moves the row; membership never misses it.
     new.head(&g).await.expect("head");
     let moved = new
-        .heartbeat(&g, &row.host, "inc", Timestamp(2), Some(row.version))
+        .heartbeat(
+            &g,
+            &row.host,
+            "inc",
+            Timestamp(2),
+            Some(row.version),
+            HeartbeatRole::Member,
+        )
         .await
         .expect("renewal moves the row");
     assert_eq!(moved.version, row.version.next());

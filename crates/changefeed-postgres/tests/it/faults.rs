@@ -4,6 +4,7 @@
 //! timeouts and serve again as soon as the path is back: a connection whose call hung or was
 //! given up on is never handed out again.
 
+use changefeed::lease::HeartbeatRole;
 use std::time::Duration;
 
 use changefeed::lease::LeaseStore;
@@ -74,9 +75,14 @@ async fn fixture(tag: &str) -> Fixture {
 impl Fixture {
     /// One heartbeat write, given up on after `within` as the processor's heartbeat does.
     async fn beat(&self, within: Duration) -> Option<bool> {
-        let call = self
-            .store
-            .heartbeat(&self.group, &self.host, "i", Timestamp(0), None);
+        let call = self.store.heartbeat(
+            &self.group,
+            &self.host,
+            "i",
+            Timestamp(0),
+            None,
+            HeartbeatRole::Member,
+        );
         tokio::time::timeout(within, call)
             .await
             .ok()

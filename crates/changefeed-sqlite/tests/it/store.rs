@@ -1,5 +1,6 @@
 //! The lease store on a temporary SQLite file: conformance suite and focused checks.
 
+use changefeed::lease::HeartbeatRole;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -432,17 +433,38 @@ async fn heartbeats_are_compare_and_swap_and_read_with_the_counter() {
     let group = GroupName::new("g").unwrap();
     let (a, b) = (host("a"), host("b"));
     let hb = store
-        .heartbeat(&group, &b, "inc-1", Timestamp(10), None)
+        .heartbeat(
+            &group,
+            &b,
+            "inc-1",
+            Timestamp(10),
+            None,
+            HeartbeatRole::Member,
+        )
         .await
         .unwrap();
     assert_eq!(hb.version, Version::FIRST);
     store
-        .heartbeat(&group, &a, "inc-2", Timestamp(11), None)
+        .heartbeat(
+            &group,
+            &a,
+            "inc-2",
+            Timestamp(11),
+            None,
+            HeartbeatRole::Member,
+        )
         .await
         .unwrap();
     // A second process with the same name cannot create the row again.
     match store
-        .heartbeat(&group, &b, "inc-3", Timestamp(12), None)
+        .heartbeat(
+            &group,
+            &b,
+            "inc-3",
+            Timestamp(12),
+            None,
+            HeartbeatRole::Member,
+        )
         .await
     {
         Err(LeaseError::HeartbeatConflict { current, .. }) => {
@@ -451,13 +473,27 @@ async fn heartbeats_are_compare_and_swap_and_read_with_the_counter() {
         other => panic!("expected a heartbeat conflict, got {other:?}"),
     }
     let hb2 = store
-        .heartbeat(&group, &b, "inc-1", Timestamp(20), Some(hb.version))
+        .heartbeat(
+            &group,
+            &b,
+            "inc-1",
+            Timestamp(20),
+            Some(hb.version),
+            HeartbeatRole::Member,
+        )
         .await
         .unwrap();
     assert_eq!(hb2.version, Version(2));
     assert_eq!(hb2.written_at, Timestamp(20));
     assert!(store
-        .heartbeat(&group, &b, "inc-1", Timestamp(21), Some(hb.version))
+        .heartbeat(
+            &group,
+            &b,
+            "inc-1",
+            Timestamp(21),
+            Some(hb.version),
+            HeartbeatRole::Member
+        )
         .await
         .is_err());
 

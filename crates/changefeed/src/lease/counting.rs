@@ -20,7 +20,7 @@ pub struct StoreStats {
     pub lease_rows_read: AtomicU64,
     /// `list` calls.
     pub lists: AtomicU64,
-    /// `heartbeat` and `lead_heartbeat` calls.
+    /// `heartbeat` calls, as member or leader.
     pub heartbeats: AtomicU64,
     /// Heartbeat rows returned by `membership`.
     pub heartbeat_rows_read: AtomicU64,
@@ -138,7 +138,7 @@ impl super::ForwardingStore for CountingStore {
     async fn before(&self, op: StoreOp) -> Result<(), LeaseError> {
         if op.is_write() {
             self.write(op.as_str());
-            if matches!(op, StoreOp::Heartbeat | StoreOp::LeadHeartbeat) {
+            if matches!(op, StoreOp::Heartbeat) {
                 self.stats.heartbeats.fetch_add(1, Ordering::Relaxed);
             }
         } else {

@@ -11,6 +11,7 @@
 //! both are in scope: name [`ForwardingStore`] by its path in the `impl`, and keep only
 //! [`LeaseStore`] imported where the wrapper is used.
 
+use crate::lease::HeartbeatRole;
 use async_trait::async_trait;
 
 use super::{Changes, LeaseStore, Listing};
@@ -108,14 +109,8 @@ forwarding! {
         host: &HostName,
         incarnation: &str,
         written_at: Timestamp,
-        expected: Option<Version>
-    ) -> Heartbeat;
-    LeadHeartbeat => lead_heartbeat(
-        group: &GroupName,
-        host: &HostName,
-        incarnation: &str,
-        written_at: Timestamp,
-        expected: Option<Version>
+        expected: Option<Version>,
+        role: HeartbeatRole
     ) -> Heartbeat;
     RemoveHeartbeat => remove_heartbeat(
         group: &GroupName,
@@ -131,7 +126,7 @@ forwarding! {
 
 impl StoreOp {
     /// Whether the call writes (`create`, `replace`, `delete`, `heartbeat`,
-    /// `lead_heartbeat`, `remove_heartbeat`, `write_view`) rather than reads.
+    /// `remove_heartbeat`, `write_view`) rather than reads.
     pub fn is_write(self) -> bool {
         matches!(
             self,
@@ -139,7 +134,6 @@ impl StoreOp {
                 | StoreOp::Replace
                 | StoreOp::Delete
                 | StoreOp::Heartbeat
-                | StoreOp::LeadHeartbeat
                 | StoreOp::RemoveHeartbeat
                 | StoreOp::WriteView
         )

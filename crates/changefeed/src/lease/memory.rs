@@ -1,5 +1,6 @@
 //! An in-memory [`LeaseStore`]: the reference implementation, for tests and the simulator.
 
+use crate::lease::HeartbeatRole;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -273,19 +274,16 @@ impl LeaseStore for MemoryLeaseStore {
         incarnation: &str,
         written_at: Timestamp,
         expected: Option<Version>,
+        role: HeartbeatRole,
     ) -> Result<Heartbeat, LeaseError> {
-        self.write_heartbeat(group, host, incarnation, written_at, expected, false)
-    }
-
-    async fn lead_heartbeat(
-        &self,
-        group: &GroupName,
-        host: &HostName,
-        incarnation: &str,
-        written_at: Timestamp,
-        expected: Option<Version>,
-    ) -> Result<Heartbeat, LeaseError> {
-        self.write_heartbeat(group, host, incarnation, written_at, expected, true)
+        self.write_heartbeat(
+            group,
+            host,
+            incarnation,
+            written_at,
+            expected,
+            role == HeartbeatRole::Leader,
+        )
     }
 
     async fn remove_heartbeat(

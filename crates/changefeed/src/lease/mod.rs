@@ -62,6 +62,16 @@ pub struct Changes {
     pub malformed: Vec<LeaseError>,
 }
 
+/// In which role a host renews its heartbeat ([`LeaseStore::heartbeat`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeartbeatRole {
+    /// A plain member of the group.
+    Member,
+    /// The leader of the membership view: a store that keeps a view copies the new version
+    /// into it.
+    Leader,
+}
+
 /// A shared store of leases and host heartbeats, partitioned by group.
 ///
 /// # Contract
@@ -122,6 +132,12 @@ pub trait LeaseStore: Send + Sync + std::fmt::Debug {
     /// row exists, otherwise replaces it if it is at `expected`. `written_at` is stored for
     /// display. Returns the row as stored.
     ///
+    /// Written as the membership view's leader ([`HeartbeatRole::Leader`]), a store that keeps
+    /// a view ([`LeaseStore::head`]) also copies the new version into the view's
+    /// [`MembershipView::leader_heartbeat`], in the same atomic step, when the view names this
+    /// host and incarnation as its leader: the others judge from the view alone that the leader
+    /// lives and keeps it. A store without a view writes the heartbeat only, whatever the role.
+    ///
     /// # Errors
     /// [`LeaseError::HeartbeatConflict`] with the current row if it exists when `expected` is
     /// `None`, or is not at `expected`, or was removed; [`LeaseError::Store`].
@@ -132,27 +148,8 @@ pub trait LeaseStore: Send + Sync + std::fmt::Debug {
         incarnation: &str,
         written_at: crate::model::Timestamp,
         expected: Option<Version>,
+        role: HeartbeatRole,
     ) -> Result<Heartbeat, LeaseError>;
-
-    /// [`LeaseStore::heartbeat`], written by the leader of the membership view: a store that
-    /// keeps a view ([`LeaseStore::head`]) also copies the new version into the view's
-    /// [`MembershipView::leader_heartbeat`], in the same atomic step, when the view names this
-    /// host and incarnation as its leader. The others judge from the view alone that the
-    /// leader lives and keeps it. The default writes the heartbeat only.
-    ///
-    /// # Errors
-    /// Those of [`LeaseStore::heartbeat`].
-    async fn lead_heartbeat(
-        &self,
-        group: &GroupName,
-        host: &HostName,
-        incarnation: &str,
-        written_at: crate::model::Timestamp,
-        expected: Option<Version>,
-    ) -> Result<Heartbeat, LeaseError> {
-        self.heartbeat(group, host, incarnation, written_at, expected)
-            .await
-    }
 
     /// Removes `host`'s heartbeat row if it is at `expected` and was written by `incarnation`
     /// (a host leaving gracefully, or a leader or operator clearing a dead one). Removing a row

@@ -21,6 +21,7 @@
 //! The bound runs on the processor's clock, so a stalled process (whose timers do not run)
 //! does not give up a call that was answered while it stood still.
 
+use crate::lease::HeartbeatRole;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -137,27 +138,12 @@ impl LeaseStore for BoundedStore {
         incarnation: &str,
         written_at: Timestamp,
         expected: Option<Version>,
+        role: HeartbeatRole,
     ) -> Result<Heartbeat, LeaseError> {
         self.within(
             "heartbeat",
             self.inner
-                .heartbeat(group, host, incarnation, written_at, expected),
-        )
-        .await
-    }
-
-    async fn lead_heartbeat(
-        &self,
-        group: &GroupName,
-        host: &HostName,
-        incarnation: &str,
-        written_at: Timestamp,
-        expected: Option<Version>,
-    ) -> Result<Heartbeat, LeaseError> {
-        self.within(
-            "lead_heartbeat",
-            self.inner
-                .lead_heartbeat(group, host, incarnation, written_at, expected),
+                .heartbeat(group, host, incarnation, written_at, expected, role),
         )
         .await
     }

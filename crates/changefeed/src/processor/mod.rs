@@ -56,9 +56,9 @@ pub use handler::{
 };
 pub use health::{Health, HealthProbe, Unhealthy, UnhealthyReason};
 pub use heartbeat::ProcessorError;
-pub use host_state::Liveness;
 #[cfg(feature = "sim-broken")]
 pub use hooks::Broken;
+pub use host_state::Liveness;
 #[cfg(feature = "sim")]
 pub(crate) use host_state::TableShare;
 pub use telemetry::describe_metrics;

@@ -2,6 +2,7 @@
 //! host, each wrapping the shared in-memory one and injecting that host's faults (switched by
 //! its [`HostCtl`]), and logging what it does to the shared [`World`].
 
+use crate::lease::HeartbeatRole;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -457,14 +458,20 @@ impl crate::lease::ForwardingStore for SimStore {
         incarnation: &str,
         written_at: Timestamp,
         expected: Option<Version>,
+        role: HeartbeatRole,
     ) -> Result<Heartbeat, LeaseError> {
-        self.call("heartbeat", async {
+        // The trace names the leader's renewals apart, as they also renew the view.
+        let op = match role {
+            HeartbeatRole::Member => "heartbeat",
+            HeartbeatRole::Leader => "lead_heartbeat",
+        };
+        self.call(op, async {
             let hb = self
                 .inner
-                .heartbeat(group, host, incarnation, written_at, expected)
+                .heartbeat(group, host, incarnation, written_at, expected, role)
                 .await?;
             self.world.heartbeat(&self.ctl.name);
-            self.post("heartbeat", hb)
+            self.post(op, hb)
         })
         .await
     }
@@ -502,25 +509,6 @@ impl crate::lease::ForwardingStore for SimStore {
                 format_args!("list_changes {} since {since}", self.ctl.name),
             );
             self.inner.list_changes(group, since).await
-        })
-        .await
-    }
-
-    async fn lead_heartbeat(
-        &self,
-        group: &GroupName,
-        host: &HostName,
-        incarnation: &str,
-        written_at: Timestamp,
-        expected: Option<Version>,
-    ) -> Result<Heartbeat, LeaseError> {
-        self.call("lead_heartbeat", async {
-            let hb = self
-                .inner
-                .lead_heartbeat(group, host, incarnation, written_at, expected)
-                .await?;
-            self.world.heartbeat(&self.ctl.name);
-            self.post("lead_heartbeat", hb)
         })
         .await
     }

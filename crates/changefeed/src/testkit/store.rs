@@ -1,5 +1,6 @@
 //! The lease store conformance suite.
 
+use crate::lease::HeartbeatRole;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -337,7 +338,14 @@ async fn groups_are_isolated(f: &dyn LeaseStoreFixture) {
         .expect("membership")
         .change_counter;
     store
-        .heartbeat(&group("alpha"), &host("h"), "inc", Timestamp(1), None)
+        .heartbeat(
+            &group("alpha"),
+            &host("h"),
+            "inc",
+            Timestamp(1),
+            None,
+            HeartbeatRole::Member,
+        )
         .await
         .expect("heartbeat");
     let l = store
@@ -457,11 +465,25 @@ async fn change_counter_moves_on_ownership_changes_only(f: &dyn LeaseStoreFixtur
         "checkpoints and properties do not move it"
     );
     let hb = store
-        .heartbeat(&g, &host("a"), "i", Timestamp(0), None)
+        .heartbeat(
+            &g,
+            &host("a"),
+            "i",
+            Timestamp(0),
+            None,
+            HeartbeatRole::Member,
+        )
         .await
         .expect("heartbeat");
     store
-        .heartbeat(&g, &host("a"), "i", Timestamp(1), Some(hb.version))
+        .heartbeat(
+            &g,
+            &host("a"),
+            "i",
+            Timestamp(1),
+            Some(hb.version),
+            HeartbeatRole::Member,
+        )
         .await
         .expect("heartbeat");
     assert_eq!(
@@ -547,13 +569,16 @@ async fn heartbeats_are_compare_and_swap(f: &dyn LeaseStoreFixture) {
     let g = group("hb");
     let a = host("a");
     let first = store
-        .heartbeat(&g, &a, "inc-1", Timestamp(10), None)
+        .heartbeat(&g, &a, "inc-1", Timestamp(10), None, HeartbeatRole::Member)
         .await
         .expect("create");
     assert_eq!(first.version, Version::FIRST);
     assert_eq!(&*first.incarnation, "inc-1");
     // A second process with the same name sees the row and is refused.
-    match store.heartbeat(&g, &a, "inc-2", Timestamp(11), None).await {
+    match store
+        .heartbeat(&g, &a, "inc-2", Timestamp(11), None, HeartbeatRole::Member)
+        .await
+    {
         Err(LeaseError::HeartbeatConflict { host, current, .. }) => {
             assert_eq!(host, "a");
             assert_eq!(
@@ -564,7 +589,14 @@ async fn heartbeats_are_compare_and_swap(f: &dyn LeaseStoreFixture) {
         other => panic!("creating an existing heartbeat must conflict, got {other:?}"),
     }
     let second = store
-        .heartbeat(&g, &a, "inc-1", Timestamp(12), Some(first.version))
+        .heartbeat(
+            &g,
+            &a,
+            "inc-1",
+            Timestamp(12),
+            Some(first.version),
+            HeartbeatRole::Member,
+        )
         .await
         .expect("renew");
     assert_eq!(second.version, first.version.next());
@@ -572,14 +604,28 @@ async fn heartbeats_are_compare_and_swap(f: &dyn LeaseStoreFixture) {
     assert!(
         matches!(
             store
-                .heartbeat(&g, &a, "inc-1", Timestamp(13), Some(first.version))
+                .heartbeat(
+                    &g,
+                    &a,
+                    "inc-1",
+                    Timestamp(13),
+                    Some(first.version),
+                    HeartbeatRole::Member
+                )
                 .await,
             Err(LeaseError::HeartbeatConflict { .. })
         ),
         "a stale renew conflicts"
     );
     store
-        .heartbeat(&g, &host("b"), "inc-b", Timestamp(1), None)
+        .heartbeat(
+            &g,
+            &host("b"),
+            "inc-b",
+            Timestamp(1),
+            None,
+            HeartbeatRole::Member,
+        )
         .await
         .expect("b");
     let m = store.membership(&g).await.expect("membership");
@@ -617,7 +663,14 @@ async fn heartbeats_are_compare_and_swap(f: &dyn LeaseStoreFixture) {
     let m = store.membership(&g).await.expect("membership");
     assert_eq!(m.hosts.len(), 1);
     match store
-        .heartbeat(&g, &a, "inc-1", Timestamp(14), Some(second.version))
+        .heartbeat(
+            &g,
+            &a,
+            "inc-1",
+            Timestamp(14),
+            Some(second.version),
+            HeartbeatRole::Member,
+        )
         .await
     {
         Err(LeaseError::HeartbeatConflict { current: None, .. }) => {}
@@ -625,7 +678,7 @@ async fn heartbeats_are_compare_and_swap(f: &dyn LeaseStoreFixture) {
     }
     // After removal, a restart creates it anew.
     store
-        .heartbeat(&g, &a, "inc-3", Timestamp(15), None)
+        .heartbeat(&g, &a, "inc-3", Timestamp(15), None, HeartbeatRole::Member)
         .await
         .expect("re-create");
 }

@@ -3,6 +3,7 @@
 //! vacuously (its `lead_heartbeat` must still renew like `heartbeat`), unless its fixture says
 //! it keeps one ([`LeaseStoreFixture::keeps_view`]), and then they fail.
 
+use crate::lease::HeartbeatRole;
 use std::sync::Arc;
 
 use super::store::LeaseStoreFixture;
@@ -69,7 +70,14 @@ pub(super) async fn head_of_an_empty_group_is_counter_zero_and_no_view(f: &dyn L
     };
     assert_eq!(h, GroupHead::default(), "an untouched group");
     store
-        .heartbeat(&g, &host("a"), "inc-a", Timestamp(1), None)
+        .heartbeat(
+            &g,
+            &host("a"),
+            "inc-a",
+            Timestamp(1),
+            None,
+            HeartbeatRole::Member,
+        )
         .await
         .expect("heartbeat");
     let h = head(f, store.as_ref(), &g).await.expect("answered before");
@@ -172,17 +180,24 @@ pub(super) async fn lead_heartbeat_copies_only_for_the_leaders_incarnation(
     let g = group("view-lead");
     let (a, b) = (host("a"), host("b"));
     let a1 = store
-        .heartbeat(&g, &a, "inc-a", Timestamp(1), None)
+        .heartbeat(&g, &a, "inc-a", Timestamp(1), None, HeartbeatRole::Member)
         .await
         .expect("a registers");
     let b1 = store
-        .heartbeat(&g, &b, "inc-b", Timestamp(1), None)
+        .heartbeat(&g, &b, "inc-b", Timestamp(1), None, HeartbeatRole::Member)
         .await
         .expect("b registers");
     if head(f, store.as_ref(), &g).await.is_none() {
         // No view: a plain renewal, compare-and-swap as ever.
         let a2 = store
-            .lead_heartbeat(&g, &a, "inc-a", Timestamp(2), Some(a1.version))
+            .heartbeat(
+                &g,
+                &a,
+                "inc-a",
+                Timestamp(2),
+                Some(a1.version),
+                HeartbeatRole::Leader,
+            )
             .await
             .expect("renew");
         assert_eq!(a2.version, a1.version.next());
@@ -190,7 +205,14 @@ pub(super) async fn lead_heartbeat_copies_only_for_the_leaders_incarnation(
     }
     // Without a view there is nothing to copy into: the renewal still lands.
     let a2 = store
-        .lead_heartbeat(&g, &a, "inc-a", Timestamp(2), Some(a1.version))
+        .heartbeat(
+            &g,
+            &a,
+            "inc-a",
+            Timestamp(2),
+            Some(a1.version),
+            HeartbeatRole::Leader,
+        )
         .await
         .expect("renew without a view");
     assert_eq!(a2.version, a1.version.next());
@@ -201,7 +223,14 @@ pub(super) async fn lead_heartbeat_copies_only_for_the_leaders_incarnation(
     let leader_heartbeat = |h: GroupHead| h.view.expect("a view").leader_heartbeat;
 
     let a3 = store
-        .lead_heartbeat(&g, &a, "inc-a", Timestamp(3), Some(a2.version))
+        .heartbeat(
+            &g,
+            &a,
+            "inc-a",
+            Timestamp(3),
+            Some(a2.version),
+            HeartbeatRole::Leader,
+        )
         .await
         .expect("lead renew");
     assert_eq!(a3.version, a2.version.next());
@@ -219,7 +248,14 @@ pub(super) async fn lead_heartbeat_copies_only_for_the_leaders_incarnation(
     );
 
     let a4 = store
-        .heartbeat(&g, &a, "inc-a", Timestamp(4), Some(a3.version))
+        .heartbeat(
+            &g,
+            &a,
+            "inc-a",
+            Timestamp(4),
+            Some(a3.version),
+            HeartbeatRole::Member,
+        )
         .await
         .expect("plain renew");
     let h = head(f, store.as_ref(), &g).await.expect("answered");
@@ -230,7 +266,14 @@ pub(super) async fn lead_heartbeat_copies_only_for_the_leaders_incarnation(
     );
 
     let b2 = store
-        .lead_heartbeat(&g, &b, "inc-b", Timestamp(4), Some(b1.version))
+        .heartbeat(
+            &g,
+            &b,
+            "inc-b",
+            Timestamp(4),
+            Some(b1.version),
+            HeartbeatRole::Leader,
+        )
         .await
         .expect("b renews as if it led");
     assert_eq!(
@@ -248,7 +291,14 @@ pub(super) async fn lead_heartbeat_copies_only_for_the_leaders_incarnation(
     assert!(
         matches!(
             store
-                .lead_heartbeat(&g, &a, "inc-a", Timestamp(5), Some(a3.version))
+                .heartbeat(
+                    &g,
+                    &a,
+                    "inc-a",
+                    Timestamp(5),
+                    Some(a3.version),
+                    HeartbeatRole::Leader
+                )
                 .await,
             Err(LeaseError::HeartbeatConflict {
                 current: Some(_),
@@ -266,11 +316,18 @@ pub(super) async fn lead_heartbeat_copies_only_for_the_leaders_incarnation(
         .await
         .expect("a stops");
     let again = store
-        .heartbeat(&g, &a, "inc-a2", Timestamp(6), None)
+        .heartbeat(&g, &a, "inc-a2", Timestamp(6), None, HeartbeatRole::Member)
         .await
         .expect("a restarts");
     let again = store
-        .lead_heartbeat(&g, &a, "inc-a2", Timestamp(7), Some(again.version))
+        .heartbeat(
+            &g,
+            &a,
+            "inc-a2",
+            Timestamp(7),
+            Some(again.version),
+            HeartbeatRole::Leader,
+        )
         .await
         .expect("renews");
     let h = head(f, store.as_ref(), &g).await.expect("answered");

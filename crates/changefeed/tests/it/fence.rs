@@ -2,6 +2,7 @@
 //! deliver (fence, lease loss, timeout, stop), fencing tokens grow with every owner, a stop
 //! always ends, and a failing batch backs off across hosts. Virtual time throughout.
 
+use changefeed::lease::HeartbeatRole;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -331,10 +332,11 @@ impl changefeed::lease::ForwardingStore for SlowHeartbeatReplies {
         incarnation: &str,
         written_at: Timestamp,
         expected: Option<Version>,
+        role: HeartbeatRole,
     ) -> Result<Heartbeat, changefeed::error::LeaseError> {
         let hb = self
             .0
-            .heartbeat(group, host, incarnation, written_at, expected)
+            .heartbeat(group, host, incarnation, written_at, expected, role)
             .await;
         tokio::time::sleep(Duration::from_millis(900)).await;
         hb

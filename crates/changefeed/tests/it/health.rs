@@ -4,6 +4,7 @@
 //! than `max_unhealthy`, and healthy again once it recovers. Virtual time throughout; every
 //! wait is bounded.
 
+use changefeed::lease::HeartbeatRole;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -84,6 +85,7 @@ async fn host_is_ready_only_from_writing_its_heartbeat_row_until_it_stops() {
             "previous",
             Timestamp(0),
             None,
+            HeartbeatRole::Member,
         )
         .await
         .unwrap();
@@ -291,6 +293,7 @@ impl ForwardingStore for RefuseRegistration {
         incarnation: &str,
         written_at: Timestamp,
         expected: Option<Version>,
+        role: HeartbeatRole,
     ) -> Result<Heartbeat, LeaseError> {
         if expected.is_none() && self.refuse.load(Ordering::SeqCst) {
             return Err(LeaseError::store(
@@ -301,7 +304,7 @@ impl ForwardingStore for RefuseRegistration {
             ));
         }
         self.inner
-            .heartbeat(group, host, incarnation, written_at, expected)
+            .heartbeat(group, host, incarnation, written_at, expected, role)
             .await
     }
 }

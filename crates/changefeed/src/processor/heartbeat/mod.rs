@@ -6,6 +6,7 @@
 //! A host whose last successful heartbeat was *sent* `lease_expiry − safety_margin` ago fences
 //! itself: its workers stop before any observer can judge it dead (rule 3).
 
+use crate::lease::HeartbeatRole;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -75,7 +76,14 @@ pub(crate) async fn register(
         });
         if expected.is_none() || stale_enough {
             match store
-                .heartbeat(group, host, incarnation, clock.wall(), expected)
+                .heartbeat(
+                    group,
+                    host,
+                    incarnation,
+                    clock.wall(),
+                    expected,
+                    HeartbeatRole::Member,
+                )
                 .await
             {
                 Ok(hb) => {
@@ -351,23 +359,19 @@ pub(crate) async fn run(
         let sent = clock.now();
         last_try = sent;
         renew_now = false;
-        let write = if link.leads(sent) {
-            store.lead_heartbeat(
-                &row.group,
-                &row.host,
-                &row.incarnation,
-                clock.wall(),
-                Some(row.version),
-            )
+        let role = if link.leads(sent) {
+            HeartbeatRole::Leader
         } else {
-            store.heartbeat(
-                &row.group,
-                &row.host,
-                &row.incarnation,
-                clock.wall(),
-                Some(row.version),
-            )
+            HeartbeatRole::Member
         };
+        let write = store.heartbeat(
+            &row.group,
+            &row.host,
+            &row.incarnation,
+            clock.wall(),
+            Some(row.version),
+            role,
+        );
         // A hung store must not hold the loop past the fence deadline, which must still fire.
         // Once the fence is raised that deadline has passed, and the renewal gets the whole
         // write timeout: cut to nothing, it could never succeed on a store that takes more
@@ -438,7 +442,14 @@ pub(crate) async fn run(
                 // Bounded like a renewal: a hung store must not hold the loop (and with it the
                 // fence and health reports). A registration that lands after the bound is
                 // adopted by the next renewal's conflict, as its incarnation is ours.
-                let register = store.heartbeat(&row.group, &row.host, &token, clock.wall(), None);
+                let register = store.heartbeat(
+                    &row.group,
+                    &row.host,
+                    &token,
+                    clock.wall(),
+                    None,
+                    HeartbeatRole::Member,
+                );
                 let registered = tokio::select! {
                     biased;
                     _ = cancel.cancelled() => return Ok(row),

@@ -1,15 +1,16 @@
 //! The heartbeat task's rules, each found by the simulator, on paused tokio time.
 
+use crate::lease::HeartbeatRole;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
 
 use super::*;
-use crate::processor::host_state::Liveness;
 use crate::clock::{Sleep, SystemClock};
 use crate::lease::{ForwardingStore, MemoryLeaseStore};
 use crate::model::{Timestamp, Version};
+use crate::processor::host_state::Liveness;
 
 const RENEW: Duration = Duration::from_secs(2);
 const FENCE_AFTER: Duration = Duration::from_secs(8);
@@ -74,10 +75,11 @@ impl ForwardingStore for StallAfterWrite {
         incarnation: &str,
         written_at: Timestamp,
         expected: Option<Version>,
+        role: HeartbeatRole,
     ) -> Result<Heartbeat, LeaseError> {
         let written = self
             .inner
-            .heartbeat(group, host, incarnation, written_at, expected)
+            .heartbeat(group, host, incarnation, written_at, expected, role)
             .await;
         if self.writes.fetch_add(1, Ordering::SeqCst) + 1 == self.stall_on {
             self.clock.stall(self.stall);
@@ -121,7 +123,14 @@ async fn late_renewal_does_not_extend_the_fence() {
     let t0 = Instant::now();
     let inner = MemoryLeaseStore::new();
     let row = inner
-        .heartbeat(&group(), &host(), "inc", Timestamp(0), None)
+        .heartbeat(
+            &group(),
+            &host(),
+            "inc",
+            Timestamp(0),
+            None,
+            HeartbeatRole::Member,
+        )
         .await
         .expect("registered");
     let clock = Arc::new(StallClock::default());
@@ -179,7 +188,14 @@ async fn reregistered_row_is_seen_to_change() {
     let t0 = Instant::now();
     let store = MemoryLeaseStore::new();
     let row = store
-        .heartbeat(&group(), &host(), "inc", Timestamp(0), None)
+        .heartbeat(
+            &group(),
+            &host(),
+            "inc",
+            Timestamp(0),
+            None,
+            HeartbeatRole::Member,
+        )
         .await
         .expect("registered");
     let mut observer = Liveness::default();
@@ -243,6 +259,7 @@ impl ForwardingStore for BlackHole {
         incarnation: &str,
         written_at: Timestamp,
         expected: Option<Version>,
+        role: HeartbeatRole,
     ) -> Result<Heartbeat, LeaseError> {
         self.sent.lock().expect("not poisoned").push(Instant::now());
         if self.forget && self.cut.load(Ordering::SeqCst) {
@@ -253,7 +270,7 @@ impl ForwardingStore for BlackHole {
         }
         tokio::time::sleep(self.latency).await;
         self.inner
-            .heartbeat(group, host, incarnation, written_at, expected)
+            .heartbeat(group, host, incarnation, written_at, expected, role)
             .await
     }
 }
@@ -267,7 +284,14 @@ async fn a_fenced_host_renews_again_once_its_store_answers_within_the_write_time
     let t0 = Instant::now();
     let inner = MemoryLeaseStore::new();
     let row = inner
-        .heartbeat(&group(), &host(), "inc", Timestamp(0), None)
+        .heartbeat(
+            &group(),
+            &host(),
+            "inc",
+            Timestamp(0),
+            None,
+            HeartbeatRole::Member,
+        )
         .await
         .expect("registered");
     let store = Arc::new(BlackHole {
@@ -303,7 +327,14 @@ async fn a_host_cut_off_by_a_black_hole_renews_within_the_write_timeout_of_the_h
     let t0 = Instant::now();
     let inner = MemoryLeaseStore::new();
     let row = inner
-        .heartbeat(&group(), &host(), "inc", Timestamp(0), None)
+        .heartbeat(
+            &group(),
+            &host(),
+            "inc",
+            Timestamp(0),
+            None,
+            HeartbeatRole::Member,
+        )
         .await
         .expect("registered");
     let latency = Duration::from_millis(300);

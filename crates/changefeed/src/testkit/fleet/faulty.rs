@@ -51,9 +51,7 @@ impl Faulty {
     async fn gate(&self, op: StoreOp) -> Result<(), LeaseError> {
         match self.mode() {
             FaultMode::Healthy => Ok(()),
-            FaultMode::LeasesFail if matches!(op, StoreOp::Heartbeat | StoreOp::LeadHeartbeat) => {
-                Ok(())
-            }
+            FaultMode::LeasesFail if matches!(op, StoreOp::Heartbeat) => Ok(()),
             FaultMode::Fail | FaultMode::LeasesFail => Err(LeaseError::store(
                 op.as_str(),
                 None,

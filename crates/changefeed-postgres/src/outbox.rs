@@ -63,7 +63,9 @@ use changefeed::lease::BackendError;
 use changefeed::model::{
     Batch, Continuation, KeyRange, Partition, PartitionId, Position, Record, Timestamp,
 };
-use changefeed::source::{key_hash, split_key_space, FeedSource, OldestUnread, PartitionReader};
+use changefeed::source::{
+    key_hash, merge_ranges, split_key_space, split_range, FeedSource, OldestUnread, PartitionReader,
+};
 use changefeed::SourceError;
 use tokio_postgres::Row;
 
@@ -520,32 +522,10 @@ impl PostgresOutbox {
         let target = partition.clone();
         let ids = self
             .reshape(Box::new(move |open| {
-                let range = open_range(open, &target)?;
-                if range.start == range.end {
-                    return Err(SourceError::Corrupt {
-                        partition: target.to_string(),
-                        reason: "covers one hash; cannot split".into(),
-                    });
-                }
-                let mid = range.start + (range.end - range.start) / 2;
+                let (lower, upper) = split_range(&target, open_range(open, &target)?)?;
                 Ok((
                     vec![target.clone()],
-                    vec![
-                        (
-                            KeyRange {
-                                start: range.start,
-                                end: mid,
-                            },
-                            vec![target.clone()],
-                        ),
-                        (
-                            KeyRange {
-                                start: mid + 1,
-                                end: range.end,
-                            },
-                            vec![target.clone()],
-                        ),
-                    ],
+                    vec![(lower, vec![target.clone()]), (upper, vec![target.clone()])],
                 ))
             }))
             .await?;
@@ -573,26 +553,10 @@ impl PostgresOutbox {
             .reshape(Box::new(move |open| {
                 let ra = open_range(open, &a2)?;
                 let rb = open_range(open, &b2)?;
-                let (lo, hi) = if ra.start < rb.start {
-                    (ra, rb)
-                } else {
-                    (rb, ra)
-                };
-                if lo.end.checked_add(1) != Some(hi.start) {
-                    return Err(SourceError::Corrupt {
-                        partition: b2.to_string(),
-                        reason: format!("is not adjacent to partition {a2}; cannot merge"),
-                    });
-                }
+                let range = merge_ranges(&a2, ra, &b2, rb)?;
                 Ok((
                     vec![a2.clone(), b2.clone()],
-                    vec![(
-                        KeyRange {
-                            start: lo.start,
-                            end: hi.end,
-                        },
-                        vec![a2.clone(), b2.clone()],
-                    )],
+                    vec![(range, vec![a2.clone(), b2.clone()])],
                 ))
             }))
             .await?;

@@ -18,7 +18,9 @@ use changefeed::model::{
     Batch, Continuation, KeyRange, NumberedContinuation, Partition, PartitionId, Position, Record,
     Timestamp,
 };
-use changefeed::source::{key_hash, split_key_space, FeedSource, OldestUnread, PartitionReader};
+use changefeed::source::{
+    key_hash, merge_ranges, split_key_space, split_range, FeedSource, OldestUnread, PartitionReader,
+};
 use changefeed::SourceError;
 use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
@@ -230,37 +232,14 @@ impl SqliteFeed {
             move |conn| {
                 let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
                 let range = open_range(&require_partition(&tx, &partition)?)?;
-                if range.start == range.end {
-                    return Err(SourceError::Corrupt {
-                        partition: partition.to_string(),
-                        reason: "covers one hash; cannot split".into(),
-                    }
-                    .into());
-                }
+                let (lower, upper) = split_range(&partition, range)?;
                 close_partition(&tx, &partition)?;
-                let mid = range.start + (range.end - range.start) / 2;
                 let first = next_id(&tx)?;
                 let left = numbered_id(first)?;
                 let right = numbered_id(first + 1)?;
                 let parents = std::slice::from_ref(&partition);
-                insert_partition(
-                    &tx,
-                    left.as_str(),
-                    parents,
-                    KeyRange {
-                        start: range.start,
-                        end: mid,
-                    },
-                )?;
-                insert_partition(
-                    &tx,
-                    right.as_str(),
-                    parents,
-                    KeyRange {
-                        start: mid + 1,
-                        end: range.end,
-                    },
-                )?;
+                insert_partition(&tx, left.as_str(), parents, lower)?;
+                insert_partition(&tx, right.as_str(), parents, upper)?;
                 tx.commit()?;
                 Ok((left, right))
             },
@@ -284,30 +263,11 @@ impl SqliteFeed {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let ra = open_range(&require_partition(&tx, &a)?)?;
             let rb = open_range(&require_partition(&tx, &b)?)?;
-            let (lo, hi) = if ra.start < rb.start {
-                (ra, rb)
-            } else {
-                (rb, ra)
-            };
-            if lo.end.checked_add(1) != Some(hi.start) {
-                return Err(SourceError::Corrupt {
-                    partition: b.to_string(),
-                    reason: format!("is not adjacent to partition {a}; cannot merge"),
-                }
-                .into());
-            }
+            let range = merge_ranges(&a, ra, &b, rb)?;
             close_partition(&tx, &a)?;
             close_partition(&tx, &b)?;
             let child = numbered_id(next_id(&tx)?)?;
-            insert_partition(
-                &tx,
-                child.as_str(),
-                &[a, b],
-                KeyRange {
-                    start: lo.start,
-                    end: hi.end,
-                },
-            )?;
+            insert_partition(&tx, child.as_str(), &[a, b], range)?;
             tx.commit()?;
             Ok(child)
         })

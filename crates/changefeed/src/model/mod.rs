@@ -469,6 +469,38 @@ impl KeyRange {
     pub fn contains(&self, hash: u128) -> bool {
         self.start <= hash && hash <= self.end
     }
+
+    /// The two halves a split of this range opens, lower first; `None` for a single hash.
+    pub fn split(self) -> Option<(KeyRange, KeyRange)> {
+        if self.start == self.end {
+            return None;
+        }
+        let mid = self.start + (self.end - self.start) / 2;
+        Some((
+            KeyRange {
+                start: self.start,
+                end: mid,
+            },
+            KeyRange {
+                start: mid + 1,
+                end: self.end,
+            },
+        ))
+    }
+
+    /// The range covering this one and `other` when they are adjacent (in either order);
+    /// `None` otherwise.
+    pub fn merge(self, other: KeyRange) -> Option<KeyRange> {
+        let (lo, hi) = if self.start < other.start {
+            (self, other)
+        } else {
+            (other, self)
+        };
+        (lo.end.checked_add(1) == Some(hi.start)).then_some(KeyRange {
+            start: lo.start,
+            end: hi.end,
+        })
+    }
 }
 
 /// One partition of a feed, as the source lists it.

@@ -73,3 +73,27 @@ fn inconsistent_leases_are_named() {
     let err = lease.validate().expect_err("owned without owner");
     assert!(err.to_string().contains("g/p"), "{err}");
 }
+
+proptest::proptest! {
+    #[test]
+    fn a_split_range_merges_back_into_itself(start in proptest::prelude::any::<u128>(), len in proptest::prelude::any::<u128>()) {
+        let range = KeyRange { start, end: start.saturating_add(len) };
+        match range.split() {
+            None => proptest::prop_assert_eq!(range.start, range.end),
+            Some((lower, upper)) => {
+                proptest::prop_assert!(lower.end < upper.start && lower.start == range.start && upper.end == range.end);
+                proptest::prop_assert_eq!(upper.merge(lower), Some(range));
+                proptest::prop_assert_eq!(lower.merge(upper), Some(range));
+            }
+        }
+    }
+}
+
+#[test]
+fn ranges_that_do_not_touch_do_not_merge() {
+    let a = KeyRange { start: 0, end: 9 };
+    let c = KeyRange { start: 11, end: 20 };
+    assert_eq!(a.merge(c), None);
+    assert_eq!(a.merge(a), None);
+    assert_eq!(KeyRange { start: 5, end: 5 }.split(), None);
+}

@@ -128,29 +128,10 @@ impl MemoryFeed {
     ) -> Result<(PartitionId, PartitionId), SourceError> {
         let mut state = self.lock();
         let log = state.log_mut(partition)?;
-        let range = open_range(log)?;
-        if range.start == range.end {
-            return Err(SourceError::Corrupt {
-                partition: partition.to_string(),
-                reason: "covers one hash; cannot split".into(),
-            });
-        }
+        let (lower, upper) = super::split_range(partition, open_range(log)?)?;
         log.meta.closed = true;
-        let mid = range.start + (range.end - range.start) / 2;
-        let left = state.open_child(
-            vec![partition.clone()],
-            KeyRange {
-                start: range.start,
-                end: mid,
-            },
-        );
-        let right = state.open_child(
-            vec![partition.clone()],
-            KeyRange {
-                start: mid + 1,
-                end: range.end,
-            },
-        );
+        let left = state.open_child(vec![partition.clone()], lower);
+        let right = state.open_child(vec![partition.clone()], upper);
         Ok((left, right))
     }
 
@@ -164,26 +145,10 @@ impl MemoryFeed {
         let mut state = self.lock();
         let ra = open_range(state.log_mut(a)?)?;
         let rb = open_range(state.log_mut(b)?)?;
-        let (lo, hi) = if ra.start < rb.start {
-            (ra, rb)
-        } else {
-            (rb, ra)
-        };
-        if lo.end.checked_add(1) != Some(hi.start) {
-            return Err(SourceError::Corrupt {
-                partition: b.to_string(),
-                reason: format!("is not adjacent to partition {a}; cannot merge"),
-            });
-        }
+        let range = super::merge_ranges(a, ra, b, rb)?;
         state.log_mut(a)?.meta.closed = true;
         state.log_mut(b)?.meta.closed = true;
-        Ok(state.open_child(
-            vec![a.clone(), b.clone()],
-            KeyRange {
-                start: lo.start,
-                end: hi.end,
-            },
-        ))
+        Ok(state.open_child(vec![a.clone(), b.clone()], range))
     }
 
     /// Total records appended to `partition`.

@@ -221,6 +221,34 @@ pub fn key_hash(key: &str) -> u128 {
     (u128::from(mix(h)) << 64) | u128::from(mix(h ^ 0x5851_F42D_4C95_7F2D))
 }
 
+/// The halves a split of `partition`, covering `range`, opens ([`KeyRange::split`]); a
+/// [`SourceError::Corrupt`] naming it when the range is a single hash.
+///
+/// [`KeyRange::split`]: crate::model::KeyRange::split
+pub fn split_range(
+    partition: &PartitionId,
+    range: crate::model::KeyRange,
+) -> Result<(crate::model::KeyRange, crate::model::KeyRange), SourceError> {
+    range.split().ok_or_else(|| SourceError::Corrupt {
+        partition: partition.to_string(),
+        reason: "covers one hash; cannot split".into(),
+    })
+}
+
+/// The range of the child a merge of `a` (covering `ra`) and `b` (covering `rb`) opens; a
+/// [`SourceError::Corrupt`] naming `b` when they are not adjacent.
+pub fn merge_ranges(
+    a: &PartitionId,
+    ra: crate::model::KeyRange,
+    b: &PartitionId,
+    rb: crate::model::KeyRange,
+) -> Result<crate::model::KeyRange, SourceError> {
+    ra.merge(rb).ok_or_else(|| SourceError::Corrupt {
+        partition: b.to_string(),
+        reason: format!("is not adjacent to partition {a}; cannot merge"),
+    })
+}
+
 /// Splits the key space into `n` equal, contiguous ranges, in order (`n` ≥ 1).
 pub fn split_key_space(n: u32) -> Vec<crate::model::KeyRange> {
     let n = u128::from(n.max(1));

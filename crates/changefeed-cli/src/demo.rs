@@ -259,7 +259,7 @@ fn counts(conn: &Connection) -> rusqlite::Result<(u64, u64)> {
 // The hosts: child processes of this binary.
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum HostState {
+enum ProcState {
     Running,
     Killed,
     Stopped,
@@ -269,7 +269,7 @@ enum HostState {
 struct HostProc {
     name: String,
     child: tokio::process::Child,
-    state: HostState,
+    state: ProcState,
 }
 
 fn spawn_host(
@@ -319,7 +319,7 @@ fn spawn_host(
     Ok(HostProc {
         name: name.to_string(),
         child,
-        state: HostState::Running,
+        state: ProcState::Running,
     })
 }
 
@@ -640,7 +640,7 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
     let live = |hosts: &[HostProc]| {
         hosts
             .iter()
-            .filter(|h| h.state == HostState::Running)
+            .filter(|h| h.state == ProcState::Running)
             .count()
     };
 
@@ -650,13 +650,13 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
         if !killed && t >= kill_at {
             killed = true;
             let running: Vec<usize> = (0..hosts.len())
-                .filter(|i| hosts[*i].state == HostState::Running)
+                .filter(|i| hosts[*i].state == ProcState::Running)
                 .collect();
             if running.len() > 1 {
                 let i = running[rng.gen_range(0..running.len())];
                 // `start_kill` sends SIGKILL: the host gets no chance to release anything.
                 hosts[i].child.start_kill().context("killing a host")?;
-                hosts[i].state = HostState::Killed;
+                hosts[i].state = ProcState::Killed;
                 screen.event(format!(
                     "killed {} with SIGKILL; its leases expire in 3s",
                     hosts[i].name
@@ -726,19 +726,19 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
     }
 
     // Phase 3: graceful stop of every host.
-    for h in hosts.iter().filter(|h| h.state == HostState::Running) {
+    for h in hosts.iter().filter(|h| h.state == ProcState::Running) {
         send_signal(h, nix::sys::signal::Signal::SIGTERM)?;
     }
     let mut stop_report = Vec::new();
     for h in hosts.iter_mut() {
         match h.state {
-            HostState::Killed => {
+            ProcState::Killed => {
                 let _ = h.child.wait().await;
                 stop_report.push(format!("{} killed", h.name));
             }
-            HostState::Running | HostState::Stopped => {
+            ProcState::Running | ProcState::Stopped => {
                 let status = tokio::time::timeout(Duration::from_secs(15), h.child.wait()).await;
-                h.state = HostState::Stopped;
+                h.state = ProcState::Stopped;
                 match status {
                     Ok(Ok(s)) if s.success() => stop_report.push(format!("{} stopped", h.name)),
                     Ok(Ok(s)) => stop_report.push(format!("{} exited with {s}", h.name)),

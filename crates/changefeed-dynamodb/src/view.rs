@@ -77,7 +77,7 @@ pub(crate) struct CachedBody {
 }
 
 /// The view's fields kept in the counter item.
-struct Small {
+struct CounterView {
     version: u64,
     leader: HostName,
     incarnation: String,
@@ -86,8 +86,8 @@ struct Small {
     parts: u64,
 }
 
-impl Small {
-    fn parse(group: &GroupName, item: &Item) -> Result<Option<Small>, LeaseError> {
+impl CounterView {
+    fn parse(group: &GroupName, item: &Item) -> Result<Option<CounterView>, LeaseError> {
         if !item.contains_key(A_VIEW_VERSION) {
             return Ok(None);
         }
@@ -101,7 +101,7 @@ impl Small {
                 .map(str::to_string)
                 .ok_or_else(|| bad(format!("no {attr}")))
         };
-        Ok(Some(Small {
+        Ok(Some(CounterView {
             version: number(item, A_VIEW_VERSION).map_err(bad)?,
             leader: HostName::new(required(A_VIEW_LEADER)?).map_err(|e| bad(e.to_string()))?,
             incarnation: required(A_VIEW_INCARNATION)?,
@@ -164,7 +164,7 @@ impl DynamoLeaseStore {
             let item = self.counter_item(group).await?;
             self.learn_shards(group, &item)?;
             let change_counter = counter_of(group, &item)?;
-            let Some(small) = Small::parse(group, &item)? else {
+            let Some(small) = CounterView::parse(group, &item)? else {
                 return Ok(GroupHead {
                     change_counter,
                     view: None,
@@ -192,7 +192,7 @@ impl DynamoLeaseStore {
         group: &GroupName,
         item: &Item,
     ) -> Result<Option<MembershipView>, LeaseError> {
-        let Some(small) = Small::parse(group, item)? else {
+        let Some(small) = CounterView::parse(group, item)? else {
             return Ok(None);
         };
         Ok(self
@@ -379,7 +379,7 @@ impl DynamoLeaseStore {
                 self.account(Kind::Write, out.consumed_capacity());
                 self.cache_body(group, &id, parts, &body);
                 let old = out.attributes().cloned().unwrap_or_default();
-                if let Some(old) = Small::parse(group, &old)?.filter(|o| o.body != id) {
+                if let Some(old) = CounterView::parse(group, &old)?.filter(|o| o.body != id) {
                     self.collect_bodies(group, &old.body).await;
                 }
                 let mut stored = view.clone();

@@ -9,7 +9,7 @@ use super::{Host, WorkerSlot};
 use crate::error::LeaseError;
 use crate::model::Lease;
 use crate::processor::callbacks::ErrorOrigin;
-use crate::processor::host_state::{Answer, Call, Effect, Roll, Why};
+use crate::processor::host_state::{Answer, Call, Effect, HeadRead, Why};
 use crate::processor::worker;
 
 impl Host {
@@ -17,10 +17,14 @@ impl Host {
     /// learns that the call failed.
     pub(super) async fn execute(&mut self, call: Call) -> Answer {
         match call {
-            Call::Roll => Answer::Rolled(self.roll().await),
+            Call::ReadHead => Answer::Head(self.roll().await),
             Call::Membership => Answer::Membership(self.membership().await),
             Call::ListChanges { since, after_sync } => {
-                let read = self.p.store.list_changes(&self.p.group, since).await;
+                let read = self
+                    .processor
+                    .store
+                    .list_changes(&self.processor.group, since)
+                    .await;
                 match &read {
                     Ok(Some(changes)) => self.warn_malformed(&changes.malformed),
                     Ok(None) => {}
@@ -29,7 +33,7 @@ impl Host {
                 Answer::Changes(read)
             }
             Call::ListAll { after_sync } => {
-                let listing = self.p.store.list(&self.p.group).await;
+                let listing = self.processor.store.list(&self.processor.group).await;
                 match &listing {
                     // After the sync, the rows it wrote are what matters; unreadable rows are
                     // reported at the cycle's own lists.
@@ -45,9 +49,9 @@ impl Host {
                 changed,
             } => {
                 let written = self
-                    .p
+                    .processor
                     .store
-                    .write_view(&self.p.group, &view, expected)
+                    .write_view(&self.processor.group, &view, expected)
                     .await;
                 match &written {
                     Ok(stored) if changed => info!(
@@ -62,9 +66,11 @@ impl Host {
                     }
                     Err(err) => {
                         warn!(error = %err, "writing the membership view failed");
-                        self.p.callbacks.error(ErrorOrigin::Store, None, || {
-                            format!("writing the membership view failed: {err}")
-                        });
+                        self.processor
+                            .callbacks
+                            .error(ErrorOrigin::Store, None, || {
+                                format!("writing the membership view failed: {err}")
+                            });
                     }
                 }
                 Answer::ViewWritten(written)
@@ -76,7 +82,7 @@ impl Host {
             }
             Call::RemoveHeartbeat(hb) => {
                 match self
-                    .p
+                    .processor
                     .store
                     .remove_heartbeat(&hb.group, &hb.host, &hb.incarnation, hb.version)
                     .await
@@ -93,7 +99,7 @@ impl Host {
                 expected,
                 why,
             } => {
-                let written = self.p.store.replace(&next, expected).await;
+                let written = self.processor.store.replace(&next, expected).await;
                 self.report_write(&next, &why, &written);
                 Answer::Written(written)
             }
@@ -142,22 +148,26 @@ impl Host {
             return;
         }
         warn!(error = %err, "listing leases failed");
-        self.p.callbacks.error(ErrorOrigin::Store, None, || {
-            format!("listing leases failed: {err}")
-        });
+        self.processor
+            .callbacks
+            .error(ErrorOrigin::Store, None, || {
+                format!("listing leases failed: {err}")
+            });
     }
 
     /// Reads the head row, or every heartbeat if the store keeps no view; a failure is logged
     /// and reported.
-    async fn roll(&self) -> Option<Roll> {
-        match self.p.store.head(&self.p.group).await {
-            Ok(Some(head)) => Some(Roll::Head(head)),
-            Ok(None) => self.membership().await.map(Roll::Heartbeats),
+    async fn roll(&self) -> Option<HeadRead> {
+        match self.processor.store.head(&self.processor.group).await {
+            Ok(Some(head)) => Some(HeadRead::Head(head)),
+            Ok(None) => self.membership().await.map(HeadRead::Heartbeats),
             Err(err) => {
                 warn!(error = %err, "reading the group's head row failed");
-                self.p.callbacks.error(ErrorOrigin::Store, None, || {
-                    format!("reading the group's head row failed: {err}")
-                });
+                self.processor
+                    .callbacks
+                    .error(ErrorOrigin::Store, None, || {
+                        format!("reading the group's head row failed: {err}")
+                    });
                 None
             }
         }
@@ -165,13 +175,15 @@ impl Host {
 
     /// Reads the group's membership; a failure is logged and reported.
     async fn membership(&self) -> Option<crate::model::Membership> {
-        match self.p.store.membership(&self.p.group).await {
+        match self.processor.store.membership(&self.processor.group).await {
             Ok(m) => Some(m),
             Err(err) => {
                 warn!(error = %err, "reading membership failed");
-                self.p.callbacks.error(ErrorOrigin::Store, None, || {
-                    format!("reading membership failed: {err}")
-                });
+                self.processor
+                    .callbacks
+                    .error(ErrorOrigin::Store, None, || {
+                        format!("reading membership failed: {err}")
+                    });
                 None
             }
         }
@@ -198,12 +210,12 @@ impl Host {
                 }
             }
             Effect::StartWorker(lease) => self.start_worker(lease),
-            Effect::Confirm(sent) => self.view.confirm(sent),
-            Effect::LeadUntil(until) => self.link.lead_until(until),
+            Effect::Confirm(sent) => self.stamp.confirm(sent),
+            Effect::LeadUntil(until) => self.heartbeat_link.lead_until(until),
             Effect::SyncReset => self.syncer.reset(),
             Effect::UnownedLagCleared => {
                 self.lag
-                    .set_unowned(&self.group_label, None, self.p.clock.wall());
+                    .set_unowned(&self.group_label, None, self.processor.clock.wall());
             }
             Effect::Gauges => self.publish_gauges(),
         }
@@ -222,7 +234,7 @@ impl Host {
         } else {
             hint_rx.mark_unchanged();
         }
-        let seed = self.p.rng.gen::<u64>();
+        let seed = self.processor.rng.gen::<u64>();
         self.workers.insert(
             partition,
             WorkerSlot {
@@ -232,24 +244,24 @@ impl Host {
         );
         let args = worker::WorkerArgs {
             lease,
-            store: self.p.store.clone(),
-            source: self.p.source.clone(),
-            handler: self.p.handler.clone(),
-            host: self.p.host.clone(),
-            settings: self.p.settings.clone(),
-            clock: self.p.clock.clone(),
+            store: self.processor.store.clone(),
+            source: self.processor.source.clone(),
+            handler: self.processor.handler.clone(),
+            host: self.processor.host.clone(),
+            settings: self.processor.settings.clone(),
+            clock: self.processor.clock.clone(),
             cancel,
             fenced: self.fenced_tx.subscribe(),
             fence_deadline: self.fence_deadline.clone(),
-            view: self.view.clone(),
+            view: self.stamp.clone(),
             hint: hint_rx,
             exits: self.exits_tx.clone(),
             rng: SmallRng::seed_from_u64(seed),
             group_label: self.group_label.clone(),
-            hooks: self.p.hooks,
+            hooks: self.processor.hooks,
             lag: self.lag.clone(),
-            dead_letter: self.p.dead_letter.clone(),
-            callbacks: self.p.callbacks.clone(),
+            dead_letter: self.processor.dead_letter.clone(),
+            callbacks: self.processor.callbacks.clone(),
         };
         self.worker_tasks.spawn(worker::run(args).in_current_span());
     }

@@ -42,10 +42,10 @@ impl Host {
         let report = self
             .syncer
             .run(
-                self.p.store.as_ref(),
-                self.p.source.as_ref(),
-                &self.p.group,
-                &self.p.settings,
+                self.processor.store.as_ref(),
+                self.processor.source.as_ref(),
+                &self.processor.group,
+                &self.processor.settings,
                 rows,
                 now,
                 counter,
@@ -67,7 +67,7 @@ impl Host {
                     sync::SyncError::Source(_) => ErrorOrigin::Source,
                     sync::SyncError::Store(_) => ErrorOrigin::Store,
                 };
-                self.p
+                self.processor
                     .callbacks
                     .error(origin, None, || format!("partition sync failed: {err}"));
                 Answer::Synced {
@@ -95,7 +95,7 @@ impl Host {
                 )
             })
             .collect();
-        let source = self.p.source.clone();
+        let source = self.processor.source.clone();
         let estimate = async {
             match lag::unleased(source.as_ref(), &rows, &BTreeSet::new()).await {
                 Ok(more) => todo.extend(more.into_iter().map(|(p, start)| (p, None, start))),
@@ -124,13 +124,13 @@ impl Host {
         let estimate = tokio::select! {
             biased;
             estimate = estimate => estimate,
-            _ = self.p.clock.sleep(self.p.settings.call_timeout()) => {
+            _ = self.processor.clock.sleep(self.processor.settings.call_timeout()) => {
                 debug!("the lag estimate of unowned partitions took longer than the call timeout; left as it was");
                 return;
             }
         };
         self.lag
-            .set_unowned(&self.group_label, estimate, self.p.clock.wall());
+            .set_unowned(&self.group_label, estimate, self.processor.clock.wall());
     }
 
     pub(super) fn publish_gauges(&self) {
@@ -139,6 +139,6 @@ impl Host {
         metrics::gauge!("changefeed_malformed_leases", "group" => self.group_label.clone())
             .set(self.state.malformed_rows() as f64);
         self.lag
-            .publish_seconds(&self.group_label, self.p.clock.wall());
+            .publish_seconds(&self.group_label, self.processor.clock.wall());
     }
 }

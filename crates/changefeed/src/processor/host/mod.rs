@@ -32,7 +32,7 @@ struct WorkerSlot {
 
 /// The async shell around [`HostState`]: store calls, the heartbeat task, workers.
 pub(super) struct Host {
-    p: Processor,
+    processor: Processor,
     group_label: String,
     /// Every decision, and the state they are made on (pure).
     state: HostState,
@@ -44,10 +44,10 @@ pub(super) struct Host {
     fenced_tx: watch::Sender<bool>,
     fence_deadline: heartbeat::FenceDeadline,
     /// When this host last confirmed its workers know of every hand-off request.
-    view: heartbeat::ViewStamp,
+    stamp: heartbeat::ViewStamp,
     /// Shared with the heartbeat task: the current incarnation, and whether it renews as the
     /// membership view's leader.
-    link: heartbeat::ViewLink,
+    heartbeat_link: heartbeat::ViewLink,
     /// The leader's partition sync and cleanup (runs only while this host leads).
     syncer: sync::Syncer,
     /// Lag per owned partition, for the `changefeed_lag_records` gauge.
@@ -85,7 +85,7 @@ impl Host {
             state: HostState::new(p.host.clone(), config, p_now),
             syncer: sync::Syncer::new(p.callbacks.clone()),
             lag: Arc::new(worker::LagBook::new(p.settings.lag_per_partition)),
-            p,
+            processor: p,
             workers: HashMap::new(),
             worker_tasks: JoinSet::new(),
             worker_cancel: CancellationToken::new(),
@@ -93,8 +93,8 @@ impl Host {
             exits_rx,
             fenced_tx: watch::channel(false).0,
             fence_deadline,
-            view: heartbeat::ViewStamp::new(p_now),
-            link: heartbeat::ViewLink::new(Arc::from("")),
+            stamp: heartbeat::ViewStamp::new(p_now),
+            heartbeat_link: heartbeat::ViewLink::new(Arc::from("")),
         }
     }
 
@@ -107,14 +107,14 @@ impl Host {
         // host stops for another reason (its heartbeat task ended).
         self.worker_cancel = cancel.child_token();
         self.state.registered_as(row.incarnation.clone());
-        self.link = heartbeat::ViewLink::new(row.incarnation.clone());
+        self.heartbeat_link = heartbeat::ViewLink::new(row.incarnation.clone());
         let hb_cancel = CancellationToken::new();
         let mut hb_task = JoinSet::new();
-        let s = &self.p.settings;
+        let s = &self.processor.settings;
         hb_task.spawn(
             heartbeat::run(
-                self.p.store.clone(),
-                self.p.clock.clone(),
+                self.processor.store.clone(),
+                self.processor.clock.clone(),
                 row.clone(),
                 s.renew_interval,
                 s.fence_after(),
@@ -123,17 +123,17 @@ impl Host {
                 // A renewal counts only if it completed within the safety margin of being sent.
                 s.safety_margin.min(s.renew_interval),
                 self.fence_deadline.clone(),
-                self.p.callbacks.clone(),
-                self.link.clone(),
+                self.processor.callbacks.clone(),
+                self.heartbeat_link.clone(),
             )
             .in_current_span(),
         );
-        let mut next_cycle = self.p.clock.now();
+        let mut next_cycle = self.processor.clock.now();
         let mut outcome = Ok(());
         let mut fence = self.fenced_tx.subscribe();
         loop {
-            let wait = next_cycle.saturating_duration_since(self.p.clock.now());
-            let sleep = self.p.clock.sleep(wait);
+            let wait = next_cycle.saturating_duration_since(self.processor.clock.now());
+            let sleep = self.processor.clock.sleep(wait);
             tokio::select! {
                 biased;
                 _ = cancel.cancelled() => break,
@@ -149,7 +149,7 @@ impl Host {
                 // share at once rather than up to an acquire interval later.
                 Ok(()) = fence.changed() => {
                     if !*fence.borrow_and_update() {
-                        next_cycle = self.p.clock.now();
+                        next_cycle = self.processor.clock.now();
                     }
                 }
                 _ = sleep => {
@@ -160,24 +160,24 @@ impl Host {
                         _ = cancel.cancelled() => break,
                         _ = self.cycle() => {}
                     }
-                    next_cycle = self.p.clock.now() + self.state.cycle_interval();
+                    next_cycle = self.processor.clock.now() + self.state.cycle_interval();
                 }
             }
         }
         // Graceful stop, bounded by shutdown_timeout: workers release their leases first (the
         // batch in flight may run for half of it), then the heartbeat goes.
-        self.p.health.stopping();
-        let stop_at = self.p.clock.now() + self.p.settings.shutdown_timeout;
+        self.processor.health.stopping();
+        let stop_at = self.processor.clock.now() + self.processor.settings.shutdown_timeout;
         info!("stopping: releasing leases");
         self.worker_cancel.cancel();
-        let workers_by = stop_at - self.p.settings.shutdown_timeout / 4;
+        let workers_by = stop_at - self.processor.settings.shutdown_timeout / 4;
         let drained = {
             let tasks = &mut self.worker_tasks;
             let wait = async { while tasks.join_next().await.is_some() {} };
             let limit = self
-                .p
+                .processor
                 .clock
-                .sleep(workers_by.saturating_duration_since(self.p.clock.now()));
+                .sleep(workers_by.saturating_duration_since(self.processor.clock.now()));
             tokio::select! {
                 _ = wait => true,
                 _ = limit => false,
@@ -196,15 +196,15 @@ impl Host {
             _ => None,
         };
         if let (Some(row), true) = (row, outcome.is_ok()) {
-            let left = stop_at.saturating_duration_since(self.p.clock.now());
-            let rng = SmallRng::seed_from_u64(self.p.rng.gen());
+            let left = stop_at.saturating_duration_since(self.processor.clock.now());
+            let rng = SmallRng::seed_from_u64(self.processor.rng.gen());
             let remove = async {
                 self.abdicate().await;
                 self.remove_own_heartbeat(row, rng).await;
             };
             tokio::select! {
                 _ = remove => {}
-                _ = self.p.clock.sleep(left.max(Duration::from_millis(100))) => {
+                _ = self.processor.clock.sleep(left.max(Duration::from_millis(100))) => {
                     warn!("removing the heartbeat row took longer than shutdown_timeout; it will expire");
                 }
             }
@@ -222,9 +222,9 @@ impl Host {
             return;
         };
         match self
-            .p
+            .processor
             .store
-            .write_view(&self.p.group, &view, expected)
+            .write_view(&self.processor.group, &view, expected)
             .await
         {
             Ok(_) => info!("gave up leading the membership view"),
@@ -238,11 +238,11 @@ impl Host {
     /// by the stop may still have landed and moved the row's version: the removal then goes on
     /// at the version the store reports, as long as the row is still this incarnation's.
     async fn remove_own_heartbeat(&self, mut row: Heartbeat, mut rng: SmallRng) {
-        let backoff = Backoff::new(&self.p.settings);
+        let backoff = Backoff::new(&self.processor.settings);
         let mut retry = Retry::new(Policy::REMOVE_HEARTBEAT);
         loop {
             let err = match self
-                .p
+                .processor
                 .store
                 .remove_heartbeat(&row.group, &row.host, &row.incarnation, row.version)
                 .await
@@ -260,7 +260,10 @@ impl Host {
             match retry.failed(err.is_retryable(), || false) {
                 Ok(attempt) => {
                     warn!(error = %err, "removing the heartbeat row failed; retrying");
-                    self.p.clock.sleep(backoff.delay(attempt, &mut rng)).await;
+                    self.processor
+                        .clock
+                        .sleep(backoff.delay(attempt, &mut rng))
+                        .await;
                 }
                 Err(why) => {
                     warn!(error = %err, ?why, "could not remove the heartbeat row; it will expire");
@@ -278,7 +281,7 @@ impl Host {
 
     /// The fence as the state needs it, read now.
     fn now(&self) -> Now {
-        let at = self.p.clock.now();
+        let at = self.processor.clock.now();
         Now {
             at,
             fenced: self.fence_deadline.is_fenced(at),
@@ -290,7 +293,7 @@ impl Host {
     /// in order, and answers each call.
     async fn cycle(&mut self) {
         while self.worker_tasks.try_join_next().is_some() {}
-        self.state.registered_as(self.link.incarnation());
+        self.state.registered_as(self.heartbeat_link.incarnation());
         self.state.tick(self.now());
         loop {
             let ready = self.state.ready(self.now());

@@ -12,7 +12,7 @@
 use std::collections::{HashSet, VecDeque};
 use std::time::Duration;
 
-use super::step::{Answer, Call, Effect, Now, Ready, Roll, Why};
+use super::step::{Answer, Call, Effect, HeadRead, Now, Ready, Why};
 use super::{HostState, Read, TakeKind};
 use crate::balance::HandoffRequest;
 use crate::clock::Instant;
@@ -34,12 +34,12 @@ const REQUEST_ATTEMPTS: u8 = 3;
 #[derive(Debug)]
 enum Stage {
     Start,
-    AwaitRoll,
+    AwaitFirstRead,
     List,
     AwaitChanges,
     ListAll,
     AwaitListAll,
-    AwaitSecondRoll { counter: u64, sent: Instant },
+    AwaitSecondRead { counter: u64, sent: Instant },
     Lead,
     AwaitLeadMembership { sent: Instant },
     AwaitViewWrite { lead_until: Instant },
@@ -59,8 +59,8 @@ enum Stage {
     Balance,
     Takes,
     AwaitTake { lease: Lease, kind: TakeKind },
-    RetryRoll,
-    AwaitRetryRoll { sent: Instant },
+    RetryRead,
+    AwaitRetryRead { sent: Instant },
     AwaitRetryMembership { sent: Instant },
     Retry { live: Vec<HostName> },
     AwaitRetryTake { row: Lease, live: Vec<HostName> },
@@ -86,7 +86,7 @@ pub(super) struct Cycle {
     /// The membership read this cycle judged from, and when it was sent.
     membership: Option<(Membership, Instant)>,
     listed: bool,
-    rejudged: bool,
+    live_changed: bool,
     synced: bool,
     takes: VecDeque<(Lease, TakeKind)>,
     retry: VecDeque<Lease>,
@@ -107,7 +107,7 @@ impl Cycle {
             first_membership: None,
             membership: None,
             listed: false,
-            rejudged: false,
+            live_changed: false,
             synced: false,
             takes: VecDeque::new(),
             retry: VecDeque::new(),
@@ -182,13 +182,13 @@ impl HostState {
                     // A fenced host neither takes nor asks; its workers have stopped.
                     return;
                 }
-                c.call(Call::Roll, Stage::AwaitRoll);
+                c.call(Call::ReadHead, Stage::AwaitFirstRead);
             }
             Stage::List => {
                 // A host sharing its tables starts from the most recent one another host
                 // listed.
                 self.fast_forward();
-                match self.listed_counter() {
+                match self.table_counter() {
                     Some(since) => c.call(
                         Call::ListChanges {
                             since,
@@ -236,9 +236,9 @@ impl HostState {
                     );
                 }
                 None if c.retry.is_empty() => c.stage = Self::next_request(c),
-                None => c.stage = Stage::RetryRoll,
+                None => c.stage = Stage::RetryRead,
             },
-            Stage::RetryRoll => c.call(Call::Roll, Stage::AwaitRetryRoll { sent: now.at }),
+            Stage::RetryRead => c.call(Call::ReadHead, Stage::AwaitRetryRead { sent: now.at }),
             Stage::Retry { live } => self.retry_next(c, live),
             Stage::Request { attempt, current } => self.request(c, attempt, current),
             Stage::Releases => {
@@ -248,10 +248,10 @@ impl HostState {
                 self.outbox.push(Effect::Gauges);
             }
             Stage::Done
-            | Stage::AwaitRoll
+            | Stage::AwaitFirstRead
             | Stage::AwaitChanges
             | Stage::AwaitListAll
-            | Stage::AwaitSecondRoll { .. }
+            | Stage::AwaitSecondRead { .. }
             | Stage::AwaitLeadMembership { .. }
             | Stage::AwaitViewWrite { .. }
             | Stage::AwaitSync
@@ -262,7 +262,7 @@ impl HostState {
             | Stage::AwaitResume { .. }
             | Stage::AwaitResumeAgain { .. }
             | Stage::AwaitTake { .. }
-            | Stage::AwaitRetryRoll { .. }
+            | Stage::AwaitRetryRead { .. }
             | Stage::AwaitRetryMembership { .. }
             | Stage::AwaitRetryTake { .. }
             | Stage::AwaitRequest { .. } => {
@@ -275,28 +275,28 @@ impl HostState {
     /// Takes in the answer to the call made in `stage`.
     fn answered(&mut self, c: &mut Cycle, stage: Stage, answer: Answer, now: &Now) {
         match (stage, answer) {
-            (Stage::AwaitRoll, Answer::Rolled(Some(roll))) => self.first_read(c, roll, now),
+            (Stage::AwaitFirstRead, Answer::Head(Some(roll))) => self.first_read(c, roll, now),
             (Stage::AwaitChanges, Answer::Changes(Ok(Some(changes)))) => {
                 let counter = changes.counter;
-                self.take_changes(changes);
+                self.take_change_list(changes);
                 self.listed_ok(c, counter, true, now);
             }
             (Stage::AwaitChanges, Answer::Changes(Ok(None))) => c.stage = Stage::ListAll,
             (Stage::AwaitListAll, Answer::Listed(Ok(listing))) => {
-                self.take_listing(listing);
+                self.take_full_list(listing);
                 // Listed after the counter was read: at least as new as the leases at it.
-                self.listed_up_to(c.roll_counter);
+                self.offer_table_at(c.roll_counter);
                 self.listed_ok(c, c.roll_counter, false, now);
             }
-            (Stage::AwaitSecondRoll { counter, sent }, Answer::Rolled(roll)) => {
+            (Stage::AwaitSecondRead { counter, sent }, Answer::Head(roll)) => {
                 let Some(after) = roll else {
                     // The list was not balanced on: list again next cycle rather than skip
                     // balancing until the counter moves.
                     self.invalidate();
                     return;
                 };
-                self.take_in(&after, sent, now.at);
-                self.listed(c.read, counter, c.now);
+                self.observe_head_read(&after, sent, now.at);
+                self.note_listed(c.read, counter, c.now);
                 c.stage = Stage::Lead;
             }
             (Stage::AwaitLeadMembership { sent }, Answer::Membership(m)) => {
@@ -332,7 +332,7 @@ impl HostState {
                     // cannot say is listed in full, and the counter distrusted until the next
                     // list.
                     self.fast_forward();
-                    match self.listed_counter() {
+                    match self.table_counter() {
                         Some(since) => c.call(
                             Call::ListChanges {
                                 since,
@@ -349,7 +349,7 @@ impl HostState {
             (Stage::AwaitRelistChanges, Answer::Changes(read)) => match read {
                 Ok(Some(changes)) => {
                     let counter = changes.counter;
-                    self.take_changes(changes);
+                    self.take_change_list(changes);
                     self.advanced(counter);
                     c.synced = true;
                     c.stage = Stage::Unowned;
@@ -363,7 +363,7 @@ impl HostState {
             (Stage::AwaitRelistAll, Answer::Listed(listed)) => {
                 match listed {
                     Ok(listing) => {
-                        self.relisted(listing.leases);
+                        self.replace_table_after_sync(listing.leases);
                         c.synced = true;
                     }
                     Err(_) => self.invalidate(),
@@ -422,7 +422,7 @@ impl HostState {
                 }
                 c.stage = Stage::Takes;
             }
-            (Stage::AwaitRetryRoll { sent }, Answer::Rolled(roll)) => {
+            (Stage::AwaitRetryRead { sent }, Answer::Head(roll)) => {
                 self.retry_judged(c, roll, sent, now)
             }
             (Stage::AwaitRetryMembership { sent }, Answer::Membership(m)) => match m {
@@ -470,15 +470,15 @@ impl HostState {
     }
 
     /// The first read of the cycle returned at `now`: decide what to list.
-    fn first_read(&mut self, c: &mut Cycle, roll: Roll, now: &Now) {
+    fn first_read(&mut self, c: &mut Cycle, roll: HeadRead, now: &Now) {
         // A heartbeat version is first seen when the read completes, however long the store
         // took (rule 2 must not count a slow read's wait as time the version stood still).
         c.now = now.at;
-        self.take_in(&roll, c.sent, c.now);
+        self.observe_head_read(&roll, c.sent, c.now);
         c.roll_counter = roll.change_counter();
         c.read = self.next_read(c.roll_counter, c.now);
         c.listed = c.read != Read::Nothing;
-        if let Roll::Heartbeats(m) = roll {
+        if let HeadRead::Heartbeats(m) = roll {
             c.first_membership = Some(m);
         }
         if c.listed {
@@ -498,10 +498,10 @@ impl HostState {
     }
 
     /// Takes in a first read of the cycle, sent at `sent`, that returned at `now`.
-    fn take_in(&mut self, roll: &Roll, sent: Instant, now: Instant) {
+    fn observe_head_read(&mut self, roll: &HeadRead, sent: Instant, now: Instant) {
         match roll {
-            Roll::Head(head) => self.observe_head(head, now),
-            Roll::Heartbeats(membership) => self.observe(membership, sent, now),
+            HeadRead::Head(head) => self.observe_head(head, now),
+            HeadRead::Heartbeats(membership) => self.observe(membership, sent, now),
         }
     }
 
@@ -521,14 +521,14 @@ impl HostState {
         // state): that read already judged every owner it shows.
         if !exact || counter != c.roll_counter {
             c.call(
-                Call::Roll,
-                Stage::AwaitSecondRoll {
+                Call::ReadHead,
+                Stage::AwaitSecondRead {
                     counter,
                     sent: now.at,
                 },
             );
         } else {
-            self.listed(c.read, counter, c.now);
+            self.note_listed(c.read, counter, c.now);
             c.stage = Stage::Lead;
         }
     }

@@ -30,7 +30,7 @@ use std::time::Duration;
 pub(crate) use decide::*;
 pub use liveness::Liveness;
 pub use share::TableShare;
-pub(crate) use step::{Answer, Call, Effect, Now, Roll, Why};
+pub(crate) use step::{Answer, Call, Effect, HeadRead, Now, Why};
 pub(crate) use table::*;
 use view::Members;
 
@@ -418,13 +418,13 @@ impl HostState {
     }
 
     /// The change counter the table is at, if it is trusted (the base of a list of changes).
-    pub(crate) fn listed_counter(&self) -> Option<u64> {
+    pub(crate) fn table_counter(&self) -> Option<u64> {
         self.listing.counter
     }
 
     /// Takes in a full listing. Workers whose lease is gone from it are told to stop, unless
     /// `unreadable` says its row is only unreadable.
-    pub(crate) fn listed_all(
+    pub(crate) fn replace_table(
         &mut self,
         leases: Vec<impl Into<Arc<Lease>>>,
         unreadable: impl Fn(&PartitionId) -> bool,
@@ -441,7 +441,7 @@ impl HostState {
 
     /// Takes in a list of changes: rows deleted (their workers stop) and rows newer than the
     /// cached ones (their workers are told).
-    pub(crate) fn listed_changes(
+    pub(crate) fn update_table(
         &mut self,
         deleted: &[PartitionId],
         leases: Vec<impl Into<Arc<Lease>>>,
@@ -480,8 +480,8 @@ impl HostState {
 
     /// Notes the table as what a list of changes up to `counter` left, for the hosts sharing
     /// this one's tables.
-    pub(crate) fn listed_up_to(&self, counter: u64) {
-        self.table.listed_up_to(counter);
+    pub(crate) fn offer_table_at(&self, counter: u64) {
+        self.table.offer_table_at(counter);
     }
 
     /// Takes in a full listing into the table, keeping the rows of the running workers' leases
@@ -510,15 +510,15 @@ impl HostState {
 
     /// A read chosen by [`HostState::next_read`] succeeded at `counter`, at `now`; the live
     /// hosts are judged from a membership read made after it.
-    pub(crate) fn listed(&mut self, read: Read, counter: u64, now: Instant) {
+    pub(crate) fn note_listed(&mut self, read: Read, counter: u64, now: Instant) {
         self.listing.listed(read, counter, &self.live, now);
     }
 
     /// Whether the live hosts changed since the table was last balanced on, by a judgment made
     /// after it was listed (the leader's heartbeat read, or an election's); if so, they count
     /// as balanced on from now.
-    pub(crate) fn rejudged(&mut self) -> bool {
-        self.listing.rejudged(&self.live)
+    pub(crate) fn take_live_change(&mut self) -> bool {
+        self.listing.take_live_change(&self.live)
     }
 
     /// The table can no longer be trusted at its counter: list again next cycle.
@@ -534,7 +534,7 @@ impl HostState {
 
     /// Takes in a full listing made after this host's own writes (the leader's partition
     /// sync), and distrusts the counter: list again next cycle too.
-    pub(crate) fn relisted(&mut self, leases: Vec<impl Into<Arc<Lease>>>) {
+    pub(crate) fn replace_table_after_sync(&mut self, leases: Vec<impl Into<Arc<Lease>>>) {
         self.replace_all(leases);
         self.listing.invalidate();
     }

@@ -33,16 +33,16 @@ pub(crate) struct Now {
 /// What a cycle reads first: the head row (the change counter and the membership view) from a
 /// store that keeps a view, every heartbeat from one that does not.
 #[derive(Debug, Clone)]
-pub(crate) enum Roll {
+pub(crate) enum HeadRead {
     Head(GroupHead),
     Heartbeats(Membership),
 }
 
-impl Roll {
+impl HeadRead {
     pub(crate) fn change_counter(&self) -> u64 {
         match self {
-            Roll::Head(h) => h.change_counter,
-            Roll::Heartbeats(m) => m.change_counter,
+            HeadRead::Head(h) => h.change_counter,
+            HeadRead::Heartbeats(m) => m.change_counter,
         }
     }
 }
@@ -64,8 +64,8 @@ pub(crate) enum Why {
 /// One request to the store or the source; the shell answers each with an [`Answer`].
 #[derive(Debug, Clone)]
 pub(crate) enum Call {
-    /// The head row, or every heartbeat when the store keeps no view ([`Answer::Rolled`]).
-    Roll,
+    /// The head row, or every heartbeat when the store keeps no view ([`Answer::Head`]).
+    ReadHead,
     /// Every heartbeat ([`Answer::Membership`]).
     Membership,
     /// The rows that changed hands since `since` ([`Answer::Changes`]); `after_sync`: to see
@@ -102,7 +102,7 @@ pub(crate) enum Call {
 /// the error callback) come back as `None`.
 #[derive(Debug)]
 pub(crate) enum Answer {
-    Rolled(Option<Roll>),
+    Head(Option<HeadRead>),
     Membership(Option<Membership>),
     Changes(Result<Option<Changes>, LeaseError>),
     Listed(Result<Listing, LeaseError>),

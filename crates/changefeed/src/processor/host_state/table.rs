@@ -375,7 +375,7 @@ impl LeaseTable {
 
     /// Notes this table as what a list of changes up to `counter` left (see
     /// [`LeaseTable::fast_forward`]).
-    pub(crate) fn listed_up_to(&self, counter: u64) {
+    pub(crate) fn offer_table_at(&self, counter: u64) {
         if let Some(share) = &self.share {
             share.listed(self.parents, counter, &self.rows);
         }
@@ -529,7 +529,7 @@ impl Listing {
 
     /// Whether `live` differs from the live hosts the table was last balanced on; if so, it is
     /// balanced on `live` from now.
-    pub(crate) fn rejudged(&mut self, live: &[HostName]) -> bool {
+    pub(crate) fn take_live_change(&mut self, live: &[HostName]) -> bool {
         if self.live == live {
             return false;
         }

@@ -14,18 +14,18 @@ fn malformed_keys(errors: &[LeaseError]) -> impl Iterator<Item = &str> {
 impl HostState {
     /// Takes in a full listing: rows unreadable in it are kept as they were (their workers
     /// keep running), and counted for the malformed-rows gauge.
-    pub(super) fn take_listing(&mut self, listing: Listing) {
+    pub(super) fn take_full_list(&mut self, listing: Listing) {
         let unreadable: HashSet<&str> = malformed_keys(&listing.malformed).collect();
         self.malformed = unreadable.iter().map(|k| k.to_string()).collect();
         let group = self.config.group.clone();
-        self.listed_all(listing.leases, |p| {
+        self.replace_table(listing.leases, |p| {
             unreadable.contains(format!("{group}/{p}").as_str())
         });
     }
 
     /// Takes in a list of changes, and the malformed rows it names (a row read or deleted
     /// since is no longer one).
-    pub(super) fn take_changes(&mut self, changes: Changes) {
+    pub(super) fn take_change_list(&mut self, changes: Changes) {
         self.malformed
             .extend(malformed_keys(&changes.malformed).map(str::to_string));
         for lease in &changes.leases {
@@ -39,8 +39,8 @@ impl HostState {
             .iter()
             .map(|k| k.partition.clone())
             .collect();
-        self.listed_changes(&deleted, changes.leases);
-        self.listed_up_to(changes.counter);
+        self.update_table(&deleted, changes.leases);
+        self.offer_table_at(changes.counter);
     }
 
     /// How many lease rows the store could not read at the last list.

@@ -65,7 +65,7 @@ impl HostState {
         // The heartbeat read judged the live hosts anew (the leader, or an election): a host
         // judged dead there frees its leases now, not at the next cycle. The table was listed
         // before that read, as the judgment must be.
-        c.rejudged = c.membership.is_some() && self.rejudged();
+        c.live_changed = c.membership.is_some() && self.take_live_change();
         let wanted = self.sync_wanted();
         if !self.leads() {
             // A host that comes to lead syncs at once, and times cleanup delays afresh.
@@ -87,7 +87,7 @@ impl HostState {
         c.call(
             Call::Sync {
                 rows: self.rows(),
-                counter: self.listed_counter(),
+                counter: self.table_counter(),
                 now: c.now,
             },
             Stage::AwaitSync,
@@ -144,7 +144,7 @@ impl HostState {
     /// Whether to plan: only if something changed hands, a request waits, or an outcome asked
     /// for another look; never on reads a stall made stale.
     pub(super) fn decide_plan(&mut self, c: &mut Cycle, now: &Now) {
-        if !self.wants_plan(c.listed || c.synced || c.rejudged) {
+        if !self.wants_plan(c.listed || c.synced || c.live_changed) {
             // Nothing changed hands and no request waits: the cached list is accurate.
             self.outbox.push(Effect::Gauges);
             return;
@@ -216,7 +216,7 @@ impl HostState {
     pub(super) fn retry_judged(
         &mut self,
         c: &mut Cycle,
-        roll: Option<Roll>,
+        roll: Option<HeadRead>,
         sent: Instant,
         now: &Now,
     ) {
@@ -225,15 +225,15 @@ impl HostState {
             return;
         };
         let by_view = match &roll {
-            Roll::Head(head) => {
+            HeadRead::Head(head) => {
                 self.live_after_conflict_head(head, now.at, c.retry.make_contiguous())
             }
-            Roll::Heartbeats(_) => None,
+            HeadRead::Heartbeats(_) => None,
         };
         let live = match (by_view, roll) {
             (Some(live), _) => live,
-            (None, Roll::Heartbeats(m)) => self.live_after_conflict(&m, sent, now.at),
-            (None, Roll::Head(_)) => {
+            (None, HeadRead::Heartbeats(m)) => self.live_after_conflict(&m, sent, now.at),
+            (None, HeadRead::Head(_)) => {
                 // Electing a leader: judge from a heartbeat read made after the conflict.
                 c.call(
                     Call::Membership,

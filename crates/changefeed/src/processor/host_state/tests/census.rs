@@ -343,12 +343,12 @@ fn a_host_fast_forwards_to_the_table_another_listed_at_a_higher_counter() {
     let mut a = LeaseTable::new(h("a"), ParentsRule::Wait, Some(share.clone()));
     let mut b = LeaseTable::new(h("b"), ParentsRule::Wait, Some(share.clone()));
     b.replace_all(vec![row("0", Some("a"), None, 1)]);
-    b.listed_up_to(3);
+    b.offer_table_at(3);
     a.replace_all(vec![
         row("0", Some("a"), None, 1),
         row("1", Some("b"), None, 1),
     ]);
-    a.listed_up_to(7);
+    a.offer_table_at(7);
     assert_eq!(
         b.fast_forward(Some(3)),
         Some(7),

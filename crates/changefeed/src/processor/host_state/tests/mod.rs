@@ -123,8 +123,8 @@ fn state(me: &str, live: &[&str], rows: Vec<Lease>, start: Instant) -> HostState
     let mut s = HostState::new(h(me), config(), start);
     s.observe(&membership(live, 1), start, start);
     assert_eq!(s.next_read(1, start), Read::Full);
-    s.listed_all(rows, |_| false);
-    s.listed(Read::Full, 1, start);
+    s.replace_table(rows, |_| false);
+    s.note_listed(Read::Full, 1, start);
     s
 }
 

@@ -31,7 +31,7 @@ enum Ev {
 enum Outcome {
     Failed,
     /// A first read at this change counter.
-    Rolled(u64),
+    Head(u64),
     MembershipOk,
     /// A list answered at a counter; `exact`: a list of changes (the store named its counter).
     Listed {
@@ -86,12 +86,12 @@ impl World {
     fn answer(&mut self, call: &Call) -> Answer {
         let c = self.pick();
         match call {
-            Call::Roll if c % 10 == 0 => Answer::Rolled(None),
-            Call::Roll if self.views => Answer::Rolled(Some(Roll::Head(GroupHead {
+            Call::ReadHead if c % 10 == 0 => Answer::Head(None),
+            Call::ReadHead if self.views => Answer::Head(Some(HeadRead::Head(GroupHead {
                 change_counter: self.counter,
                 view: self.view.clone(),
             }))),
-            Call::Roll => Answer::Rolled(Some(Roll::Heartbeats(self.membership()))),
+            Call::ReadHead => Answer::Head(Some(HeadRead::Heartbeats(self.membership()))),
             Call::Membership if c % 10 == 0 => Answer::Membership(None),
             Call::Membership => Answer::Membership(Some(self.membership())),
             Call::ListChanges { .. } => Answer::Changes(match c % 10 {
@@ -272,9 +272,9 @@ fn run(choices: Vec<u8>, views: bool, cycles: usize) -> (Vec<Ev>, Vec<BTreeSet<P
 
 fn outcome(answer: &Answer) -> Outcome {
     match answer {
-        Answer::Rolled(Some(roll)) => Outcome::Rolled(roll.change_counter()),
+        Answer::Head(Some(roll)) => Outcome::Head(roll.change_counter()),
         Answer::Membership(Some(_)) => Outcome::MembershipOk,
-        Answer::Rolled(None) | Answer::Membership(None) => Outcome::Failed,
+        Answer::Head(None) | Answer::Membership(None) => Outcome::Failed,
         Answer::Changes(Ok(Some(c))) => Outcome::Listed {
             counter: c.counter,
             exact: true,
@@ -389,7 +389,7 @@ proptest! {
                             needs_read = !exact || roll_counter != Some(*counter);
                         }
                     }
-                    Ev::Answer(Outcome::Rolled(counter)) => {
+                    Ev::Answer(Outcome::Head(counter)) => {
                         roll_counter.get_or_insert(*counter);
                         needs_read = false;
                     }
@@ -538,7 +538,7 @@ proptest! {
     #[test]
     fn a_failed_first_read_ends_the_cycle((log, _) in runs()) {
         for (_, evs) in cycles(&log) {
-            if let (Some(Ev::Call(Call::Roll, ..)), Some(Ev::Answer(Outcome::Failed))) = (evs.iter().find(|e| matches!(e, Ev::Call(..))), evs.iter().find(|e| matches!(e, Ev::Answer(_)))) {
+            if let (Some(Ev::Call(Call::ReadHead, ..)), Some(Ev::Answer(Outcome::Failed))) = (evs.iter().find(|e| matches!(e, Ev::Call(..))), evs.iter().find(|e| matches!(e, Ev::Answer(_)))) {
                 prop_assert_eq!(calls(evs).count(), 1);
             }
         }

@@ -63,7 +63,7 @@ fn a_lease_deleted_in_a_list_of_changes_stops_its_worker() {
     let start = t0();
     let mut s = state("a", &["a"], vec![row("0", Some("a"), None, 1)], start);
     s.worker_started(&row("0", Some("a"), None, 1));
-    s.listed_changes(&[p("0")], Vec::<Lease>::new());
+    s.update_table(&[p("0")], Vec::<Lease>::new());
     assert_eq!(s.take_effects(), vec![Effect::Stop(p("0"))]);
     assert!(s.rows().is_empty());
 }
@@ -75,7 +75,7 @@ fn a_lease_gone_from_a_full_list_stops_its_worker_unless_only_unreadable() {
     let mut s = state("a", &["a"], rows, start);
     s.worker_started(&row("0", Some("a"), None, 1));
     s.worker_started(&row("1", Some("a"), None, 1));
-    s.listed_all(Vec::<Lease>::new(), |partition| partition == &p("1"));
+    s.replace_table(Vec::<Lease>::new(), |partition| partition == &p("1"));
     assert_eq!(s.take_effects(), vec![Effect::Stop(p("0"))]);
 }
 
@@ -95,7 +95,7 @@ fn workers_are_told_of_newer_rows_once_in_partition_order() {
         row("0", Some("a"), Some("b"), 2),
         row("1", Some("a"), Some("b"), 2),
     ];
-    s.listed_all(asked.clone(), |_| false);
+    s.replace_table(asked.clone(), |_| false);
     s.hint_all();
     assert_eq!(
         s.take_effects(),
@@ -110,12 +110,12 @@ fn a_row_from_a_list_of_changes_is_told_to_its_worker_at_once() {
     let start = t0();
     let mut s = state("a", &["a", "b"], vec![row("0", Some("a"), None, 1)], start);
     s.worker_started(&row("0", Some("a"), None, 1));
-    s.listed_changes(&[], vec![row("0", Some("a"), Some("b"), 2)]);
+    s.update_table(&[], vec![row("0", Some("a"), Some("b"), 2)]);
     assert_eq!(
         s.take_effects(),
         vec![Effect::Hint(row("0", Some("a"), Some("b"), 2))]
     );
-    s.listed_changes(&[], vec![row("0", Some("a"), Some("b"), 2)]);
+    s.update_table(&[], vec![row("0", Some("a"), Some("b"), 2)]);
     assert!(
         s.take_effects().is_empty(),
         "a row already known is not told again"
@@ -245,8 +245,8 @@ fn own_writes_distrust_the_counter_until_listed_again() {
     let start = t0();
     let mut s = state("a", &["a"], vec![], start);
     assert_eq!(s.next_read(1, start), Read::Nothing);
-    s.relisted(vec![row("0", None, None, 1)]);
-    assert_eq!(s.listed_counter(), None);
+    s.replace_table_after_sync(vec![row("0", None, None, 1)]);
+    assert_eq!(s.table_counter(), None);
     assert_eq!(s.next_read(1, start), Read::Changes);
 }
 
@@ -256,16 +256,16 @@ fn a_lease_that_finishes_asks_for_a_sync_until_one_succeeds() {
     let mut s = state("a", &["a"], vec![row("0", Some("a"), None, 1)], start);
     assert!(!s.sync_wanted(), "no lease finished yet");
     // A checkpoint or a change of hands is no reason to sync.
-    s.listed_changes(&[], vec![row("0", Some("b"), None, 2)]);
+    s.update_table(&[], vec![row("0", Some("b"), None, 2)]);
     assert!(!s.sync_wanted());
-    s.listed_changes(&[], vec![finished("0", 3)]);
+    s.update_table(&[], vec![finished("0", 3)]);
     assert!(s.sync_wanted(), "its children may need leases");
     assert!(s.sync_wanted(), "wanted until a sync succeeds");
     s.synced();
     assert!(!s.sync_wanted());
     // A full list showing the same finished lease again asks for nothing; a new one does.
-    s.listed_all(vec![finished("0", 3), row("1", None, None, 1)], |_| false);
+    s.replace_table(vec![finished("0", 3), row("1", None, None, 1)], |_| false);
     assert!(!s.sync_wanted());
-    s.listed_all(vec![finished("0", 3), finished("1", 2)], |_| false);
+    s.replace_table(vec![finished("0", 3), finished("1", 2)], |_| false);
     assert!(s.sync_wanted());
 }

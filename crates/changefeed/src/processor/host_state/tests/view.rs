@@ -57,8 +57,8 @@ fn host(me: &str, rows: Vec<Lease>, start: Instant) -> HostState {
     let mut s = HostState::new(h(me), config(), start);
     s.registered_as("i".into());
     s.observe_head(&head(None), start);
-    s.listed_all(rows, |_| false);
-    s.listed(Read::Full, 1, start);
+    s.replace_table(rows, |_| false);
+    s.note_listed(Read::Full, 1, start);
     s
 }
 

@@ -587,3 +587,43 @@ async fn the_hosts_api_gives_the_views_judgment_and_the_age_of_the_heartbeat_rea
         "{v}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_split_child_leased_between_full_lists_is_shown_once() {
+    let s = Script::new();
+    let feed = Arc::new(changefeed::source::MemoryFeed::new(1));
+    let root = PartitionId::new("0").expect("p");
+    s.create("0", &[]).await;
+    s.own("0", Some("a"), None).await;
+    s.beat("a", None).await;
+    let (left, right) = feed.split(&root).expect("split");
+    let mut w = Watch::new(
+        Arc::new(NoView(s.store.clone())),
+        Some(feed.clone()),
+        s.group.clone(),
+        settings(),
+        Arc::new(VirtualClock::new(Timestamp(1_000_000))),
+    );
+    w.refresh().await.expect("refresh");
+    assert_eq!(w.unleased, vec![left.clone(), right.clone()]);
+
+    // The leader creates the children's leases; the next refresh reads only what changed.
+    s.create(left.as_str(), &["0"]).await;
+    s.own(left.as_str(), Some("a"), None).await;
+    w.refresh().await.expect("refresh");
+    assert!(w.leases.contains_key(&left));
+    assert_eq!(
+        w.unleased,
+        vec![right.clone()],
+        "the leased child is not also unleased"
+    );
+    let api = api::leases(&w, 0);
+    let listed: Vec<&str> = api["leases"]
+        .as_array()
+        .expect("leases")
+        .iter()
+        .filter_map(|l| l["partition"].as_str())
+        .filter(|p| *p == left.as_str())
+        .collect();
+    assert_eq!(listed.len(), 1, "{api}");
+}

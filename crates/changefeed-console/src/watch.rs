@@ -613,6 +613,10 @@ impl Watch {
                 .own(at, &lease.key.partition, lease.owner.as_ref());
             self.leases.insert(lease.key.partition.clone(), lease);
         }
+        // A partition that got its lease since the last full list (a split's child) is no
+        // longer one without: it is shown once, with its lease.
+        let leases = &self.leases;
+        self.unleased.retain(|p| !leases.contains_key(p));
         for change in changes {
             self.record(at, change);
         }

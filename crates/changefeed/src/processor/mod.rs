@@ -58,7 +58,7 @@ pub use health::{Health, HealthProbe, Unhealthy, UnhealthyReason};
 pub use heartbeat::ProcessorError;
 #[cfg(feature = "sim-broken")]
 pub use hooks::Broken;
-pub use host_state::Liveness;
 #[cfg(feature = "sim")]
 pub(crate) use host_state::TableShare;
+pub use host_state::{GroupObserver, Liveness};
 pub use telemetry::describe_metrics;

@@ -16,6 +16,7 @@
 mod cycle;
 mod decide;
 mod liveness;
+mod observer;
 mod plan;
 mod share;
 mod step;
@@ -29,10 +30,10 @@ use std::time::Duration;
 
 pub(crate) use decide::*;
 pub use liveness::Liveness;
+pub use observer::GroupObserver;
 pub use share::TableShare;
 pub(crate) use step::{Answer, Call, Effect, HeadRead, Now, Why};
 pub(crate) use table::*;
-use view::Members;
 
 use crate::balance::{BalanceStrategy, HandoffRequest};
 use crate::clock::Instant;
@@ -118,14 +119,13 @@ pub(crate) struct HostState {
     table: LeaseTable,
     /// The version of its lease each running worker knows.
     running: BTreeMap<PartitionId, Version>,
-    liveness: Liveness,
+    /// The membership view and the heartbeats, as this host has read them.
+    observer: GroupObserver,
     /// The live hosts judged at the last membership read, this host included.
     judged: Vec<HostName>,
     /// Whether the store keeps a membership view (its head read answered): then the view's
     /// judgment, not this host's, decides who is live and dead.
     views: bool,
-    /// The membership view last read.
-    members: Members,
     /// The live hosts the plan and the listing go by: `judged` without a view; with one, the
     /// view's live hosts.
     live: Vec<HostName>,
@@ -161,12 +161,11 @@ impl HostState {
             live: vec![me.clone()],
             judged: vec![me.clone()],
             views: false,
-            members: Members::default(),
             incarnation: Arc::from(""),
             me,
             config,
             running: BTreeMap::new(),
-            liveness: Liveness::default(),
+            observer: GroupObserver::default(),
             listing: Listing::default(),
             requests: Requests::default(),
             registered_at: now,
@@ -203,10 +202,12 @@ impl HostState {
     /// a renewal that landed while the reply travelled, and judge dead a host that had not
     /// fenced itself (its renewal was sent before its deadline).
     pub(crate) fn observe(&mut self, membership: &Membership, sent: Instant, returned: Instant) {
-        self.liveness.observe(membership, returned);
+        self.observer.observe_heartbeats(membership, returned);
         let judged_at = sent.min(returned);
         self.judged = live_hosts(
-            self.liveness.live(judged_at, self.config.lease_expiry),
+            self.observer
+                .liveness
+                .live(judged_at, self.config.lease_expiry),
             &self.me,
         );
         if !self.by_view(returned) {
@@ -219,7 +220,11 @@ impl HostState {
     /// heartbeat and goes by its own judgment, which is sound on its own (an owner registers
     /// before it takes, and this host's read after the list sees its row).
     fn by_view(&self, now: Instant) -> bool {
-        self.views && !self.members.leaderless(now, self.config.lease_expiry)
+        self.views
+            && !self
+                .observer
+                .members
+                .leaderless(now, self.config.lease_expiry)
     }
 
     /// Takes in a head read (the change counter and the membership view) that returned at
@@ -227,17 +232,9 @@ impl HostState {
     /// a host that has to judge the leader itself (the view went stale) can do so at once.
     pub(crate) fn observe_head(&mut self, head: &GroupHead, now: Instant) {
         self.views = true;
-        self.members.observe(head.view.as_ref(), now);
-        if let Some(view) = head.view.as_ref() {
-            self.liveness.observe_copy(
-                &view.leader,
-                &view.leader_incarnation,
-                view.leader_heartbeat,
-                now,
-            );
-        }
+        self.observer.observe_view(head.view.as_ref(), now);
         self.live = if self.by_view(now) {
-            self.members.live().to_vec()
+            self.observer.members.live().to_vec()
         } else {
             self.judged.clone()
         };
@@ -248,8 +245,11 @@ impl HostState {
     /// the first live host by this host's own judgment becomes it).
     pub(crate) fn needs_heartbeats(&self, now: Instant) -> bool {
         !self.views
-            || self.members.leaderless(now, self.config.lease_expiry)
-            || self.members.led_by(&self.me, &self.incarnation)
+            || self
+                .observer
+                .members
+                .leaderless(now, self.config.lease_expiry)
+            || self.observer.members.led_by(&self.me, &self.incarnation)
             || !self.admitted()
     }
 
@@ -266,12 +266,15 @@ impl HostState {
         if !self.views {
             return None;
         }
-        let elected = self.members.leaderless(now, self.config.lease_expiry)
-            || self.members.leader_gone(&membership.hosts);
+        let elected = self
+            .observer
+            .members
+            .leaderless(now, self.config.lease_expiry)
+            || self.observer.members.leader_gone(&membership.hosts);
         // A stale view's leader is not a candidate in the same incarnation: if it still
         // lives, it renews its heartbeat but does not keep the view (see
         // `heartbeat::ViewLink`). Started again, it is a new process and may lead again.
-        let failed_leader = self.members.view().and_then(|v| {
+        let failed_leader = self.observer.members.view().and_then(|v| {
             membership
                 .hosts
                 .iter()
@@ -284,7 +287,7 @@ impl HostState {
             .filter(|h| Some(*h) != failed_leader)
             .cloned()
             .collect();
-        let leading = self.members.led_by(&self.me, &self.incarnation)
+        let leading = self.observer.members.led_by(&self.me, &self.incarnation)
             || (elected && leads(&self.me, &candidates));
         if !leading {
             return None;
@@ -295,21 +298,25 @@ impl HostState {
             .find(|hb| hb.host == self.me && hb.incarnation == self.incarnation)?;
         let owners = self.table.owners();
         let judged = view::judge(&self.me, my_row, &membership.hosts, &self.judged, &owners);
-        self.members
+        self.observer
+            .members
             .should_write(&judged)
-            .then(|| (judged, self.members.version()))
+            .then(|| (judged, self.observer.members.version()))
     }
 
     /// Whether `view` judges as the view last read does.
     pub(crate) fn same_view(&self, view: &MembershipView) -> bool {
-        self.members.view().is_some_and(|v| v.same_judgment(view))
+        self.observer
+            .members
+            .view()
+            .is_some_and(|v| v.same_judgment(view))
     }
 
     /// The last view to write when this host stops gracefully, if it leads (see
     /// [`Members::abdication`]).
     pub(crate) fn abdication(&self) -> Option<(MembershipView, u64)> {
         if self.views && self.leads() {
-            self.members.abdication()
+            self.observer.members.abdication()
         } else {
             None
         }
@@ -317,15 +324,15 @@ impl HostState {
 
     /// This host stored `view` at `now`.
     pub(crate) fn view_written(&mut self, view: MembershipView, now: Instant) {
-        self.members.wrote(view, now);
-        self.live = self.members.live().to_vec();
+        self.observer.members.wrote(view, now);
+        self.live = self.observer.members.live().to_vec();
     }
 
     /// A view write conflicted with `current`, read at `now`: another host leads.
     pub(crate) fn view_conflict(&mut self, current: Option<&MembershipView>, now: Instant) {
-        self.members.observe(current, now);
+        self.observer.members.observe(current, now);
         if self.by_view(now) {
-            self.live = self.members.live().to_vec();
+            self.live = self.observer.members.live().to_vec();
         }
     }
 
@@ -335,15 +342,15 @@ impl HostState {
     pub(crate) fn admitted(&self) -> bool {
         !self.config.admission
             || !self.views
-            || !self.members.exists()
-            || self.members.admits(&self.me, &self.incarnation)
+            || !self.observer.members.exists()
+            || self.observer.members.admits(&self.me, &self.incarnation)
     }
 
     /// Whether this host leads the fleet: without a view, the first live host by name (see
     /// [`leads`]); with one, the host the view names.
     pub(crate) fn leads(&self) -> bool {
         if self.views {
-            self.members.led_by(&self.me, &self.incarnation)
+            self.observer.members.led_by(&self.me, &self.incarnation)
         } else {
             leads(&self.me, &self.live)
         }
@@ -358,7 +365,7 @@ impl HostState {
         }
         let mut live: BTreeSet<HostName> = self.live.iter().cloned().collect();
         for owner in rows.iter().filter_map(|l| l.owner.as_ref()) {
-            if !self.members.is_dead(owner) {
+            if !self.observer.members.is_dead(owner) {
                 live.insert(owner.clone());
             }
         }
@@ -567,7 +574,7 @@ impl HostState {
         }
         let mut rows = dead_rows(hosts, &self.judged, &self.table);
         if self.views {
-            rows.retain(|hb| self.members.is_dead(&hb.host));
+            rows.retain(|hb| self.observer.members.is_dead(&hb.host));
         }
         rows
     }

@@ -74,7 +74,7 @@ impl HostState {
                 // With a view, only the owners it lists dead are; an owner it lists neither
                 // way is unknown (it took under a view this host has not read, or runs a
                 // version without views), and its leases count for nobody.
-                dead: by_view.then(|| self.members.dead()),
+                dead: by_view.then(|| self.observer.members.dead()),
                 table: &self.table,
                 requests: &self.requests,
                 now,
@@ -148,8 +148,9 @@ impl HostState {
         sent: Instant,
         returned: Instant,
     ) -> Vec<HostName> {
-        self.liveness.observe(membership, returned);
-        self.liveness
+        self.observer.liveness.observe(membership, returned);
+        self.observer
+            .liveness
             .live(sent.min(returned), self.config.lease_expiry)
     }
 

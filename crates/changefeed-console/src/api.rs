@@ -57,7 +57,7 @@ pub fn hosts(watch: &Watch, now: i64) -> Value {
         }
     }
     let judged = watch.judged(watch.now());
-    let view = watch.view.as_ref();
+    let view = watch.view();
     // Every host with a row, listed in the view, or owning a lease.
     let mut names: BTreeSet<&HostName> = watch.hosts.keys().collect();
     names.extend(owned.keys().copied());
@@ -103,7 +103,7 @@ pub fn hosts(watch: &Watch, now: i64) -> Value {
                 "fenced": fenced,
                 "expired": expired,
                 "heartbeat_age_ms": row.map(|r| watch.heartbeats_at_ms.saturating_sub(r.heartbeat.written_at.millis())),
-                "unchanged_ms": row.zip(read_at).map(|(r, at)| at.saturating_duration_since(r.since).as_millis() as u64),
+                "unchanged_ms": row.and(read_at).and_then(|at| watch.unchanged_for(name, at)).map(|d| d.as_millis() as u64),
                 "heartbeat_version": row.map(|r| r.heartbeat.version.0),
                 "incarnation": incarnation,
                 "leases_owned": owned.get(name).copied().unwrap_or(0),

@@ -18,12 +18,14 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
+use std::time::Duration;
 
 use changefeed::clock::{Clock, Instant};
 use changefeed::lease::{CountingStore, LeaseStore, StoreCounts, StoreStats};
 use changefeed::model::{
-    GroupName, Heartbeat, HostName, Lease, LeaseKey, MembershipView, PartitionId, Version,
+    GroupName, Heartbeat, HostName, Lease, LeaseKey, Membership, MembershipView, PartitionId,
 };
+use changefeed::processor::GroupObserver;
 use changefeed::source::FeedSource;
 use changefeed::LeaseError;
 
@@ -40,8 +42,6 @@ const EVENTS_KEPT: usize = 500;
 pub struct HostView {
     /// Its heartbeat row.
     pub heartbeat: Heartbeat,
-    /// When this console first saw the row at its current version.
-    pub since: Instant,
     /// Its heartbeat has stood still past `fence_after`: it has stopped its workers.
     pub fenced: bool,
     /// Its heartbeat has stood still past `expire_after`: its leases are free to take.
@@ -86,10 +86,9 @@ pub struct Watch {
     pub(super) hosts: BTreeMap<HostName, HostView>,
     /// The store answered the last head read: it keeps a membership view.
     pub(super) views: bool,
-    /// The last membership view read.
-    pub(super) view: Option<MembershipView>,
-    /// When the view's version or its copy of the leader's heartbeat last moved.
-    view_moved_at: Option<Instant>,
+    /// The membership view and the heartbeats as the console has read them, judged as a
+    /// host judges them.
+    pub(super) observer: GroupObserver,
     /// When the heartbeat rows were last read, and the view's version then.
     heartbeats_read_at: Option<(Instant, u64)>,
     /// Wall time of the last heartbeat read: the age of the heartbeat ages shown.
@@ -113,10 +112,10 @@ pub struct Watch {
 
 impl Judge for Watch {
     fn alive(&self, host: &HostName) -> bool {
-        match (self.judged(self.clock.now()), &self.view) {
+        match self.judged(self.clock.now()) {
             // An owner the view does not list dead counts as live, as the hosts count it.
-            (Judged::View, Some(view)) => !view.dead.contains(host),
-            _ => self.hosts.get(host).is_some_and(|h| !h.expired),
+            Judged::View => !self.observer.dead_by_view(host),
+            Judged::Heartbeats => self.hosts.get(host).is_some_and(|h| !h.expired),
         }
     }
 
@@ -151,8 +150,7 @@ impl Watch {
             lag: HashMap::new(),
             hosts: BTreeMap::new(),
             views: false,
-            view: None,
-            view_moved_at: None,
+            observer: GroupObserver::default(),
             heartbeats_read_at: None,
             heartbeats_at_ms: 0,
             heartbeat_reads: 0,
@@ -226,18 +224,28 @@ impl Watch {
     /// copy of the leader's heartbeat moved within `expire_after`) and lists its leader live,
     /// as a host goes by it; otherwise from the heartbeat rows.
     pub fn judged(&self, now: Instant) -> Judged {
-        let fresh = self
-            .view_moved_at
-            .is_some_and(|at| now.saturating_duration_since(at) < self.settings.expire_after);
-        match &self.view {
-            Some(v) if fresh && v.admits(&v.leader, &v.leader_incarnation) => Judged::View,
-            _ => Judged::Heartbeats,
+        if self.observer.by_view(now, self.settings.expire_after) {
+            Judged::View
+        } else {
+            Judged::Heartbeats
         }
+    }
+
+    /// The membership view last read, if any.
+    pub fn view(&self) -> Option<&MembershipView> {
+        self.observer.view()
+    }
+
+    /// How long `host`'s heartbeat had stood still at `now`, on the console's clock.
+    pub(super) fn unchanged_for(&self, host: &HostName, now: Instant) -> Option<Duration> {
+        self.observer
+            .standing_since(host)
+            .map(|since| now.saturating_duration_since(since))
     }
 
     /// Whether this refresh reads the heartbeat rows (a store with a view, read at `now`).
     fn heartbeats_due(&self, now: Instant) -> bool {
-        let version = self.view.as_ref().map_or(0, |v| v.version);
+        let version = self.view().map_or(0, |v| v.version);
         self.judged(now) == Judged::Heartbeats
             || self.heartbeats_read_at.is_none_or(|(at, seen)| {
                 seen != version
@@ -263,14 +271,15 @@ impl Watch {
                     let membership = self.read_heartbeats().await?;
                     let now = self.clock.now();
                     let judge = self.judged(now) == Judged::Heartbeats;
-                    self.observe_hosts(membership.hosts, now, at, first, judge);
+                    self.observe_hosts(membership, now, at, first, judge);
                 }
                 head.change_counter
             }
             None => {
                 let membership = self.read_heartbeats().await?;
-                self.observe_hosts(membership.hosts, now, at, first, true);
-                membership.change_counter
+                let counter = membership.change_counter;
+                self.observe_hosts(membership, now, at, first, true);
+                counter
             }
         };
         let full_due = self
@@ -333,7 +342,7 @@ impl Watch {
             .membership(&self.group)
             .await
             .context("reading the heartbeats")?;
-        let version = self.view.as_ref().map_or(0, |v| v.version);
+        let version = self.view().map_or(0, |v| v.version);
         self.heartbeats_read_at = Some((self.clock.now(), version));
         self.heartbeats_at_ms = self.wall_ms();
         self.heartbeat_reads += 1;
@@ -365,22 +374,18 @@ impl Watch {
         let Some(new) = view else {
             return;
         };
-        let known = self
-            .view
-            .as_ref()
-            .map_or((0, Version(0)), |v| (v.version, v.leader_heartbeat));
-        if (new.version, new.leader_heartbeat) <= known {
+        let old = self.observer.view().cloned();
+        // The observer takes the copy of the leader's heartbeat as a sighting of its row at
+        // that version, as a host does: should the view go stale, the leader is judged from
+        // it at once.
+        if !self.observer.observe_view(Some(new), now) {
             return;
         }
-        self.view_moved_at = Some(now);
-        // The copy of the leader's heartbeat is a sighting of its row at that version, as a
-        // host takes it: should the view go stale, the leader is judged from it at once.
         if let Some(row) = self.hosts.get_mut(&new.leader) {
             if *row.heartbeat.incarnation == *new.leader_incarnation
                 && row.heartbeat.version < new.leader_heartbeat
             {
                 row.heartbeat.version = new.leader_heartbeat;
-                row.since = now;
                 row.fenced = false;
                 row.expired = false;
             }
@@ -396,7 +401,6 @@ impl Watch {
             .filter(|h| self.hosts.get(*h).is_some_and(|r| r.expired))
             .cloned()
             .collect();
-        let old = self.view.replace(new.clone());
         self.expire_the_views_dead();
         if first {
             return;
@@ -415,12 +419,14 @@ impl Watch {
     /// the rows are only kept, for their ages.
     fn observe_hosts(
         &mut self,
-        rows: Vec<Heartbeat>,
+        membership: Membership,
         now: Instant,
         at: i64,
         first: bool,
         judge: bool,
     ) {
+        self.observer.observe_heartbeats(&membership, now);
+        let rows = membership.hosts;
         let present: BTreeSet<HostName> = rows.iter().map(|h| h.host.clone()).collect();
         let gone: Vec<HostName> = self
             .hosts
@@ -450,7 +456,6 @@ impl Watch {
                         host.clone(),
                         HostView {
                             heartbeat: row,
-                            since: now,
                             fenced: false,
                             expired: false,
                         },
@@ -464,7 +469,6 @@ impl Watch {
                     let restarted = view.heartbeat.incarnation != row.incarnation;
                     let was_stale = view.fenced || view.expired;
                     view.heartbeat = row;
-                    view.since = now;
                     view.fenced = false;
                     view.expired = false;
                     if restarted {
@@ -487,7 +491,10 @@ impl Watch {
                     // The version seen already (perhaps first from the view's copy of the
                     // leader's): the row as read, for its write time.
                     view.heartbeat = row;
-                    let still = now.saturating_duration_since(view.since);
+                    let still = self
+                        .observer
+                        .standing_since(&host)
+                        .map_or(Duration::ZERO, |since| now.saturating_duration_since(since));
                     if !view.expired && still >= self.settings.expire_after {
                         view.expired = true;
                         view.fenced = true;
@@ -527,7 +534,7 @@ impl Watch {
     /// have to judge (the view goes stale): not announced twice, and its heartbeat moving
     /// after that is a `resume`.
     fn expire_the_views_dead(&mut self) {
-        let Some(view) = &self.view else {
+        let Some(view) = self.observer.view() else {
             return;
         };
         for host in &view.dead {

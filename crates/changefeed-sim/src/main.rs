@@ -26,7 +26,6 @@ const USAGE_EXIT: u8 = 2;
 #[command(
     name = "changefeed simulate",
     bin_name = "changefeed simulate",
-    version,
     about = "Run the deterministic fleet simulator: seeds, faults, invariant check, SVG timeline"
 )]
 struct Cli {

@@ -4,11 +4,6 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-// The simulator allocates and frees millions of small rows; mimalloc does that several times
-// faster than the system allocator.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 mod config;
 mod console;
 mod demo;
@@ -25,7 +20,6 @@ mod properties;
 mod run;
 mod simulate;
 mod start;
-mod svg;
 mod url;
 mod usage;
 
@@ -66,7 +60,9 @@ enum Command {
     Feed(feed::Args),
     /// Create a PostgreSQL outbox with N partitions, append test records, list or reshape it.
     Outbox(outbox::Args),
-    /// Run the deterministic fleet simulator: seeds, faults, invariant check, SVG timeline.
+    /// Run the deterministic fleet simulator: seeds, faults, invariant check, SVG timeline
+    /// (runs the `changefeed-sim` executable, beside this one or on PATH).
+    #[command(disable_help_flag = true)]
     Simulate(simulate::Args),
     /// Create a group's leases from a KCL 2.x lease table, at the same checkpoints.
     ImportKcl(import_kcl::Args),

@@ -23,6 +23,7 @@ mod pg_failure;
 mod plan;
 mod postgres;
 mod run;
+mod ships;
 mod simulate;
 mod start;
 mod support;

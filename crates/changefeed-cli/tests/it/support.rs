@@ -71,7 +71,12 @@ pub fn rt() -> tokio::runtime::Runtime {
 /// on loopback, and tests never leave the machine. DynamoDB Local and kinesis-mock accept any
 /// credentials.
 pub fn bin() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_changefeed"));
+    bin_at(Path::new(env!("CARGO_BIN_EXE_changefeed")))
+}
+
+/// The built binary at `path` (a link or copy of it), with the environment [`bin`] gives it.
+pub fn bin_at(path: &Path) -> Command {
+    let mut c = Command::new(path);
     // Nothing from the developer's environment may change the settings under test.
     for (k, _) in std::env::vars() {
         if k.starts_with("CHANGEFEED_") || k.starts_with("AWS_") {
@@ -82,6 +87,53 @@ pub fn bin() -> Command {
         .env("AWS_SECRET_ACCESS_KEY", "test")
         .env("AWS_EC2_METADATA_DISABLED", "true");
     c
+}
+
+/// The built binary, with `changefeed-sim` beside it, where `changefeed simulate` looks for it
+/// first. `cargo nextest run --workspace` builds it there; a run of this package's tests alone
+/// does not, so then it is built here, with the profile and target directory of the binary
+/// under test.
+pub fn bin_with_simulator() -> Command {
+    static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| {
+        let name = format!("changefeed-sim{}", std::env::consts::EXE_SUFFIX);
+        let dir = Path::new(env!("CARGO_BIN_EXE_changefeed"))
+            .parent()
+            .expect("the binary's directory");
+        if dir.join(&name).is_file() {
+            return;
+        }
+        let profile = match dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") => "dev",
+            Some(other) => other,
+            None => panic!("no profile directory in {}", dir.display()),
+        };
+        let target = dir.parent().expect("the target directory");
+        let out = Command::new(env!("CARGO"))
+            .args([
+                "build",
+                "--quiet",
+                "-p",
+                "changefeed-sim",
+                "--profile",
+                profile,
+            ])
+            .env("CARGO_TARGET_DIR", target)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .expect("run cargo build -p changefeed-sim");
+        assert!(
+            out.status.success(),
+            "cargo build -p changefeed-sim --profile {profile} failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            dir.join(&name).is_file(),
+            "cargo built changefeed-sim, but not into {}",
+            dir.display()
+        );
+    });
+    bin()
 }
 
 pub fn text(out: &Output) -> (String, String) {

@@ -3,8 +3,8 @@
 //! splits and merges, from the run's write history), and the live console draws a fleet's in
 //! the same style with the same colours and ticks.
 //!
-//! The simulator only records what happened ([`SimOutcome`]); drawing it is the CLI's, with the
-//! console's colours and ticks ([`changefeed_console::draw`]).
+//! The simulator only records what happened ([`SimOutcome`]); drawing it is this binary's, with
+//! the console's colours and ticks ([`changefeed_console::draw`]).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

@@ -15,6 +15,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context as _};
+use changefeed::admin::{self, ResetError, Watched};
 use changefeed::clock::{Clock, SystemClock};
 use changefeed::lease::LeaseStore;
 use changefeed::model::{
@@ -608,48 +609,28 @@ pub fn reset(args: ResetArgs) -> anyhow::Result<ExitCode> {
         }
         let store = store_url.open_store().await?;
         let key = LeaseKey::new(group, partition.clone());
-        let lease = match store.get(&key).await {
-            Ok(Some(lease)) => lease,
-            Ok(None) => bail!("lease {key}: not found"),
-            Err(LeaseError::Malformed { reason, .. }) => {
-                let target = Rewrite {
-                    store: store.as_ref(),
-                    store_url: &store_url,
-                    source: source.as_deref(),
-                    key: &key,
-                    continuation,
-                    start,
-                };
-                return rewrite_malformed(target, &reason, args.force).await;
-            }
-            Err(other) => return Err(other.into()),
-        };
-        if lease.state == LeaseState::Owned && !args.force {
-            bail!(
-                "lease {key} is owned by {}; stop that host first, or pass --force to clear the owner too (its worker stops and the lease is taken again from the new position)",
-                opt(lease.owner.as_ref())
-            );
-        }
-        let mut next = lease.clone();
-        next.continuation = continuation;
-        next.start = start;
-        if next.state != LeaseState::Available {
-            // Forced, or a finished lease read again: nobody owns it until a host takes it.
-            next.state = LeaseState::Available;
-            next.owner = None;
-            next.next_owner = None;
-        }
-        let stored = store
-            .replace(&next, lease.version)
-            .await
-            .map_err(|e| match e {
-                LeaseError::Conflict { .. } => {
-                    anyhow!(
-                        "{e}: the lease changed while resetting it; check `status` and run again"
-                    )
+        let (lease, stored) =
+            match admin::reset_lease(store.as_ref(), &key, continuation.clone(), start.clone(), args.force).await {
+                Ok(done) => done,
+                Err(ResetError::Malformed { reason, .. }) => {
+                    let target = Rewrite {
+                        store: store.as_ref(),
+                        store_url: &store_url,
+                        source: source.as_deref(),
+                        key: &key,
+                        continuation,
+                        start,
+                    };
+                    return rewrite_malformed(target, &reason, args.force).await;
                 }
-                other => anyhow::Error::new(other),
-            })?;
+                Err(ResetError::Owned { owner, .. }) => bail!(
+                    "lease {key} is owned by {owner}; stop that host first, or pass --force to clear the owner too (its worker stops and the lease is taken again from the new position)"
+                ),
+                Err(ResetError::Store(e @ LeaseError::Conflict { .. })) => bail!(
+                    "{e}: the lease changed while resetting it; check `status` and run again"
+                ),
+                Err(other) => return Err(other.into()),
+            };
         println!(
             "lease {key}: checkpoint {} -> {} (start {}), state {}{} ({})",
             opt(lease.continuation.as_ref()),
@@ -767,81 +748,59 @@ pub fn release(args: ReleaseArgs) -> anyhow::Result<ExitCode> {
         let (store, group) = args.target.open().await?;
         let host = HostName::new(args.host.as_str()).map_err(|e| usage(format!("--host: {e}")))?;
         let wait = parse_duration("--wait", &args.wait)?;
-        let find = |hosts: Vec<Heartbeat>| hosts.into_iter().find(|h| h.host == host);
-        let mut row = find(store.membership(&group).await?.hosts);
-        if let Some(first) = &row {
-            if !wait.is_zero() {
-                tokio::time::sleep(wait).await;
-                let again = find(store.membership(&group).await?.hosts);
-                let moved = again.as_ref().is_none_or(|h| h.version != first.version);
-                if moved {
-                    let now = again
-                        .as_ref()
-                        .map_or("removed".to_string(), |h| h.version.to_string());
-                    if !args.force {
-                        bail!(
-                            "host {host} is alive: its heartbeat moved from {} to {now} within {}; stop it first, or pass --force",
-                            first.version,
-                            humantime::format_duration(wait)
-                        );
-                    }
-                    eprintln!(
-                        "warning: host {host} is alive (heartbeat {} -> {now}); releasing anyway (--force): it will stop when it sees its row gone",
-                        first.version
+        let watched =
+            admin::watch_heartbeat(store.as_ref(), &group, &host, wait, &SystemClock).await?;
+        match &watched {
+            Watched::Moved { from, to } => {
+                let now = to
+                    .as_ref()
+                    .map_or("removed".to_string(), |h| h.version.to_string());
+                if !args.force {
+                    bail!(
+                        "host {host} is alive: its heartbeat moved from {} to {now} within {}; stop it first, or pass --force",
+                        from.version,
+                        humantime::format_duration(wait)
                     );
                 }
-                row = again;
-            } else {
-                eprintln!("warning: --wait 0s: not checking whether host {host} is alive");
+                eprintln!(
+                    "warning: host {host} is alive (heartbeat {} -> {now}); releasing anyway (--force): it will stop when it sees its row gone",
+                    from.version
+                );
             }
+            Watched::Unchecked(_) => {
+                eprintln!("warning: --wait 0s: not checking whether host {host} is alive")
+            }
+            Watched::NoRow | Watched::StoodStill(_) => {}
         }
-        let listing = store.list(&group).await.context("listing leases")?;
-        let mut released = 0usize;
-        let mut failed = 0usize;
-        for lease in &listing.leases {
-            let owned = lease.owner.as_ref() == Some(&host);
-            let asked = lease.next_owner.as_ref() == Some(&host);
-            if !owned && !asked {
-                continue;
-            }
-            let mut next = Lease::clone(lease);
-            next.next_owner = None;
-            if owned {
-                next.state = LeaseState::Available;
-                next.owner = None;
-            }
-            match store.replace(&next, lease.version).await {
-                Ok(_) if owned => {
-                    released += 1;
-                    println!(
-                        "released {} (checkpoint {})",
-                        lease.key,
-                        opt(lease.continuation.as_ref())
-                    );
-                }
-                Ok(_) => println!("cleared hand-off request of {host} on {}", lease.key),
-                Err(err) => {
-                    failed += 1;
-                    eprintln!("error: {err}");
-                }
-            }
+        let report = admin::release_host(store.as_ref(), &group, &host, watched.last())
+            .await
+            .context("listing leases")?;
+        for lease in &report.released {
+            println!(
+                "released {} (checkpoint {})",
+                lease.key,
+                opt(lease.continuation.as_ref())
+            );
         }
-        for bad in &listing.malformed {
+        for key in &report.cleared {
+            println!("cleared hand-off request of {host} on {key}");
+        }
+        let mut failed = report.failed.len();
+        for err in &report.failed {
+            eprintln!("error: {err}");
+        }
+        for bad in &report.malformed {
             eprintln!("warning: {bad}");
         }
-        match &row {
-            Some(h) => match store
-                .remove_heartbeat(&group, &host, &h.incarnation, h.version)
-                .await
-            {
-                Ok(()) => println!("removed heartbeat row of {host}"),
-                Err(err) => {
-                    failed += 1;
-                    eprintln!("error: {err}");
-                }
-            },
+        match &report.heartbeat {
+            Some(Ok(())) => println!("removed heartbeat row of {host}"),
+            Some(Err(err)) => {
+                failed += 1;
+                eprintln!("error: {err}");
+            }
             None => println!("host {host} has no heartbeat row"),
         }
+        let released = report.released.len();
         println!("{released} leases released");
         Ok(if failed == 0 {
             ExitCode::SUCCESS

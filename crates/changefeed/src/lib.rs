@@ -23,6 +23,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod admin;
 pub mod balance;
 pub mod clock;
 pub mod error;

@@ -41,6 +41,7 @@ mod heartbeat;
 mod hooks;
 mod host;
 mod host_state;
+mod keyed;
 mod telemetry;
 
 mod retry;
@@ -60,4 +61,5 @@ pub use heartbeat::{Liveness, ProcessorError};
 pub use hooks::Broken;
 #[cfg(feature = "sim")]
 pub(crate) use host_state::TableShare;
+pub use keyed::{KeyParallel, MAX_KEY_CONCURRENCY};
 pub use telemetry::describe_metrics;

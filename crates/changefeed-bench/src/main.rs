@@ -8,6 +8,7 @@ mod balance;
 mod dynamodb_cost;
 mod dynamodb_keys;
 mod faults_cmd;
+mod key_parallel;
 mod outbox;
 mod rebalance;
 mod run_throughput;
@@ -45,6 +46,8 @@ enum Command {
     StoreIo(store_io::Args),
     /// Records/s through `changefeed run`: per-batch, long-lived and KCL protocol modes.
     RunThroughput(run_throughput::Args),
+    /// Records/s of one hot partition with 1, 4 and 16 handler calls at once, split by key.
+    KeyParallel(key_parallel::Args),
     /// Recovery of a real fleet after network and server faults injected at the socket.
     Faults(faults_cmd::Args),
 }
@@ -62,5 +65,6 @@ fn main() -> anyhow::Result<()> {
         Command::StoreIo(args) => store_io::run(args),
         Command::RunThroughput(args) => run_throughput::run(args),
         Command::Faults(args) => faults_cmd::run(args),
+        Command::KeyParallel(args) => key_parallel::run(args),
     }
 }

@@ -22,10 +22,13 @@
 //!    of the fleet's mean (load ÷ capacity over all hosts).
 //! 4. **Moves close the gap.** The most utilised host gives the lease that most lowers the
 //!    higher utilisation of the pair to the least utilised host. A move is made only if its
-//!    gain, that lowering divided by the mean utilisation, is at least `min_gain`, and it also
-//!    lowers the sum over hosts of load² ÷ capacity (so repeated planning cannot cycle). A
-//!    lease moves at most once per plan, never while a hand-off of it is in flight, and never
-//!    within `dwell` of its last move.
+//!    gain, that lowering divided by the utilisation the lease carries off its host, is at
+//!    least `min_gain` (1: the move relieves the busy host fully and overloads nobody; near 0:
+//!    it mostly shifts the problem), and it also lowers the sum over hosts of load² ÷ capacity
+//!    (so repeated planning cannot cycle). The gain is relative to the lease, not to the
+//!    fleet, so many small leases can close a gap that no single one of them would. A lease
+//!    moves at most once per plan, never while a hand-off of it is in flight, and never within
+//!    `dwell` of its last move.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -81,11 +84,11 @@ pub struct LoadShare {
 }
 
 impl Default for LoadShare {
-    /// `threshold` 0.1, `min_gain` 0.05, `dwell` 60 s.
+    /// `threshold` 0.1, `min_gain` 0.5, `dwell` 60 s.
     fn default() -> Self {
         LoadShare {
             threshold: 0.1,
-            min_gain: 0.05,
+            min_gain: 0.5,
             dwell: Duration::from_secs(60),
         }
     }
@@ -100,7 +103,8 @@ impl LoadShare {
         self
     }
 
-    /// The least gain (as a fraction of the mean utilisation) a move must bring.
+    /// The least gain a move must bring: the lowering of the pair's higher utilisation as a
+    /// fraction of the utilisation the lease carries off its host (see the module doc).
     /// Negative or not finite values count as 0.
     #[must_use]
     pub fn with_min_gain(mut self, min_gain: f64) -> Self {
@@ -251,7 +255,11 @@ impl LoadShare {
                             (held[from] - w) / capacity[from],
                             (held[to] + w) / capacity[to],
                         );
-                        let gain = (uf.max(ut) - nf.max(nt)) / mean;
+                        let carried = w / capacity[from];
+                        if carried <= 0.0 {
+                            return None;
+                        }
+                        let gain = (uf.max(ut) - nf.max(nt)) / carried;
                         // The change in sum(load² / capacity): negative when the pair evens out.
                         let potential = w * ((ut + nt) - (uf + nf));
                         (gain >= self.min_gain && potential < 0.0).then_some((k, i, gain))

@@ -405,3 +405,80 @@ fn kcl3_assign(
     }
     plans.into_iter().enumerate().collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape() -> Shape {
+        Shape {
+            partitions: 64,
+            hosts: 8,
+            duration: Duration::from_secs(40 * 60),
+            step: Duration::from_secs(2),
+            warmup: Duration::from_secs(120),
+            average: Duration::from_secs(6),
+            seed: 1,
+        }
+    }
+
+    /// The hot spot adds a mean host's base load to one partition at a time, and is gone
+    /// before it appears.
+    #[test]
+    fn the_hot_spot_appears_moves_and_holds_a_mean_hosts_load() {
+        let s = shape();
+        let order = Rng::new(1).shuffle(s.partitions);
+        let total = |t: u64| -> f64 {
+            rates(Workload::HotSpot, &s, &order, Duration::from_secs(t))
+                .iter()
+                .sum()
+        };
+        let base = BASE * s.partitions as f64;
+        assert_eq!(total(0), base);
+        assert_eq!(total(700), base + base / s.hosts as f64);
+        let hot = |t: u64| {
+            let r = rates(Workload::HotSpot, &s, &order, Duration::from_secs(t));
+            (0..s.partitions)
+                .max_by(|&a, &b| r[a].total_cmp(&r[b]))
+                .unwrap_or(0)
+        };
+        assert_ne!(hot(700), hot(1600), "the hot spot moved");
+    }
+
+    /// On uniform load no placement moves a lease once the fleet is placed.
+    #[test]
+    fn uniform_load_moves_nothing() {
+        let caps = vec![1.0; 8];
+        for placer in [Placer::Equal, Placer::Load, Placer::Kcl3 { cpu: false }] {
+            let out = run(Workload::Uniform, placer, &shape(), &caps);
+            assert_eq!(out.moves, 0, "{placer:?}");
+        }
+    }
+
+    /// LoadShare keeps the busiest host within 1.25 of the mean (p99) on Zipf and a moving hot
+    /// spot, and evens the hot spot out within 3 acquire intervals of each move; counts do not.
+    #[test]
+    fn load_share_evens_out_zipf_and_a_moving_hot_spot() {
+        let caps = vec![1.0; 8];
+        let p99 = |v: &[f64]| {
+            let mut s = v.to_vec();
+            s.sort_by(f64::total_cmp);
+            s[(s.len() * 99).div_ceil(100) - 1]
+        };
+        for w in [Workload::Zipf, Workload::HotSpot] {
+            let load = run(w, Placer::Load, &shape(), &caps);
+            assert!(
+                p99(&load.max_over_mean) <= 1.25,
+                "{w:?}: {}",
+                p99(&load.max_over_mean)
+            );
+            assert!(
+                load.converge_s.iter().all(|&s| s <= 6.0),
+                "{w:?}: {:?}",
+                load.converge_s
+            );
+            let equal = run(w, Placer::Equal, &shape(), &caps);
+            assert!(p99(&equal.max_over_mean) > 1.5, "{w:?}");
+        }
+    }
+}

@@ -25,7 +25,8 @@
 //! - A failed key does not stop the others: the remaining keys are still dispatched, then the
 //!   batch fails with the first error. The keys that succeeded are remembered for this lease,
 //!   so the worker's retry of the same batch calls only the keys not yet done (within this
-//!   process; after an ownership change the whole batch is delivered again, as always).
+//!   process; after an ownership change the whole batch is delivered again, as always). A call
+//!   cut short remembers nothing: its retry delivers the whole batch again.
 //! - The dead-letter policy counts failures of the batch; a dead letter holds the whole batch,
 //!   the records already done included.
 

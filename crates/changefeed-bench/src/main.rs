@@ -8,6 +8,8 @@ mod balance;
 mod dynamodb_cost;
 mod dynamodb_keys;
 mod faults_cmd;
+mod hotspots;
+mod key_parallel;
 mod outbox;
 mod rebalance;
 mod run_throughput;
@@ -45,6 +47,10 @@ enum Command {
     StoreIo(store_io::Args),
     /// Records/s through `changefeed run`: per-batch, long-lived and KCL protocol modes.
     RunThroughput(run_throughput::Args),
+    /// Placement by measured load (LoadShare) against counts and a KCL 3.x model, on a workload model.
+    Hotspots(hotspots::Args),
+    /// Records/s of one hot partition with 1, 4 and 16 handler calls at once, split by key.
+    KeyParallel(key_parallel::Args),
     /// Recovery of a real fleet after network and server faults injected at the socket.
     Faults(faults_cmd::Args),
 }
@@ -62,5 +68,7 @@ fn main() -> anyhow::Result<()> {
         Command::StoreIo(args) => store_io::run(args),
         Command::RunThroughput(args) => run_throughput::run(args),
         Command::Faults(args) => faults_cmd::run(args),
+        Command::KeyParallel(args) => key_parallel::run(args),
+        Command::Hotspots(args) => hotspots::run(args),
     }
 }

@@ -134,6 +134,7 @@ async fn run_host(config: RunConfig) -> anyhow::Result<ExitCode> {
         .store(store.clone())
         .source(source.clone())
         .shared_handler(handler)
+        .key_concurrency(config.key_concurrency)
         .settings(config.settings.clone());
     if let (Some(after), Some(command)) = (
         config.settings.dead_letter_after,

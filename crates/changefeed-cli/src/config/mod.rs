@@ -128,6 +128,11 @@ pub struct RunArgs {
     /// as one JSON object. Exit 0 = stored. Needs --dead-letter-after.
     #[arg(long, value_name = "CMD", env = "CHANGEFEED_DEAD_LETTER_COMMAND")]
     pub dead_letter_command: Option<String>,
+    /// Handler commands run at once per partition, each with one key's records of the batch
+    /// in order; the batch is checkpointed once every key is done. Needs --protocol batch.
+    /// Default 1 (the whole batch in one command).
+    #[arg(long, value_name = "N", env = "CHANGEFEED_KEY_CONCURRENCY")]
+    pub key_concurrency: Option<String>,
     /// When to checkpoint: every-batch or interval:DURATION. Default every-batch.
     #[arg(long, value_name = "MODE", env = "CHANGEFEED_CHECKPOINT")]
     pub checkpoint: Option<String>,
@@ -215,6 +220,7 @@ const KEYS: &[&str] = &[
     "start_timeout",
     "dead_letter_after",
     "dead_letter_command",
+    "key_concurrency",
     "checkpoint",
     "min_leases",
     "max_leases",
@@ -250,6 +256,8 @@ pub struct RunConfig {
     pub dead_letter_command: Option<String>,
     /// How the handler command is run.
     pub protocol: Protocol,
+    /// Handler calls at once per partition, split by key (`key_concurrency`); 1 by default.
+    pub key_concurrency: usize,
     /// How a Kinesis source reads (`kinesis_deliver_outside_shard`); the defaults otherwise.
     pub kinesis: ReadOptions,
     /// How long transient faults opening the store and the source are retried at start
@@ -287,6 +295,7 @@ impl RunArgs {
             "start_timeout" => &mut self.start_timeout,
             "dead_letter_after" => &mut self.dead_letter_after,
             "dead_letter_command" => &mut self.dead_letter_command,
+            "key_concurrency" => &mut self.key_concurrency,
             "checkpoint" => &mut self.checkpoint,
             "min_leases" => &mut self.min_leases,
             "max_leases" => &mut self.max_leases,
@@ -486,6 +495,16 @@ impl RunArgs {
         if let Some(v) = &self.dead_letter_after {
             settings.dead_letter_after = Some(parse_number("dead_letter_after", v)?);
         }
+        let key_concurrency = match &self.key_concurrency {
+            Some(v) => parse_number("key_concurrency", v)?,
+            None => 1,
+        };
+        if key_concurrency > 1 && protocol != Protocol::Batch {
+            return Err(UsageError(format!(
+                "key_concurrency: {key_concurrency} needs --protocol batch: a long-lived lines \
+                 or kcl process serves one call of its partition at a time"
+            )));
+        }
         let dead_letter_command = self.dead_letter_command.clone();
         match (&settings.dead_letter_after, &dead_letter_command) {
             (Some(_), None) => {
@@ -571,6 +590,7 @@ impl RunArgs {
             log_format,
             dead_letter_command,
             protocol,
+            key_concurrency,
             kinesis,
             start_timeout,
         })

@@ -14,6 +14,7 @@ mod fence;
 mod health;
 mod import_kcl;
 mod kcl;
+mod key_parallel;
 mod lag_seconds;
 mod lineage;
 mod lines;

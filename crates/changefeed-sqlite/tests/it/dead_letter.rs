@@ -18,7 +18,7 @@ use changefeed_sqlite::{SqliteDeadLetters, SqliteFeed, SqliteLeaseStore};
 use serde_json::json;
 
 /// Short real-time settings that the builder accepts.
-fn settings() -> Settings {
+pub(super) fn settings() -> Settings {
     Settings {
         lease_expiry: Duration::from_secs(3),
         safety_margin: Duration::from_secs(1),
@@ -43,7 +43,7 @@ fn failing(calls: Arc<AtomicU32>) -> impl Handler {
 }
 
 /// Polls `probe` every 50 ms until it answers `Some`, failing the test after `limit`.
-async fn wait_for<T, F, Fut>(what: &str, limit: Duration, mut probe: F) -> T
+pub(super) async fn wait_for<T, F, Fut>(what: &str, limit: Duration, mut probe: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,

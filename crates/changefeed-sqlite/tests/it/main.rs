@@ -8,5 +8,6 @@
 mod change_stamps;
 mod dead_letter;
 mod feed;
+mod key_parallel;
 mod processor;
 mod store;

@@ -13,7 +13,9 @@
 //! [`EqualShare::quotas`] expose its share computation for the CLI, tests and the simulator. [`KclLike`] and [`CosmosLike`]
 //! implement the published lease-taking rules of the Kinesis Client Library and the Cosmos DB
 //! change feed processor (bulk takes of expired leases, one steal per cycle), as baselines for
-//! the simulator and for users who want that behaviour. [`Kcl3Like`] models KCL 3.x's
+//! the simulator and for users who want that behaviour. [`LoadShare`] balances measured load
+//! (a [`LoadInput`] given to [`BalanceStrategy::plan_with_load`]) against host capacity, with
+//! hysteresis, and is [`EqualShare`] where no load is known. [`Kcl3Like`] models KCL 3.x's
 //! leader-driven assignment (free leases to the least-loaded hosts, then over-loaded hosts hand
 //! leases to under-loaded ones), with each host's plan being the leader's decisions that name it.
 //!
@@ -46,6 +48,7 @@ mod equal_share;
 mod kcl;
 mod kcl3;
 mod limits;
+mod load_share;
 #[cfg(test)]
 mod tests;
 
@@ -56,6 +59,9 @@ pub use equal_share::EqualShare;
 pub use kcl::KclLike;
 pub use kcl3::Kcl3Like;
 pub use limits::{LeaseLimits, LimitsError};
+#[cfg(test)]
+use load_share::Move;
+pub use load_share::{LoadInput, LoadShare};
 
 /// The lease property a custom strategy may read as a per-lease weight (see
 /// [`LeaseView::weight`]).
@@ -190,6 +196,15 @@ pub trait BalanceStrategy: Send + Sync + std::fmt::Debug {
     fn plan_census(&self, snapshot: &CensusSnapshot<'_>) -> Option<Plan> {
         let _ = snapshot;
         None
+    }
+
+    /// The plan for `snapshot.me` knowing the measured `load` of leases and the capacity of
+    /// hosts ([`LoadInput`]), with the same contract as [`BalanceStrategy::plan`]. Strategies
+    /// that balance counts ignore the load: the default is [`BalanceStrategy::plan`].
+    /// [`LoadShare`] uses it.
+    fn plan_with_load(&self, snapshot: &Snapshot<'_>, load: &LoadInput<'_>) -> Plan {
+        let _ = load;
+        self.plan(snapshot)
     }
 }
 

@@ -11,6 +11,7 @@ use crate::model::{GroupName, LeaseKey, LeaseState, Position};
 mod census;
 mod kcl3;
 mod limits;
+mod load_share;
 
 fn host(name: &str) -> HostName {
     HostName::new(name).expect("valid host name")

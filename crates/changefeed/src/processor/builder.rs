@@ -36,6 +36,7 @@ pub struct ProcessorBuilder {
     store: Option<Arc<dyn LeaseStore>>,
     source: Option<Arc<dyn FeedSource>>,
     handler: Option<Arc<dyn Handler>>,
+    key_concurrency: Option<usize>,
     dead_letter: Option<Arc<dyn DeadLetterSink>>,
     strategy: Option<Arc<dyn BalanceStrategy>>,
     clock: Option<Arc<dyn Clock>>,
@@ -94,6 +95,14 @@ impl ProcessorBuilder {
     /// The handler (required).
     pub fn handler(mut self, handler: impl Handler) -> Self {
         self.handler = Some(Arc::new(handler));
+        self
+    }
+
+    /// Runs each batch in up to `n` concurrent handler calls, one per record key, each key's
+    /// records in order; the batch is done when every key is (see [`super::KeyParallel`]).
+    /// Default 1: one call per batch. 0 is refused by [`ProcessorBuilder::build`].
+    pub fn key_concurrency(mut self, n: usize) -> Self {
+        self.key_concurrency = Some(n);
         self
     }
 
@@ -328,6 +337,7 @@ impl ProcessorBuilder {
         let source = self.source.ok_or(ConfigError::Missing("source"))?;
         let handler = self.handler.ok_or(ConfigError::Missing("handler"))?;
         self.settings.validate()?;
+        let handler = super::keyed::wrap(handler, self.key_concurrency, &self.settings)?;
         let limits = self.settings.lease_limits()?;
         if self.strategy.is_some() && !limits.is_none() {
             return Err(ConfigError::Invalid {

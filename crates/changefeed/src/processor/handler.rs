@@ -289,16 +289,14 @@ pub trait DeadLetterSink: Send + Sync + std::fmt::Debug + 'static {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::clock::SystemClock;
-    use crate::lease::MemoryLeaseStore;
-    use crate::model::{GroupName, Lease, Position};
-
-    /// `handler_fn` hands its closure the batch the processor shares, not a copy of it.
-    #[tokio::test]
-    async fn handler_fn_gets_the_shared_batch_not_a_copy() {
-        let partition = PartitionId::new("0").expect("a valid partition");
+impl Context {
+    /// A context for partition `partition` of group `g` on host `a`, over a memory store,
+    /// for calling a handler directly.
+    pub(crate) fn detached(partition: &str) -> Context {
+        use crate::clock::SystemClock;
+        use crate::lease::MemoryLeaseStore;
+        use crate::model::{GroupName, Lease, Position};
+        let partition = PartitionId::new(partition).expect("a valid partition");
         let key = LeaseKey::new(
             GroupName::new("g").expect("a valid group"),
             partition.clone(),
@@ -310,14 +308,25 @@ mod tests {
             host.clone(),
             Arc::new(SystemClock),
         );
-        let ctx = Context {
+        Context {
             partition,
             key,
             host,
             cell: Arc::new(cell),
             fencing_token: 1,
             cancel: CancellationToken::new(),
-        };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `handler_fn` hands its closure the batch the processor shares, not a copy of it.
+    #[tokio::test]
+    async fn handler_fn_gets_the_shared_batch_not_a_copy() {
+        let ctx = Context::detached("0");
         let batch = Arc::new(Batch {
             records: Vec::new(),
             continuation: None,

@@ -41,6 +41,7 @@ mod heartbeat;
 mod hooks;
 mod host;
 mod host_state;
+mod keyed;
 mod telemetry;
 
 mod retry;
@@ -61,4 +62,5 @@ pub use hooks::Broken;
 #[cfg(feature = "sim")]
 pub(crate) use host_state::TableShare;
 pub use host_state::{GroupObserver, Liveness};
+pub use keyed::{KeyParallel, MAX_KEY_CONCURRENCY};
 pub use telemetry::describe_metrics;

@@ -52,6 +52,7 @@ mod error;
 mod kcl;
 mod shards;
 mod store;
+mod streams;
 mod view;
 
 pub use aws::{AwsOptions, Timeouts};
@@ -64,7 +65,11 @@ pub use store::{
     heartbeat_pk, lease_pk, Capacity, DynamoLeaseStore, COUNTER_SK, DEFAULT_HEAD_READS_PER_SECOND,
     PK, SK,
 };
+pub use streams::{DynamoStreamsFeed, DynamoStreamsReader, StreamRef, StreamTable, StreamsOptions};
 pub use view::view_pk;
+
+/// The AWS SDK's DynamoDB Streams client, re-exported so callers need not depend on it.
+pub use aws_sdk_dynamodbstreams as streams_sdk;
 
 /// The AWS SDK's DynamoDB client, re-exported so callers need not depend on it.
 pub use aws_sdk_dynamodb as sdk;

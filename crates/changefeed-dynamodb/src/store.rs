@@ -265,29 +265,18 @@ impl DynamoLeaseStore {
                 return Err(store_error("create_table", Some(self.table.clone()), err));
             }
         }
-        for _ in 0..600 {
-            let described = self
-                .client
-                .describe_table()
-                .table_name(&self.table)
-                .send()
-                .await
-                .map_err(|e| store_error("describe_table", Some(self.table.clone()), e))?;
-            if let Some(table) = described.table() {
-                crate::kcl::check_key_schema(&self.table, table)?;
+        match until_active(&self.client, &self.table).await {
+            Ok(table) => crate::kcl::check_key_schema(&self.table, &table),
+            Err(TableWait::Describe(e)) => {
+                Err(store_error("describe_table", Some(self.table.clone()), *e))
             }
-            let status = described.table().and_then(|t| t.table_status().cloned());
-            if status == Some(TableStatus::Active) {
-                return Ok(());
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            Err(TableWait::NeverActive) => Err(LeaseError::store(
+                "create_table",
+                Some(self.table.clone()),
+                true,
+                DynamoError::other(format!("table {} did not become active", self.table)),
+            )),
         }
-        Err(LeaseError::store(
-            "create_table",
-            Some(self.table.clone()),
-            true,
-            DynamoError::other(format!("table {} did not become active", self.table)),
-        ))
     }
 
     pub(crate) fn account(&self, kind: Kind, consumed: Option<&ConsumedCapacity>) {
@@ -539,6 +528,44 @@ impl Condition<'_> {
             }
         }
     }
+}
+
+/// Why [`until_active`] gave up.
+#[derive(Debug)]
+pub(crate) enum TableWait {
+    /// `DescribeTable` failed.
+    Describe(
+        Box<
+            aws_sdk_dynamodb::error::SdkError<
+                aws_sdk_dynamodb::operation::describe_table::DescribeTableError,
+            >,
+        >,
+    ),
+    /// The table was not active within a minute.
+    NeverActive,
+}
+
+/// Polls `DescribeTable` (every 100 ms, up to a minute) until `table` is active; returns its
+/// description.
+pub(crate) async fn until_active(
+    client: &Client,
+    table: &str,
+) -> Result<aws_sdk_dynamodb::types::TableDescription, TableWait> {
+    for _ in 0..600 {
+        let described = client
+            .describe_table()
+            .table_name(table)
+            .send()
+            .await
+            .map_err(|e| TableWait::Describe(Box::new(e)))?;
+        if let Some(t) = described.table() {
+            if t.table_status() == Some(&TableStatus::Active) {
+                return Ok(t.clone());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(TableWait::NeverActive)
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

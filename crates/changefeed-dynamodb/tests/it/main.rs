@@ -9,6 +9,7 @@ mod faults;
 mod fleet;
 mod kcl;
 mod store;
+mod streams;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -38,6 +38,14 @@ pub struct StreamsOptions {
     pub describe_interval: Duration,
 }
 
+impl StreamsOptions {
+    /// These options with `describe_interval` between two `DescribeStream` calls.
+    pub fn with_describe_interval(mut self, interval: Duration) -> Self {
+        self.describe_interval = interval;
+        self
+    }
+}
+
 impl Default for StreamsOptions {
     fn default() -> Self {
         Self {

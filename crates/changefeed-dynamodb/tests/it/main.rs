@@ -10,6 +10,7 @@ mod fleet;
 mod kcl;
 mod store;
 mod streams;
+mod streams_lineage;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -14,6 +14,9 @@
 //! - `kinesis://STREAM[?endpoint=URL&region=R]` (source): a [`KinesisFeed`] on one stream;
 //!   `kinesis://S1,S2,…` reads several streams with one lease table (a [`MultiFeed`], KCL's
 //!   multi-stream mode), partitions named `STREAM:SHARD`.
+//! - `dynamodb-streams://TABLE[?endpoint=URL&region=R&stream=ARN]` (source): a
+//!   [`DynamoStreamsFeed`] on the table's latest stream (or the stream `ARN`), each record a
+//!   JSON document of the change (event name, keys, new and old images).
 //! - `cosmos://ACCOUNT/DATABASE/CONTAINER[?endpoint=URL]` (store and source): as a store, a
 //!   [`CosmosLeaseStore`] on one container (database and container created if absent); as a
 //!   source, a [`CosmosFeed`] on an existing container's change feed; of the account
@@ -24,7 +27,7 @@
 //! - `postgres-outbox://…` (source): a [`PostgresOutbox`] over the tables `{prefix}_outbox…`,
 //!   e.g. `postgres-outbox://user:pw@db:5432/app?prefix=orders`.
 //!
-//! `dynamodb://`, `kinesis://` and `cosmos://` also take `connect_timeout=` (opening a
+//! `dynamodb://`, `dynamodb-streams://`, `kinesis://` and `cosmos://` also take `connect_timeout=` (opening a
 //! connection) and `request_timeout=` (one attempt of one request), as durations such as `2s`
 //! or `500ms`; their defaults are each backend's (docs/operations.md, "Timeouts and
 //! recovery").
@@ -45,7 +48,7 @@ use changefeed::lease::LeaseStore;
 use changefeed::model::{LeaseKey, Version};
 use changefeed::source::{FeedSource, MultiFeed};
 use changefeed_cosmos::{CosmosFeed, CosmosLeaseStore, CosmosOptions};
-use changefeed_dynamodb::DynamoLeaseStore;
+use changefeed_dynamodb::{DynamoLeaseStore, DynamoStreamsFeed, StreamRef, StreamsOptions};
 use changefeed_kinesis::{KinesisFeed, ReadOptions};
 use changefeed_postgres::{OutboxTable, PgOptions, PostgresLeaseStore, PostgresOutbox};
 use changefeed_sqlite::{SqliteFeed, SqliteLeaseStore};
@@ -59,7 +62,7 @@ pub use aws::AwsUrl;
 
 /// Schemes this build understands, for error messages.
 const SUPPORTED: &str =
-    "sqlite://PATH, postgres://USER@HOST/DB[?prefix=P] (store), postgres-outbox://USER@HOST/DB[?prefix=P] (source), dynamodb://TABLE[?endpoint=URL&region=R] (store), cosmos://ACCOUNT/DATABASE/CONTAINER[?endpoint=URL] (store and source), kinesis://STREAM[,STREAM…][?endpoint=URL&region=R] (source)";
+    "sqlite://PATH, postgres://USER@HOST/DB[?prefix=P] (store), postgres-outbox://USER@HOST/DB[?prefix=P] (source), dynamodb://TABLE[?endpoint=URL&region=R] (store), cosmos://ACCOUNT/DATABASE/CONTAINER[?endpoint=URL] (store and source), kinesis://STREAM[,STREAM…][?endpoint=URL&region=R] (source), dynamodb-streams://TABLE[?endpoint=URL&region=R&stream=ARN] (source)";
 
 /// The longest `connect_timeout=` or `request_timeout=` accepted.
 const MAX_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600);
@@ -254,6 +257,8 @@ pub enum BackendUrl {
     Dynamodb(AwsUrl),
     /// A Kinesis stream feed source (`kinesis://STREAM`).
     Kinesis(AwsUrl),
+    /// A DynamoDB table's stream as a feed source (`dynamodb-streams://TABLE`).
+    DynamodbStreams(AwsUrl),
     /// A Cosmos DB lease store or feed source (`cosmos://ACCOUNT/DATABASE/CONTAINER`).
     Cosmos(CosmosUrl),
 }
@@ -444,6 +449,9 @@ impl BackendUrl {
             )?)),
             "dynamodb" => Ok(BackendUrl::Dynamodb(AwsUrl::parse(setting, scheme, rest)?)),
             "kinesis" => Ok(BackendUrl::Kinesis(AwsUrl::parse(setting, scheme, rest)?)),
+            "dynamodb-streams" => Ok(BackendUrl::DynamodbStreams(AwsUrl::parse(
+                setting, scheme, rest,
+            )?)),
             "cosmos" => Ok(BackendUrl::Cosmos(CosmosUrl::parse(setting, rest)?)),
             other => Err(bad(format!(
                 "unknown scheme \"{}\"; supported: {SUPPORTED}",
@@ -458,9 +466,13 @@ impl BackendUrl {
     /// A [`UsageError`] naming the setting.
     pub fn store(setting: &str, text: &str) -> Result<Self, UsageError> {
         let url = Self::parse(setting, text)?;
-        if let BackendUrl::Kinesis(_) = url {
+        if let BackendUrl::Kinesis(_) | BackendUrl::DynamodbStreams(_) = url {
+            let scheme = match url {
+                BackendUrl::Kinesis(_) => "kinesis",
+                _ => "dynamodb-streams",
+            };
             return Err(UsageError(format!(
-                "{setting}: kinesis:// is a feed source; the AWS lease store is dynamodb://TABLE"
+                "{setting}: {scheme}:// is a feed source; the AWS lease store is dynamodb://TABLE"
             )));
         }
         if let BackendUrl::PostgresOutbox(_) = url {
@@ -479,7 +491,7 @@ impl BackendUrl {
         let url = Self::parse(setting, text)?;
         if let BackendUrl::Dynamodb(_) = url {
             return Err(UsageError(format!(
-                "{setting}: dynamodb:// is a lease store; the AWS feed source is kinesis://STREAM"
+                "{setting}: dynamodb:// is a lease store; the AWS feed sources are kinesis://STREAM and dynamodb-streams://TABLE"
             )));
         }
         if let BackendUrl::Postgres(_) = url {
@@ -503,10 +515,13 @@ impl BackendUrl {
                     None => url,
                 }
             }
-            BackendUrl::Dynamodb(aws) | BackendUrl::Kinesis(aws) => {
+            BackendUrl::Dynamodb(aws)
+            | BackendUrl::Kinesis(aws)
+            | BackendUrl::DynamodbStreams(aws) => {
                 let scheme = match self {
                     BackendUrl::Dynamodb(_) => "dynamodb",
-                    _ => "kinesis",
+                    BackendUrl::Kinesis(_) => "kinesis",
+                    _ => "dynamodb-streams",
                 };
                 match &aws.endpoint {
                     Some(endpoint) => format!("{scheme}://{}?endpoint={endpoint}", aws.name),
@@ -550,6 +565,9 @@ impl BackendUrl {
             }
             BackendUrl::Kinesis(_) => Err(anyhow::Error::new(UsageError(
                 "kinesis:// is a feed source, not a lease store".into(),
+            ))),
+            BackendUrl::DynamodbStreams(_) => Err(anyhow::Error::new(UsageError(
+                "dynamodb-streams:// is a feed source, not a lease store".into(),
             ))),
             BackendUrl::Cosmos(cosmos) => Ok(Arc::new(cosmos.open().await?)),
         }
@@ -624,8 +642,19 @@ impl BackendUrl {
                 }
                 Ok(Arc::new(multi))
             }
+            BackendUrl::DynamodbStreams(aws) => {
+                let stream = match &aws.stream {
+                    Some(arn) => StreamRef::Arn(arn.clone()),
+                    None => StreamRef::Table(aws.name.clone()),
+                };
+                let feed =
+                    DynamoStreamsFeed::connect(&aws.options(), &stream, StreamsOptions::default())
+                        .await
+                        .with_context(|| format!("opening the stream of table {}", aws.name))?;
+                Ok(Arc::new(feed))
+            }
             BackendUrl::Dynamodb(_) => Err(anyhow::Error::new(UsageError(
-                "dynamodb:// is a lease store; the AWS feed source is kinesis://STREAM".into(),
+                "dynamodb:// is a lease store; the AWS feed sources are kinesis://STREAM and dynamodb-streams://TABLE".into(),
             ))),
             BackendUrl::Postgres(_) => Err(anyhow::Error::new(UsageError(
                 "postgres:// is a lease store; the PostgreSQL feed source is postgres-outbox://"

@@ -4,8 +4,8 @@
 use super::parse_timeout;
 use crate::usage::UsageError;
 
-/// A `dynamodb://` or `kinesis://` URL: the table or stream, and optional overrides of the
-/// standard AWS configuration chain.
+/// A `dynamodb://`, `dynamodb-streams://` or `kinesis://` URL: the table or stream, and
+/// optional overrides of the standard AWS configuration chain.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AwsUrl {
     /// The table or stream name.
@@ -18,6 +18,9 @@ pub struct AwsUrl {
     pub connect_timeout: Option<std::time::Duration>,
     /// `?request_timeout=`: one attempt of one call.
     pub request_timeout: Option<std::time::Duration>,
+    /// `?stream=ARN` (`dynamodb-streams://` only): the stream to read, instead of the table's
+    /// latest.
+    pub stream: Option<String>,
 }
 
 impl AwsUrl {
@@ -30,6 +33,7 @@ impl AwsUrl {
             region: None,
             connect_timeout: None,
             request_timeout: None,
+            stream: None,
         };
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             match pair.split_once('=') {
@@ -67,11 +71,30 @@ impl AwsUrl {
                         url.request_timeout = Some(d);
                     }
                 }
+                Some(("stream", v)) if scheme == "dynamodb-streams" => {
+                    // A stream ARN: arn:PARTITION:dynamodb:REGION:ACCOUNT:table/T/stream/LABEL.
+                    let ok = v.starts_with("arn:")
+                        && v.contains(":table/")
+                        && v.contains("/stream/")
+                        && !v.contains(char::is_whitespace);
+                    if !ok {
+                        return Err(bad(format!(
+                            "dynamodb-streams:// parameter stream: \"{}\" must be a stream ARN such as arn:aws:dynamodb:eu-west-1:123456789012:table/orders/stream/2024-01-01T00:00:00.000",
+                            v.escape_debug()
+                        )));
+                    }
+                    url.stream = Some(v.to_string());
+                }
                 _ => {
+                    let stream = if scheme == "dynamodb-streams" {
+                        ", ?stream=ARN"
+                    } else {
+                        ""
+                    };
                     return Err(bad(format!(
-                        "{scheme}:// accepts only ?endpoint=URL, ?region=R, ?connect_timeout=DURATION and ?request_timeout=DURATION, got \"{}\"",
+                        "{scheme}:// accepts only ?endpoint=URL, ?region=R{stream}, ?connect_timeout=DURATION and ?request_timeout=DURATION, got \"{}\"",
                         pair.escape_debug()
-                    )))
+                    )));
                 }
             }
         }

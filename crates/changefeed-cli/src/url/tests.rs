@@ -17,6 +17,7 @@ fn aws_urls_name_the_table_or_stream_and_refuse_the_wrong_role() {
             region: Some("eu-west-1".into()),
             connect_timeout: None,
             request_timeout: None,
+            stream: None,
         })
     );
     assert!(matches!(
@@ -379,4 +380,42 @@ proptest::proptest! {
         let text = format!("{scheme}://{path}?{query}");
         let _ = BackendUrl::parse("--store", &text);
     }
+}
+
+#[test]
+fn dynamodb_streams_urls_name_the_table_or_the_stream() {
+    // dynamodb-streams:// is a source: the table's stream, or the one ?stream= names.
+    let arn = "arn:aws:dynamodb:eu-west-1:123456789012:table/orders/stream/2024-01-01T00:00:00.000";
+    assert!(matches!(
+        BackendUrl::source("--source", "dynamodb-streams://orders?endpoint=http://127.0.0.1:8000").expect("valid"),
+        BackendUrl::DynamodbStreams(AwsUrl { ref name, stream: None, endpoint: Some(_), .. }) if name == "orders"
+    ));
+    match BackendUrl::source(
+        "--source",
+        &format!("dynamodb-streams://orders?stream={arn}"),
+    ) {
+        Ok(BackendUrl::DynamodbStreams(aws)) => assert_eq!(aws.stream.as_deref(), Some(arn)),
+        other => panic!("a stream ARN, got {other:?}"),
+    }
+    let err = BackendUrl::store("--store", "dynamodb-streams://orders").expect_err("a source");
+    assert!(
+        err.to_string()
+            .contains("dynamodb-streams:// is a feed source"),
+        "{err}"
+    );
+    let err = BackendUrl::source("--source", "dynamodb-streams://orders?stream=orders")
+        .expect_err("not an ARN");
+    assert!(err.to_string().contains("parameter stream"), "{err}");
+    let err =
+        BackendUrl::source("--source", "kinesis://s?stream=x").expect_err("kinesis has no stream=");
+    assert!(err.to_string().contains("kinesis://"), "{err}");
+    assert_eq!(
+        BackendUrl::source(
+            "--source",
+            "dynamodb-streams://orders?endpoint=http://127.0.0.1:8000"
+        )
+        .expect("valid")
+        .redacted(),
+        "dynamodb-streams://orders?endpoint=http://127.0.0.1:8000"
+    );
 }

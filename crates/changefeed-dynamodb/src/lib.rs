@@ -1,10 +1,16 @@
-//! DynamoDB lease store for changefeed: leases, heartbeats and the change counter in one table.
+//! DynamoDB for changefeed: the lease store (leases, heartbeats and the change counter in one
+//! table), and a table's stream as a feed source.
 //!
 //! [`DynamoLeaseStore`] implements the core's [`LeaseStore`](changefeed::lease::LeaseStore) on
 //! one DynamoDB table (created if absent, on-demand billing). This crate owns the table layout
 //! and the mapping of items to the core's model; the lease protocol, balancing and lineage
 //! stay in the core. [`import_kcl`] reads a KCL 2.x lease table and creates the same leases at
 //! the same checkpoints.
+//!
+//! [`DynamoStreamsFeed`] implements the core's [`FeedSource`](changefeed::source::FeedSource)
+//! on a table's DynamoDB stream: shards as partitions with their parents, each change one JSON
+//! document with its keys and images as plain JSON (see `docs/backends.md`, "DynamoDB
+//! Streams").
 //!
 //! # Cost
 //!

@@ -15,14 +15,17 @@ use crate::{endpoint, fresh_table};
 
 /// A fresh table with its stream on DynamoDB Local, and the source reading it.
 pub async fn fresh_stream(prefix: &str) -> (StreamTable, DynamoStreamsFeed) {
-    let options = AwsOptions::local(endpoint());
+    fresh_stream_at(&endpoint(), prefix).await
+}
+
+/// A fresh table with its stream on the server at `endpoint`, and the source reading it.
+pub async fn fresh_stream_at(endpoint: &str, prefix: &str) -> (StreamTable, DynamoStreamsFeed) {
+    let options = AwsOptions::local(endpoint);
     let table = StreamTable::connect(&options, fresh_table(prefix)).await;
-    table.create().await.unwrap_or_else(|e| {
-        panic!(
-            "cannot create a table on DynamoDB Local at {}: {e}",
-            endpoint()
-        )
-    });
+    table
+        .create()
+        .await
+        .unwrap_or_else(|e| panic!("cannot create a table on the server at {endpoint}: {e}"));
     let feed = DynamoStreamsFeed::connect(
         &options,
         &StreamRef::Table(table.table().to_string()),
@@ -36,6 +39,9 @@ pub async fn fresh_stream(prefix: &str) -> (StreamTable, DynamoStreamsFeed) {
 struct Fixture {
     table: StreamTable,
     feed: DynamoStreamsFeed,
+    /// moto accepts `AFTER_SEQUENCE_NUMBER` past the shard's last record; DynamoDB Local and
+    /// AWS refuse it.
+    refuses_unissued: bool,
 }
 
 #[async_trait]
@@ -85,6 +91,10 @@ impl FeedFixture for Fixture {
     fn payload(&self, record: &Record) -> String {
         new_data(record)
     }
+
+    fn server_refuses_unissued_continuations(&self) -> bool {
+        self.refuses_unissued
+    }
 }
 
 /// The `data` attribute of a record's new image.
@@ -96,15 +106,22 @@ fn new_data(record: &Record) -> String {
         .to_string()
 }
 
+/// A fixture on a fresh table of the server at `endpoint`; `refuses_unissued`: whether that
+/// server refuses a sequence number past the shard's last record.
+pub async fn fixture(endpoint: String, refuses_unissued: bool) -> Box<dyn FeedFixture> {
+    let (table, feed) = fresh_stream_at(&endpoint, "streams-conf").await;
+    Box::new(Fixture {
+        table,
+        feed,
+        refuses_unissued,
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance() {
     // Every source passes the core's feed suite against its real server (DESIGN.md); the
     // split and merge checks need resharding on demand, which a stream does not offer.
-    feed_source_conformance(|| async {
-        let (table, feed) = fresh_stream("streams-conf").await;
-        Box::new(Fixture { table, feed }) as Box<dyn FeedFixture>
-    })
-    .await;
+    feed_source_conformance(|| fixture(endpoint(), true)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -48,6 +48,14 @@ pub trait FeedFixture: Send + Sync {
     fn reshards(&self) -> bool {
         true
     }
+    /// Whether the server refuses a well-formed continuation this partition never issued (a
+    /// sequence number past its last record). Default: yes. A server that accepts one and
+    /// reads nothing after it (moto's DynamoDB Streams) leaves the source nothing to refuse,
+    /// so that one case is not checked against it; malformed and foreign continuations still
+    /// are.
+    fn server_refuses_unissued_continuations(&self) -> bool {
+        true
+    }
     /// What [`FeedFixture::append`] wrote, as the source's record carries it. Default: the
     /// record's data as text. A source whose records wrap the written value (DynamoDB Streams:
     /// a JSON document with the item's images) takes it back out.
@@ -374,11 +382,10 @@ async fn bad_continuations_are_named_errors(f: &dyn FeedFixture) {
     let a = &ps[0].id;
     f.append(a, "k", b"x").await;
     let source = f.source();
-    let mut bad = vec![
-        Continuation::new("garbage"),
-        Continuation::new(""),
-        Continuation::new("99999999999999999999999999"),
-    ];
+    let mut bad = vec![Continuation::new("garbage"), Continuation::new("")];
+    if f.server_refuses_unissued_continuations() {
+        bad.push(Continuation::new("99999999999999999999999999"));
+    }
     // A continuation of another partition, where there is one.
     if let Some(b) = ps.get(1).map(|p| &p.id) {
         f.append(b, "k", b"y").await;

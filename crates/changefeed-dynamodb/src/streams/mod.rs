@@ -323,10 +323,9 @@ impl DynamoStreamsFeed {
                 Err(source_error("open", Some(partition), err))
             }
             Some(service) => {
-                // The server refused the sequence number (DynamoDB answers ValidationException
-                // for one that is not in the shard, DynamoDB Local an InternalFailure even
-                // after retries): if it serves the shard from its start, the sequence number
-                // is what it refused.
+                // The server refused the sequence number (DynamoDB Local answers one past the
+                // shard with InternalFailure, even after retries): if it serves the shard from
+                // its start, the sequence number is what it refused.
                 let service = service.to_string();
                 self.client
                     .get_shard_iterator()

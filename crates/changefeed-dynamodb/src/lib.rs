@@ -59,6 +59,7 @@ mod kcl;
 mod shards;
 mod store;
 mod streams;
+mod table;
 mod view;
 
 pub use aws::{AwsOptions, Timeouts};

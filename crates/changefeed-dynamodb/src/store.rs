@@ -11,7 +11,7 @@ use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, ConsumedCapacity, KeySchemaElement, KeyType,
     Put, ReturnConsumedCapacity, ReturnValuesOnConditionCheckFailure, ScalarAttributeType,
-    TableStatus, TransactWriteItem, Update,
+    TransactWriteItem, Update,
 };
 use aws_sdk_dynamodb::Client;
 use changefeed::lease::{LeaseRow, LeaseStore, Listing};
@@ -25,6 +25,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::error::{store_error, DynamoError};
 use crate::shards::{check_shards, DEFAULT_HEARTBEAT_SHARDS};
+use crate::table::{until_active, TableWait};
 
 pub(crate) type Item = HashMap<String, AttributeValue>;
 
@@ -528,44 +529,6 @@ impl Condition<'_> {
             }
         }
     }
-}
-
-/// Why [`until_active`] gave up.
-#[derive(Debug)]
-pub(crate) enum TableWait {
-    /// `DescribeTable` failed.
-    Describe(
-        Box<
-            aws_sdk_dynamodb::error::SdkError<
-                aws_sdk_dynamodb::operation::describe_table::DescribeTableError,
-            >,
-        >,
-    ),
-    /// The table was not active within a minute.
-    NeverActive,
-}
-
-/// Polls `DescribeTable` (every 100 ms, up to a minute) until `table` is active; returns its
-/// description.
-pub(crate) async fn until_active(
-    client: &Client,
-    table: &str,
-) -> Result<aws_sdk_dynamodb::types::TableDescription, TableWait> {
-    for _ in 0..600 {
-        let described = client
-            .describe_table()
-            .table_name(table)
-            .send()
-            .await
-            .map_err(|e| TableWait::Describe(Box::new(e)))?;
-        if let Some(t) = described.table() {
-            if t.table_status() == Some(&TableStatus::Active) {
-                return Ok(t.clone());
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Err(TableWait::NeverActive)
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -9,7 +9,7 @@ use aws_sdk_dynamodb::Client;
 use changefeed::SourceError;
 
 use crate::error::{is_retryable, DynamoError};
-use crate::store::{until_active, TableWait};
+use crate::table::{until_active, TableWait};
 
 fn table_error<E, R>(
     operation: &'static str,

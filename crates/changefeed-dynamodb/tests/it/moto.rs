@@ -25,5 +25,5 @@ async fn streams_conformance_on_moto() {
     // The Streams source passes the core's feed suite against moto's Streams API too; moto
     // accepts a sequence number past the shard's last record, so that one refusal is not
     // checked here (DynamoDB Local's run checks it).
-    feed_source_conformance(|| crate::streams::fixture(moto_endpoint(), false)).await;
+    feed_source_conformance(|| crate::streams::fixture(moto_endpoint(), false, 1_500)).await;
 }

@@ -42,6 +42,9 @@ struct Fixture {
     /// moto accepts `AFTER_SEQUENCE_NUMBER` past the shard's last record; DynamoDB Local and
     /// AWS refuse it.
     refuses_unissued: bool,
+    /// How far to move the server's clock for `AtTime`: DynamoDB Local stamps records to the
+    /// minute, moto to the millisecond.
+    step_ms: u64,
 }
 
 #[async_trait]
@@ -67,13 +70,13 @@ impl FeedFixture for Fixture {
     }
 
     async fn advance_wall_clock(&self, ms: u64) {
-        // DynamoDB Local stamps records with its own real clock, rounded down to the minute:
-        // the only faithful way to move it is to let that much real time pass.
+        // The server stamps records with its own real clock: the only faithful way to move it
+        // is to let that much real time pass.
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
 
     fn wall_clock_step_ms(&self) -> u64 {
-        60_000
+        self.step_ms
     }
 
     fn tells_oldest_unread(&self) -> bool {
@@ -107,13 +110,19 @@ fn new_data(record: &Record) -> String {
 }
 
 /// A fixture on a fresh table of the server at `endpoint`; `refuses_unissued`: whether that
-/// server refuses a sequence number past the shard's last record.
-pub async fn fixture(endpoint: String, refuses_unissued: bool) -> Box<dyn FeedFixture> {
+/// server refuses a sequence number past the shard's last record; `step_ms`: how long to wait
+/// for its record timestamps to move on (the precision they have, at least).
+pub async fn fixture(
+    endpoint: String,
+    refuses_unissued: bool,
+    step_ms: u64,
+) -> Box<dyn FeedFixture> {
     let (table, feed) = fresh_stream_at(&endpoint, "streams-conf").await;
     Box::new(Fixture {
         table,
         feed,
         refuses_unissued,
+        step_ms,
     })
 }
 
@@ -121,7 +130,7 @@ pub async fn fixture(endpoint: String, refuses_unissued: bool) -> Box<dyn FeedFi
 async fn conformance() {
     // Every source passes the core's feed suite against its real server (DESIGN.md); the
     // split and merge checks need resharding on demand, which a stream does not offer.
-    feed_source_conformance(|| fixture(endpoint(), true)).await;
+    feed_source_conformance(|| fixture(endpoint(), true, 60_000)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -206,3 +206,148 @@ fn a_fleet_reads_every_table_change_in_order_while_its_reader_is_killed() {
         assert!(status.success(), "{name} stops gracefully: {status}");
     }
 }
+
+#[test]
+fn an_adapters_checkpoints_are_imported_and_read_on_from() {
+    // A DynamoDB Streams Kinesis Adapter application's lease table has the KCL's schema with
+    // stream shard ids and sequence numbers: import-kcl takes its checkpoints, and `run` reads
+    // on from exactly the record after each.
+    let endpoint = endpoint();
+    let fx = Fixture::new();
+    let unique = format!(
+        "{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or_default()
+    );
+    let table_name = format!("streams-adapter-{unique}");
+    let kcl_table = format!("adapter-app-{unique}");
+    let options = AwsOptions::local(endpoint.clone());
+    let (shard, checkpoint) = rt().block_on(async {
+        let table = StreamTable::connect(&options, &table_name).await;
+        let arn = table
+            .create()
+            .await
+            .expect("create the table with its stream");
+        for i in 0..4 {
+            table.put("item", &format!("v{i}")).await.expect("put");
+        }
+        let feed = changefeed_dynamodb::DynamoStreamsFeed::connect(
+            &options,
+            &changefeed_dynamodb::StreamRef::Arn(arn),
+            changefeed_dynamodb::StreamsOptions::default(),
+        )
+        .await
+        .expect("the stream");
+        use changefeed::source::FeedSource as _;
+        let shard = feed.partitions().await.expect("shards")[0].id.clone();
+        let mut reader = feed
+            .open(&shard, &changefeed::model::Position::Beginning)
+            .await
+            .expect("open");
+        let batch = reader.next_batch(10).await.expect("read");
+        assert_eq!(batch.records.len(), 4);
+        // The adapter checkpointed the second change.
+        (shard, batch.records[1].continuation.as_str().to_string())
+    });
+    // The adapter's lease table, as the KCL writes it (leaseKey, checkpoint, counter, owner).
+    rt().block_on(async {
+        let config = options.load().await;
+        let client = changefeed_dynamodb::sdk::Client::new(&config);
+        use changefeed_dynamodb::sdk::types::{
+            AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,
+            ScalarAttributeType,
+        };
+        client
+            .create_table()
+            .table_name(&kcl_table)
+            .billing_mode(BillingMode::PayPerRequest)
+            .attribute_definitions(
+                AttributeDefinition::builder()
+                    .attribute_name("leaseKey")
+                    .attribute_type(ScalarAttributeType::S)
+                    .build()
+                    .expect("valid"),
+            )
+            .key_schema(
+                KeySchemaElement::builder()
+                    .attribute_name("leaseKey")
+                    .key_type(KeyType::Hash)
+                    .build()
+                    .expect("valid"),
+            )
+            .send()
+            .await
+            .expect("create the adapter's lease table");
+        client
+            .put_item()
+            .table_name(&kcl_table)
+            .item("leaseKey", AttributeValue::S(shard.to_string()))
+            .item("checkpoint", AttributeValue::S(checkpoint.clone()))
+            .item("checkpointSubSequenceNumber", AttributeValue::N("0".into()))
+            .item("leaseCounter", AttributeValue::N("7".into()))
+            .item(
+                "ownerSwitchesSinceCheckpoint",
+                AttributeValue::N("0".into()),
+            )
+            .send()
+            .await
+            .expect("write the adapter's lease");
+    });
+    let store = format!("dynamodb://leases-{unique}?endpoint={endpoint}&region=us-east-1");
+    let out = bin()
+        .args(["import-kcl", "--table", &kcl_table, "--store", &store])
+        .args(["--group", "g", "--failover-time", "1s", "--json"])
+        .output()
+        .expect("run import-kcl");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{:?}",
+        crate::support::text(&out)
+    );
+    let source = format!("dynamodb-streams://{table_name}?endpoint={endpoint}&region=us-east-1");
+    let file = fx.path("out.jsonl");
+    let mut host = KillOnDrop(
+        bin()
+            .args([
+                "run", "--store", &store, "--source", &source, "--group", "g",
+            ])
+            .args([
+                "--host",
+                "h1",
+                "--handler",
+                &format!("cat >> '{}'", file.display()),
+            ])
+            .args(FAST)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start run"),
+    );
+    let got = wait_for(Duration::from_secs(30), "the rest delivered", || {
+        let lines = delivered(&[("h1".to_string(), file.clone())]);
+        (lines.len() >= 2).then_some(lines)
+    });
+    let data: Vec<String> = got
+        .iter()
+        .map(|(_, l)| {
+            let doc: Value =
+                serde_json::from_str(l["data"].as_str().expect("text")).expect("a change");
+            doc["newImage"]["data"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(
+        data,
+        ["v2", "v3"],
+        "exactly the changes after the checkpoint"
+    );
+    crate::support::terminate(&host.0);
+    let status = crate::support::wait_exit(&mut host.0, Duration::from_secs(20));
+    assert!(status.success(), "{status}");
+}

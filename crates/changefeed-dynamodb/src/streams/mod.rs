@@ -71,7 +71,9 @@ pub enum StreamRef {
 ///   name a shard trimmed from the listing: the core's lineage counts it as finished), and it
 ///   is closed when its `SequenceNumberRange` has an `EndingSequenceNumber`. Shards have no
 ///   key range.
-/// - Positions map to `TRIM_HORIZON`, `LATEST` and `AFTER_SEQUENCE_NUMBER`. DynamoDB Streams
+/// - Positions map to `TRIM_HORIZON`, `LATEST` and `AFTER_SEQUENCE_NUMBER` (a continuation
+///   `SEQ/SUB`, a KCL checkpoint as `import-kcl` copies it from an adapter's lease table,
+///   reads after `SEQ`). DynamoDB Streams
 ///   has no `AT_TIMESTAMP`: `AtTime(t)` reads from `TRIM_HORIZON` and leaves out records whose
 ///   `ApproximateCreationDateTime` is before `t` (a second on AWS, a minute on DynamoDB
 ///   Local).
@@ -174,6 +176,15 @@ pub(crate) fn to_partition(shard: &Shard) -> Result<Partition, SourceError> {
 /// Whether `s` reads as a DynamoDB Streams sequence number (21 to 40 decimal digits).
 fn is_sequence_number(s: &str) -> bool {
     (21..=40).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// The sequence number a continuation reads after: the continuation itself, or `SEQ` of
+/// `SEQ/SUB`, the KCL's checkpoint with its sub-sequence number as `import-kcl` writes it (a
+/// stream record is never aggregated, so any part of it done means all of it is).
+fn sequence_of(c: &str) -> Option<&str> {
+    let (seq, sub) = c.split_once('/').unwrap_or((c, "0"));
+    let sub_ok = !sub.is_empty() && sub.len() <= 20 && sub.bytes().all(|b| b.is_ascii_digit());
+    (is_sequence_number(seq) && sub_ok).then_some(seq)
 }
 
 /// Whether `s` can be a shard id (28 to 65 characters, as the API requires).
@@ -286,17 +297,18 @@ impl DynamoStreamsFeed {
             }
             Position::Now => req.shard_iterator_type(ShardIteratorType::Latest),
             Position::Continuation(c) => {
-                if !is_sequence_number(c.as_str()) {
+                let Some(seq) = sequence_of(c.as_str()) else {
                     return Err(SourceError::InvalidContinuation {
                         partition: partition.to_string(),
                         continuation: c.to_string(),
                         reason: "a DynamoDB Streams continuation is a sequence number \
-                                 (21 to 40 decimal digits)"
+                                 (21 to 40 decimal digits), optionally followed by / and a \
+                                 sub-sequence number"
                             .to_string(),
                     });
-                }
+                };
                 req.shard_iterator_type(ShardIteratorType::AfterSequenceNumber)
-                    .sequence_number(c.as_str())
+                    .sequence_number(seq)
             }
         };
         let err = match req.send().await {

@@ -9,8 +9,10 @@ mod faults;
 mod fleet;
 mod kcl;
 mod moto;
+mod replay;
 mod store;
 mod streams;
+mod streams_errors;
 mod streams_lineage;
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -3,14 +3,12 @@
 //! `DescribeStream` answers in `testdata/` are served on loopback to the real SDK client, so
 //! paging, parents, closed shards and a trimmed parent are read exactly as from AWS.
 
-use std::sync::Arc;
-
 use changefeed::lineage::{plan, Input};
 use changefeed::model::{PartitionId, Position};
 use changefeed::source::FeedSource;
 use changefeed_dynamodb::{AwsOptions, DynamoStreamsFeed, StreamRef, StreamsOptions};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpListener;
+
+use crate::replay::{serve, Seen};
 
 const PAGE_1: &str = include_str!("testdata/describe_stream_rollover_1.json");
 const PAGE_2: &str = include_str!("testdata/describe_stream_rollover_2.json");
@@ -18,60 +16,18 @@ const ARN: &str =
     "arn:aws:dynamodb:us-east-1:123456789012:table/orders/stream/2023-11-14T22:13:20.000";
 
 /// Serves the recorded `DescribeStream` pages on loopback: the second page to a request
-/// that continues after the first page's last shard. Returns the endpoint and the request
-/// bodies seen.
-async fn replay() -> (String, Arc<std::sync::Mutex<Vec<String>>>) {
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind loopback");
-    let addr = listener.local_addr().expect("address");
-    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let log = seen.clone();
-    tokio::spawn(async move {
-        while let Ok((socket, _)) = listener.accept().await {
-            let log = log.clone();
-            tokio::spawn(async move {
-                let mut socket = BufReader::new(socket);
-                loop {
-                    let mut length = 0usize;
-                    let mut line = String::new();
-                    loop {
-                        line.clear();
-                        if socket.read_line(&mut line).await.unwrap_or(0) == 0 {
-                            return;
-                        }
-                        if line == "\r\n" {
-                            break;
-                        }
-                        let lower = line.to_ascii_lowercase();
-                        if let Some(v) = lower.strip_prefix("content-length:") {
-                            length = v.trim().parse().unwrap_or(0);
-                        }
-                    }
-                    let mut body = vec![0; length];
-                    if socket.read_exact(&mut body).await.is_err() {
-                        return;
-                    }
-                    let body = String::from_utf8_lossy(&body).into_owned();
-                    let page = if body.contains("ExclusiveStartShardId") {
-                        PAGE_2
-                    } else {
-                        PAGE_1
-                    };
-                    log.lock().expect("log").push(body);
-                    let answer = format!(
-                        "HTTP/1.1 200 OK\r\nContent-Type: application/x-amz-json-1.0\r\n\
-                         Content-Length: {}\r\n\r\n{page}",
-                        page.len()
-                    );
-                    if socket.get_mut().write_all(answer.as_bytes()).await.is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    (format!("http://{addr}"), seen)
+/// that continues after the first page's last shard. Returns the endpoint and the requests
+/// seen.
+async fn replay() -> (String, Seen) {
+    serve(|_, body, _| {
+        let page = if body.contains("ExclusiveStartShardId") {
+            PAGE_2
+        } else {
+            PAGE_1
+        };
+        (200, page.to_string())
+    })
+    .await
 }
 
 fn id(s: &str) -> PartitionId {
@@ -111,7 +67,12 @@ async fn a_rollover_lists_closed_parents_and_children_across_pages() {
             (s1.to_string(), vec![p0.clone()], false),
         ]
     );
-    let bodies = seen.lock().expect("log").clone();
+    let bodies: Vec<String> = seen
+        .lock()
+        .expect("log")
+        .iter()
+        .map(|(_, b)| b.clone())
+        .collect();
     assert_eq!(bodies.len(), 2, "two pages, two calls");
     assert!(
         bodies[1].contains(c1.as_str()),

@@ -9,7 +9,7 @@ use std::time::Duration;
 use changefeed_dynamodb::{AwsOptions, StreamTable};
 use serde_json::Value;
 
-use crate::support::{bin, read, rt, run_ok, wait_for, Fixture, KillOnDrop, FAST};
+use crate::support::{bin, read, rt, wait_for, Fixture, KillOnDrop, FAST};
 
 /// The DynamoDB Local endpoint, or a panic saying how to start it.
 fn endpoint() -> String {
@@ -73,9 +73,7 @@ fn seq_order(s: &str) -> (usize, String) {
 
 /// The hosts owning group `g`'s leases in `store`.
 fn owners(store: &str) -> Vec<String> {
-    let out = run_ok(&["status", "--store", store, "--group", "g", "--json"]);
-    let status: Value = serde_json::from_slice(&out.stdout).expect("status json");
-    status["leases"]
+    crate::support::status(store)["leases"]
         .as_array()
         .map(|ls| {
             ls.iter()
@@ -134,19 +132,33 @@ fn a_fleet_reads_every_table_change_in_order_while_its_reader_is_killed() {
         hosts.insert(name.to_string(), start(name, &out));
         files.push((name.to_string(), out));
     }
-    let keys = 12;
-    let (mut exists, mut want) = (BTreeSet::new(), BTreeMap::new());
-    rt().block_on(write_load(&table, keys, 0..150, &mut exists, &mut want));
+    // Items are written, updated and deleted throughout, paced so that the kill below falls
+    // in the middle of the load.
+    let writer = {
+        let table = table.clone();
+        std::thread::spawn(move || {
+            let (mut exists, mut want) = (BTreeSet::new(), BTreeMap::new());
+            rt().block_on(async {
+                for step in 0..30 {
+                    let ops = step * 10..(step + 1) * 10;
+                    write_load(&table, 12, ops, &mut exists, &mut want).await;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            });
+            want
+        })
+    };
     // The host reading the stream's shard is killed mid-load, with no release.
     let owner = wait_for(Duration::from_secs(30), "a host to read the shard", || {
         let owners = owners(&store);
         let got = delivered(&files).len();
-        (got > 0).then(|| owners.first().cloned()).flatten()
+        (got >= 30).then(|| owners.first().cloned()).flatten()
     });
     let mut killed = hosts.remove(&owner).expect("a host of ours");
     killed.0.kill().expect("SIGKILL");
     killed.0.wait().expect("reap");
-    rt().block_on(write_load(&table, keys, 150..300, &mut exists, &mut want));
+    let killed_after = delivered(&files).len();
+    let want = writer.join().expect("the writer");
     let total: usize = want.values().map(Vec::len).sum();
     let lines = wait_for(Duration::from_secs(60), "every change delivered", || {
         let lines = delivered(&files);
@@ -196,6 +208,14 @@ fn a_fleet_reads_every_table_change_in_order_while_its_reader_is_killed() {
     );
     // Duplicates come only from the one ownership change, at most one batch.
     let duplicates = lines.len() - total;
+    eprintln!(
+        "changes={total} delivered={} duplicates={duplicates} killed={owner} after={killed_after}",
+        lines.len()
+    );
+    assert!(
+        killed_after < total,
+        "the reader was killed while changes were still to come ({killed_after} of {total})"
+    );
     assert!(
         duplicates <= batch,
         "{duplicates} duplicates after one ownership change (batch {batch})"
@@ -254,47 +274,9 @@ fn an_adapters_checkpoints_are_imported_and_read_on_from() {
     });
     // The adapter's lease table, as the KCL writes it (leaseKey, checkpoint, counter, owner).
     rt().block_on(async {
-        let config = options.load().await;
-        let client = changefeed_dynamodb::sdk::Client::new(&config);
-        use changefeed_dynamodb::sdk::types::{
-            AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,
-            ScalarAttributeType,
-        };
-        client
-            .create_table()
-            .table_name(&kcl_table)
-            .billing_mode(BillingMode::PayPerRequest)
-            .attribute_definitions(
-                AttributeDefinition::builder()
-                    .attribute_name("leaseKey")
-                    .attribute_type(ScalarAttributeType::S)
-                    .build()
-                    .expect("valid"),
-            )
-            .key_schema(
-                KeySchemaElement::builder()
-                    .attribute_name("leaseKey")
-                    .key_type(KeyType::Hash)
-                    .build()
-                    .expect("valid"),
-            )
-            .send()
-            .await
-            .expect("create the adapter's lease table");
-        client
-            .put_item()
-            .table_name(&kcl_table)
-            .item("leaseKey", AttributeValue::S(shard.to_string()))
-            .item("checkpoint", AttributeValue::S(checkpoint.clone()))
-            .item("checkpointSubSequenceNumber", AttributeValue::N("0".into()))
-            .item("leaseCounter", AttributeValue::N("7".into()))
-            .item(
-                "ownerSwitchesSinceCheckpoint",
-                AttributeValue::N("0".into()),
-            )
-            .send()
-            .await
-            .expect("write the adapter's lease");
+        let ours = crate::import_kcl::connect(&format!("leases-{unique}")).await;
+        let rows: &[(&str, &str, u64, &[&str])] = &[(shard.as_str(), checkpoint.as_str(), 0, &[])];
+        crate::import_kcl::write_kcl_table(&ours, &kcl_table, rows).await;
     });
     let store = format!("dynamodb://leases-{unique}?endpoint={endpoint}&region=us-east-1");
     let out = bin()

@@ -3,7 +3,10 @@
 //! DynamoDB Streams source's feed conformance suite. Where the two servers differ is listed in
 //! `docs/backends.md`.
 
+use std::time::Duration;
+
 use changefeed::testkit::{feed_source_conformance, lease_store_conformance};
+use changefeed_dynamodb::AwsOptions;
 
 use crate::moto_endpoint;
 
@@ -16,7 +19,7 @@ async fn lease_store_conformance_on_moto() {
     // slows down as a table grows (a few calls a second at thousands of items), so the
     // listing at scale lists 1,000 leases (four 1 MB pages are not reached; the paging itself
     // is checked on DynamoDB Local).
-    let timeout = Some(std::time::Duration::from_secs(30));
+    let timeout = Some(Duration::from_secs(30));
     lease_store_conformance(|| crate::store::fixture(moto_endpoint(), timeout, 1_000)).await;
 }
 
@@ -25,5 +28,8 @@ async fn streams_conformance_on_moto() {
     // The Streams source passes the core's feed suite against moto's Streams API too; moto
     // accepts a sequence number past the shard's last record, so that one refusal is not
     // checked here (DynamoDB Local's run checks it).
-    feed_source_conformance(|| crate::streams::fixture(moto_endpoint(), false, 1_500)).await;
+    // Its calls get 30 s: moto answers one request at a time, and the lease suite may be
+    // running against it at once.
+    let options = AwsOptions::local(moto_endpoint()).with_request_timeout(Duration::from_secs(30));
+    feed_source_conformance(|| crate::streams::fixture(options.clone(), false, 1_500)).await;
 }

@@ -15,19 +15,23 @@ use crate::{endpoint, fresh_table};
 
 /// A fresh table with its stream on DynamoDB Local, and the source reading it.
 pub async fn fresh_stream(prefix: &str) -> (StreamTable, DynamoStreamsFeed) {
-    fresh_stream_at(&endpoint(), prefix).await
+    fresh_stream_at(&AwsOptions::local(endpoint()), prefix).await
 }
 
-/// A fresh table with its stream on the server at `endpoint`, and the source reading it.
-pub async fn fresh_stream_at(endpoint: &str, prefix: &str) -> (StreamTable, DynamoStreamsFeed) {
-    let options = AwsOptions::local(endpoint);
-    let table = StreamTable::connect(&options, fresh_table(prefix)).await;
-    table
-        .create()
-        .await
-        .unwrap_or_else(|e| panic!("cannot create a table on the server at {endpoint}: {e}"));
+/// A fresh table with its stream on the server `options` name, and the source reading it.
+pub async fn fresh_stream_at(
+    options: &AwsOptions,
+    prefix: &str,
+) -> (StreamTable, DynamoStreamsFeed) {
+    let table = StreamTable::connect(options, fresh_table(prefix)).await;
+    table.create().await.unwrap_or_else(|e| {
+        panic!(
+            "cannot create a table on the server at {:?}: {e}",
+            options.endpoint_url
+        )
+    });
     let feed = DynamoStreamsFeed::connect(
-        &options,
+        options,
         &StreamRef::Table(table.table().to_string()),
         StreamsOptions::default(),
     )
@@ -109,15 +113,15 @@ fn new_data(record: &Record) -> String {
         .to_string()
 }
 
-/// A fixture on a fresh table of the server at `endpoint`; `refuses_unissued`: whether that
+/// A fixture on a fresh table of the server `options` name; `refuses_unissued`: whether that
 /// server refuses a sequence number past the shard's last record; `step_ms`: how long to wait
 /// for its record timestamps to move on (the precision they have, at least).
 pub async fn fixture(
-    endpoint: String,
+    options: AwsOptions,
     refuses_unissued: bool,
     step_ms: u64,
 ) -> Box<dyn FeedFixture> {
-    let (table, feed) = fresh_stream_at(&endpoint, "streams-conf").await;
+    let (table, feed) = fresh_stream_at(&options, "streams-conf").await;
     Box::new(Fixture {
         table,
         feed,
@@ -130,7 +134,7 @@ pub async fn fixture(
 async fn conformance() {
     // Every source passes the core's feed suite against its real server (DESIGN.md); the
     // split and merge checks need resharding on demand, which a stream does not offer.
-    feed_source_conformance(|| fixture(endpoint(), true, 60_000)).await;
+    feed_source_conformance(|| fixture(AwsOptions::local(endpoint()), true, 60_000)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,6 +14,9 @@
 //! - `kinesis://STREAM[?endpoint=URL&region=R]` (source): a [`KinesisFeed`] on one stream;
 //!   `kinesis://S1,S2,…` reads several streams with one lease table (a [`MultiFeed`], KCL's
 //!   multi-stream mode), partitions named `STREAM:SHARD`.
+//! - `dynamodb-streams://TABLE[?endpoint=URL&region=R&stream=ARN]` (source): a
+//!   [`DynamoStreamsFeed`] on the table's latest stream (or the stream `ARN`), each record a
+//!   JSON document of the change (event name, keys, new and old images).
 //! - `cosmos://ACCOUNT/DATABASE/CONTAINER[?endpoint=URL]` (store and source): as a store, a
 //!   [`CosmosLeaseStore`] on one container (database and container created if absent); as a
 //!   source, a [`CosmosFeed`] on an existing container's change feed; of the account
@@ -24,7 +27,7 @@
 //! - `postgres-outbox://…` (source): a [`PostgresOutbox`] over the tables `{prefix}_outbox…`,
 //!   e.g. `postgres-outbox://user:pw@db:5432/app?prefix=orders`.
 //!
-//! `dynamodb://`, `kinesis://` and `cosmos://` also take `connect_timeout=` (opening a
+//! `dynamodb://`, `dynamodb-streams://`, `kinesis://` and `cosmos://` also take `connect_timeout=` (opening a
 //! connection) and `request_timeout=` (one attempt of one request), as durations such as `2s`
 //! or `500ms`; their defaults are each backend's (docs/operations.md, "Timeouts and
 //! recovery").
@@ -45,16 +48,21 @@ use changefeed::lease::LeaseStore;
 use changefeed::model::{LeaseKey, Version};
 use changefeed::source::{FeedSource, MultiFeed};
 use changefeed_cosmos::{CosmosFeed, CosmosLeaseStore, CosmosOptions};
-use changefeed_dynamodb::DynamoLeaseStore;
+use changefeed_dynamodb::{DynamoLeaseStore, DynamoStreamsFeed, StreamRef, StreamsOptions};
 use changefeed_kinesis::{KinesisFeed, ReadOptions};
 use changefeed_postgres::{OutboxTable, PgOptions, PostgresLeaseStore, PostgresOutbox};
 use changefeed_sqlite::{SqliteFeed, SqliteLeaseStore};
 
 use crate::usage::UsageError;
 
+mod aws;
+
+use aws::check_endpoint;
+pub use aws::AwsUrl;
+
 /// Schemes this build understands, for error messages.
 const SUPPORTED: &str =
-    "sqlite://PATH, postgres://USER@HOST/DB[?prefix=P] (store), postgres-outbox://USER@HOST/DB[?prefix=P] (source), dynamodb://TABLE[?endpoint=URL&region=R] (store), cosmos://ACCOUNT/DATABASE/CONTAINER[?endpoint=URL] (store and source), kinesis://STREAM[,STREAM…][?endpoint=URL&region=R] (source)";
+    "sqlite://PATH, postgres://USER@HOST/DB[?prefix=P] (store), postgres-outbox://USER@HOST/DB[?prefix=P] (source), dynamodb://TABLE[?endpoint=URL&region=R] (store), cosmos://ACCOUNT/DATABASE/CONTAINER[?endpoint=URL] (store and source), kinesis://STREAM[,STREAM…][?endpoint=URL&region=R] (source), dynamodb-streams://TABLE[?endpoint=URL&region=R&stream=ARN] (source)";
 
 /// The longest `connect_timeout=` or `request_timeout=` accepted.
 const MAX_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600);
@@ -249,6 +257,8 @@ pub enum BackendUrl {
     Dynamodb(AwsUrl),
     /// A Kinesis stream feed source (`kinesis://STREAM`).
     Kinesis(AwsUrl),
+    /// A DynamoDB table's stream as a feed source (`dynamodb-streams://TABLE`).
+    DynamodbStreams(AwsUrl),
     /// A Cosmos DB lease store or feed source (`cosmos://ACCOUNT/DATABASE/CONTAINER`).
     Cosmos(CosmosUrl),
 }
@@ -408,164 +418,6 @@ impl CosmosUrl {
     }
 }
 
-/// A `dynamodb://` or `kinesis://` URL: the table or stream, and optional overrides of the
-/// standard AWS configuration chain.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AwsUrl {
-    /// The table or stream name.
-    pub name: String,
-    /// `?endpoint=URL`: an endpoint overriding the region's (a local server).
-    pub endpoint: Option<String>,
-    /// `?region=R`.
-    pub region: Option<String>,
-    /// `?connect_timeout=`: opening a connection.
-    pub connect_timeout: Option<std::time::Duration>,
-    /// `?request_timeout=`: one attempt of one call.
-    pub request_timeout: Option<std::time::Duration>,
-}
-
-impl AwsUrl {
-    fn parse(setting: &str, scheme: &str, rest: &str) -> Result<Self, UsageError> {
-        let bad = |rule: String| UsageError(format!("{setting}: {rule}"));
-        let (name, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let mut url = AwsUrl {
-            name: name.to_string(),
-            endpoint: None,
-            region: None,
-            connect_timeout: None,
-            request_timeout: None,
-        };
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            match pair.split_once('=') {
-                Some(("endpoint", v)) if !v.is_empty() => {
-                    check_endpoint(v).map_err(|rule| {
-                        bad(format!(
-                            "{scheme}:// parameter endpoint: \"{}\" {rule}",
-                            v.escape_debug()
-                        ))
-                    })?;
-                    url.endpoint = Some(v.to_string());
-                }
-                Some(("region", v)) if !v.is_empty() => {
-                    if !v
-                        .bytes()
-                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                    {
-                        return Err(bad(format!(
-                            "{scheme}:// parameter region: \"{}\" must be a region name such as eu-west-1",
-                            v.escape_debug()
-                        )));
-                    }
-                    url.region = Some(v.to_string());
-                }
-                Some((name @ ("connect_timeout" | "request_timeout"), v)) => {
-                    let d = parse_timeout(v).map_err(|rule| {
-                        bad(format!(
-                            "{scheme}:// parameter {name}: \"{}\" {rule}",
-                            v.escape_debug()
-                        ))
-                    })?;
-                    if name == "connect_timeout" {
-                        url.connect_timeout = Some(d);
-                    } else {
-                        url.request_timeout = Some(d);
-                    }
-                }
-                _ => {
-                    return Err(bad(format!(
-                        "{scheme}:// accepts only ?endpoint=URL, ?region=R, ?connect_timeout=DURATION and ?request_timeout=DURATION, got \"{}\"",
-                        pair.escape_debug()
-                    )))
-                }
-            }
-        }
-        if name.is_empty() || name.contains('/') {
-            return Err(bad(format!(
-                "{scheme}:// needs a name without '/', e.g. {scheme}://orders"
-            )));
-        }
-        if scheme == "kinesis"
-            && name
-                .split(',')
-                .any(|s| s.is_empty() || s.contains(changefeed::source::STREAM_SEPARATOR))
-        {
-            return Err(bad(format!(
-                "kinesis:// takes one stream or a comma-separated list without empty names or ':', got \"{}\"",
-                name.escape_debug()
-            )));
-        }
-        // AWS's naming rules, so a bad name is a usage error here, not a service error later.
-        let (what, lengths) = match scheme {
-            "kinesis" => ("stream", 1..=128),
-            _ => ("table", 3..=255),
-        };
-        for one in name.split(',') {
-            let chars_ok = one
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
-            if !chars_ok || !lengths.contains(&one.len()) {
-                return Err(bad(format!(
-                    "{scheme}:// {what} name \"{}\" must be {} to {} characters of A-Z, a-z, 0-9, '_', '-' and '.'",
-                    one.escape_debug(),
-                    lengths.start(),
-                    lengths.end()
-                )));
-            }
-        }
-        Ok(url)
-    }
-
-    /// The SDK options: endpoint, region and timeouts as given, the rest from the AWS chain.
-    pub fn options(&self) -> changefeed_dynamodb::AwsOptions {
-        changefeed_dynamodb::AwsOptions {
-            endpoint_url: self.endpoint.clone(),
-            region: self.region.clone(),
-            static_credentials: None,
-            connect_timeout: self.connect_timeout,
-            request_timeout: self.request_timeout,
-        }
-    }
-}
-
-/// Checks an `?endpoint=` value: `http://` or `https://`, a host, an optional port, and
-/// nothing the SDK would refuse only when the first request is sent. Returns the rule broken.
-fn check_endpoint(v: &str) -> Result<(), &'static str> {
-    const RULE: &str = "must be an http:// or https:// URL such as http://127.0.0.1:8000";
-    let rest = v
-        .strip_prefix("http://")
-        .or_else(|| v.strip_prefix("https://"))
-        .ok_or(RULE)?;
-    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
-    let (host, port) = match authority.strip_prefix('[') {
-        Some(bracketed) => {
-            let (ip, after) = bracketed.split_once(']').ok_or(RULE)?;
-            if ip.parse::<std::net::Ipv6Addr>().is_err() {
-                return Err(RULE);
-            }
-            match after {
-                "" => (ip, None),
-                p => (ip, Some(p.strip_prefix(':').ok_or(RULE)?)),
-            }
-        }
-        None => match authority.split_once(':') {
-            Some((h, p)) => (h, Some(p)),
-            None => (authority, None),
-        },
-    };
-    let host_ok = !host.is_empty()
-        && (authority.starts_with('[')
-            || host
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_')));
-    if !host_ok || port.is_some_and(|p| p.parse::<u16>().is_err()) {
-        return Err(RULE);
-    }
-    if rest.contains(char::is_whitespace) {
-        return Err(RULE);
-    }
-    Ok(())
-}
-
 impl BackendUrl {
     /// Parses `text`; `setting` names the flag for the error message (`--store`).
     ///
@@ -597,6 +449,9 @@ impl BackendUrl {
             )?)),
             "dynamodb" => Ok(BackendUrl::Dynamodb(AwsUrl::parse(setting, scheme, rest)?)),
             "kinesis" => Ok(BackendUrl::Kinesis(AwsUrl::parse(setting, scheme, rest)?)),
+            "dynamodb-streams" => Ok(BackendUrl::DynamodbStreams(AwsUrl::parse(
+                setting, scheme, rest,
+            )?)),
             "cosmos" => Ok(BackendUrl::Cosmos(CosmosUrl::parse(setting, rest)?)),
             other => Err(bad(format!(
                 "unknown scheme \"{}\"; supported: {SUPPORTED}",
@@ -611,9 +466,13 @@ impl BackendUrl {
     /// A [`UsageError`] naming the setting.
     pub fn store(setting: &str, text: &str) -> Result<Self, UsageError> {
         let url = Self::parse(setting, text)?;
-        if let BackendUrl::Kinesis(_) = url {
+        if let BackendUrl::Kinesis(_) | BackendUrl::DynamodbStreams(_) = url {
+            let scheme = match url {
+                BackendUrl::Kinesis(_) => "kinesis",
+                _ => "dynamodb-streams",
+            };
             return Err(UsageError(format!(
-                "{setting}: kinesis:// is a feed source; the AWS lease store is dynamodb://TABLE"
+                "{setting}: {scheme}:// is a feed source; the AWS lease store is dynamodb://TABLE"
             )));
         }
         if let BackendUrl::PostgresOutbox(_) = url {
@@ -632,7 +491,7 @@ impl BackendUrl {
         let url = Self::parse(setting, text)?;
         if let BackendUrl::Dynamodb(_) = url {
             return Err(UsageError(format!(
-                "{setting}: dynamodb:// is a lease store; the AWS feed source is kinesis://STREAM"
+                "{setting}: dynamodb:// is a lease store; the AWS feed sources are kinesis://STREAM and dynamodb-streams://TABLE"
             )));
         }
         if let BackendUrl::Postgres(_) = url {
@@ -656,10 +515,13 @@ impl BackendUrl {
                     None => url,
                 }
             }
-            BackendUrl::Dynamodb(aws) | BackendUrl::Kinesis(aws) => {
+            BackendUrl::Dynamodb(aws)
+            | BackendUrl::Kinesis(aws)
+            | BackendUrl::DynamodbStreams(aws) => {
                 let scheme = match self {
                     BackendUrl::Dynamodb(_) => "dynamodb",
-                    _ => "kinesis",
+                    BackendUrl::Kinesis(_) => "kinesis",
+                    _ => "dynamodb-streams",
                 };
                 match &aws.endpoint {
                     Some(endpoint) => format!("{scheme}://{}?endpoint={endpoint}", aws.name),
@@ -703,6 +565,9 @@ impl BackendUrl {
             }
             BackendUrl::Kinesis(_) => Err(anyhow::Error::new(UsageError(
                 "kinesis:// is a feed source, not a lease store".into(),
+            ))),
+            BackendUrl::DynamodbStreams(_) => Err(anyhow::Error::new(UsageError(
+                "dynamodb-streams:// is a feed source, not a lease store".into(),
             ))),
             BackendUrl::Cosmos(cosmos) => Ok(Arc::new(cosmos.open().await?)),
         }
@@ -777,8 +642,19 @@ impl BackendUrl {
                 }
                 Ok(Arc::new(multi))
             }
+            BackendUrl::DynamodbStreams(aws) => {
+                let stream = match &aws.stream {
+                    Some(arn) => StreamRef::Arn(arn.clone()),
+                    None => StreamRef::Table(aws.name.clone()),
+                };
+                let feed =
+                    DynamoStreamsFeed::connect(&aws.options(), &stream, StreamsOptions::default())
+                        .await
+                        .with_context(|| format!("opening the stream of table {}", aws.name))?;
+                Ok(Arc::new(feed))
+            }
             BackendUrl::Dynamodb(_) => Err(anyhow::Error::new(UsageError(
-                "dynamodb:// is a lease store; the AWS feed source is kinesis://STREAM".into(),
+                "dynamodb:// is a lease store; the AWS feed sources are kinesis://STREAM and dynamodb-streams://TABLE".into(),
             ))),
             BackendUrl::Postgres(_) => Err(anyhow::Error::new(UsageError(
                 "postgres:// is a lease store; the PostgreSQL feed source is postgres-outbox://"
@@ -801,387 +677,4 @@ pub async fn open_outbox(pg: &PgUrl) -> anyhow::Result<PostgresOutbox> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn aws_urls_name_the_table_or_stream_and_refuse_the_wrong_role() {
-        // dynamodb:// is a store, kinesis:// a source; overrides come as ?endpoint= and ?region=.
-        assert_eq!(
-            BackendUrl::store(
-                "--store",
-                "dynamodb://leases?endpoint=http://127.0.0.1:8000&region=eu-west-1"
-            )
-            .expect("valid"),
-            BackendUrl::Dynamodb(AwsUrl {
-                name: "leases".into(),
-                endpoint: Some("http://127.0.0.1:8000".into()),
-                region: Some("eu-west-1".into()),
-                connect_timeout: None,
-                request_timeout: None,
-            })
-        );
-        assert!(matches!(
-            BackendUrl::source("--source", "kinesis://orders").expect("valid"),
-            BackendUrl::Kinesis(AwsUrl { ref name, endpoint: None, region: None, .. }) if name == "orders"
-        ));
-        let err = BackendUrl::source("--source", "dynamodb://t").expect_err("a store");
-        assert!(err.to_string().contains("--source"), "{err}");
-        let err = BackendUrl::store("--store", "kinesis://s").expect_err("a source");
-        assert!(err.to_string().contains("kinesis://"), "{err}");
-        let err = BackendUrl::store("--store", "dynamodb://t?colour=red").expect_err("bad query");
-        assert!(err.to_string().contains("endpoint"), "{err}");
-        assert!(BackendUrl::store("--store", "dynamodb://").is_err());
-        // Several streams, one lease table (multi-stream).
-        assert!(matches!(
-            BackendUrl::source("--source", "kinesis://orders,payments").expect("valid"),
-            BackendUrl::Kinesis(AwsUrl { ref name, .. }) if name == "orders,payments"
-        ));
-        assert!(BackendUrl::source("--source", "kinesis://orders,").is_err());
-        assert!(BackendUrl::source("--source", "kinesis://a:b").is_err());
-    }
-
-    #[test]
-    fn cosmos_urls_name_account_database_and_container_and_take_the_key_only_from_outside() {
-        let url = BackendUrl::store("--store", "cosmos://my-account/app/leases").expect("valid");
-        let BackendUrl::Cosmos(cosmos) = &url else {
-            panic!("{url:?}")
-        };
-        assert_eq!(
-            (cosmos.account.as_str(), cosmos.database.as_str()),
-            ("my-account", "app")
-        );
-        assert_eq!(cosmos.container, "leases");
-        assert_eq!(
-            cosmos.endpoint(),
-            "https://my-account.documents.azure.com:443/"
-        );
-        // An account needs its key; the error names the variable and shows no key.
-        let err = cosmos.options(None).expect_err("no key");
-        assert!(err.0.contains(COSMOS_KEY_VAR), "{err}");
-        let options = cosmos.options(Some("c2VjcmV0".into())).expect("key");
-        assert!(!format!("{options:?}").contains("c2VjcmV0"));
-        // A server named by ?endpoint= (emulator, local server) goes without.
-        let local = BackendUrl::store(
-            "--store",
-            "cosmos://local/app/leases?endpoint=http://127.0.0.1:8081",
-        )
-        .expect("valid");
-        let BackendUrl::Cosmos(local) = local else {
-            panic!("cosmos")
-        };
-        assert_eq!(local.endpoint(), "http://127.0.0.1:8081");
-        assert!(local.options(None).is_ok());
-        // It is a source too.
-        assert!(matches!(
-            BackendUrl::source("--source", "cosmos://acct/app/orders"),
-            Ok(BackendUrl::Cosmos(_))
-        ));
-        // Bad shapes name the setting and the part.
-        for (text, says) in [
-            ("cosmos://acct/app", "needs ACCOUNT/DATABASE/CONTAINER"),
-            (
-                "cosmos://acct/app/leases/more",
-                "needs ACCOUNT/DATABASE/CONTAINER",
-            ),
-            ("cosmos://Acct/app/leases", "account \"Acct\""),
-            ("cosmos://ab/app/leases", "account \"ab\""),
-            ("cosmos://acct//leases", "database \"\""),
-            ("cosmos://acct/app/le#ses", "container \"le#ses\""),
-            (
-                "cosmos://acct/app/leases?key=abc",
-                "accepts only ?endpoint=URL",
-            ),
-            (
-                "cosmos://acct/app/leases?endpoint=ftp://x",
-                "parameter endpoint",
-            ),
-        ] {
-            let err = BackendUrl::store("--store", text).expect_err(text);
-            assert!(err.0.starts_with("--store: "), "{text}: {err}");
-            assert!(err.0.contains(says), "{text}: {err}");
-        }
-    }
-
-    #[test]
-    fn sqlite_urls_keep_the_path_and_other_schemes_are_named() {
-        // Bad URLs are usage errors naming the flag and the supported schemes.
-        assert_eq!(
-            BackendUrl::parse("--store", "sqlite:///tmp/a.db").expect("valid"),
-            BackendUrl::Sqlite(PathBuf::from("/tmp/a.db"))
-        );
-        assert_eq!(
-            BackendUrl::parse("--store", "sqlite://a.db").expect("valid"),
-            BackendUrl::Sqlite(PathBuf::from("a.db"))
-        );
-        let err = BackendUrl::parse("--store", "redis://x").expect_err("unknown");
-        assert!(
-            err.0.contains("--store") && err.0.contains("sqlite://"),
-            "{err}"
-        );
-        let err = BackendUrl::parse("--source", "feed.db").expect_err("not a URL");
-        assert!(err.0.contains("--source"), "{err}");
-        assert!(BackendUrl::parse("--store", "sqlite://").is_err());
-    }
-
-    #[test]
-    fn postgres_urls_take_out_prefix_and_pool_size_and_keep_the_rest() {
-        // Our parameters configure the backend; libpq's go to the driver unchanged.
-        let BackendUrl::Postgres(pg) = BackendUrl::store(
-            "--store",
-            "postgresql://u:secret@db:5433/app?prefix=orders&sslmode=require&pool_size=3",
-        )
-        .expect("valid") else {
-            panic!("a lease store URL");
-        };
-        assert_eq!(pg.conn, "postgres://u:secret@db:5433/app?sslmode=require");
-        assert_eq!(pg.prefix, "orders");
-        assert_eq!(pg.pool_size, Some(3));
-        let BackendUrl::PostgresOutbox(pg) =
-            BackendUrl::source("--source", "postgres-outbox://u@db/app").expect("valid")
-        else {
-            panic!("an outbox URL");
-        };
-        assert_eq!(pg.conn, "postgres://u@db/app");
-        assert_eq!(pg.prefix, changefeed_postgres::DEFAULT_PREFIX);
-    }
-
-    #[test]
-    fn postgres_urls_take_out_the_timeouts_and_leave_the_drivers_own() {
-        // Our timeouts configure the pool; libpq's connect_timeout and keepalives go on.
-        let BackendUrl::Postgres(pg) = BackendUrl::store(
-            "--store",
-            "postgres://u@db/app?request_timeout=2s&statement_timeout=1500ms&connect_timeout=2&keepalives_idle=5",
-        )
-        .expect("valid") else {
-            panic!("a lease store URL");
-        };
-        assert_eq!(
-            pg.conn,
-            "postgres://u@db/app?connect_timeout=2&keepalives_idle=5"
-        );
-        let options = pg.options();
-        assert_eq!(
-            options.client_timeout_value(),
-            std::time::Duration::from_secs(2)
-        );
-        assert_eq!(
-            options.statement_timeout_value(),
-            std::time::Duration::from_millis(1500)
-        );
-        for bad in [
-            "postgres://u@db/app?request_timeout=soon",
-            "postgres://u@db/app?statement_timeout=0s",
-            "postgres://u@db/app?request_timeout=1s&statement_timeout=2s",
-        ] {
-            let err = BackendUrl::store("--store", bad).expect_err(bad);
-            assert!(
-                err.0.starts_with("--store:") && err.0.contains("_timeout"),
-                "{err}"
-            );
-        }
-    }
-
-    #[test]
-    fn bad_postgres_urls_name_the_flag_and_hide_the_password() {
-        // DESIGN "Bad input": the error names the setting; secrets never reach the output.
-        let err = BackendUrl::store("--store", "postgres://u:secret@db/app?prefix=Bad-Name")
-            .expect_err("bad prefix");
-        assert!(
-            err.0.starts_with("--store:") && err.0.contains("prefix"),
-            "{err}"
-        );
-        assert!(!err.0.contains("secret"), "{err}");
-        let err = BackendUrl::store("--store", "postgres://u:secret@db/app?bogus_option=1")
-            .expect_err("unknown driver option");
-        assert!(!err.0.contains("secret"), "{err}");
-        let err = BackendUrl::store("--store", "postgres-outbox://db/app").expect_err("a source");
-        assert!(err.0.contains("postgres://"), "{err}");
-        let err = BackendUrl::source("--source", "postgres://db/app").expect_err("a store");
-        assert!(err.0.contains("postgres-outbox://"), "{err}");
-        let err = BackendUrl::store("--store", "postgres://db/app?pool_size=0").expect_err("zero");
-        assert!(err.0.contains("pool_size"), "{err}");
-        let url = BackendUrl::store("--store", "postgres://u:secret@db/app").expect("valid");
-        assert!(!format!("{url:?}").contains("secret"));
-        assert_eq!(url.redacted(), "postgres://u:***@db/app");
-        let url = BackendUrl::source(
-            "--source",
-            "postgres-outbox://u@db/app?password=secret&prefix=p&sslmode=disable",
-        )
-        .expect("valid");
-        assert_eq!(
-            url.redacted(),
-            "postgres-outbox://u@db/app?password=***&sslmode=disable"
-        );
-        assert!(!format!("{url:?}").contains("secret"));
-    }
-
-    #[test]
-    fn a_postgres_url_without_a_host_or_with_a_bad_part_says_which() {
-        // `postgres://` without a host is a usage error; a bad part is named.
-        for text in ["postgres://", "postgres:///app", "postgres://u:secret@/app"] {
-            let err = BackendUrl::store("--store", text).expect_err("no host");
-            assert!(
-                err.0.starts_with("--store: postgres:// needs a host"),
-                "{text}: {err}"
-            );
-            assert!(!err.0.contains("secret"), "{err}");
-        }
-        let err = BackendUrl::store("--store", "postgres://u:secret@db:notaport/app")
-            .expect_err("bad port");
-        assert_eq!(
-            err.0,
-            "--store: postgres://u:***@db:notaport/app: invalid connection string: invalid value for option `port`"
-        );
-        let err = BackendUrl::store("--store", "postgres://db/app?bogus_option=1")
-            .expect_err("unknown option");
-        assert!(err.0.ends_with("unknown option `bogus_option`"), "{err}");
-        // A socket directory is a host.
-        assert!(BackendUrl::store("--store", "postgres:///app?host=/run/postgresql").is_ok());
-    }
-
-    #[test]
-    fn aws_endpoints_regions_and_names_are_checked_before_connecting() {
-        // Bad input is a usage error naming the parameter, not an SDK error at the first call.
-        for endpoint in [
-            "notaurl",
-            "http://",
-            "http://[::1",
-            "http://127.0.0.1:1:2",
-            "http://h:99999",
-            "ftp://h",
-            "http://a b",
-        ] {
-            let err = BackendUrl::store(
-                "--store",
-                &format!("dynamodb://leases?endpoint={endpoint}&region=us-east-1"),
-            )
-            .expect_err(endpoint);
-            assert!(
-                err.0
-                    .starts_with("--store: dynamodb:// parameter endpoint:"),
-                "{endpoint}: {err}"
-            );
-        }
-        for endpoint in [
-            "http://127.0.0.1:8000",
-            "https://dynamodb.eu-west-1.amazonaws.com",
-            "http://[::1]:8000/",
-            "http://localhost",
-        ] {
-            let url = format!("dynamodb://leases?endpoint={endpoint}");
-            assert!(BackendUrl::store("--store", &url).is_ok(), "{endpoint}");
-        }
-        let err =
-            BackendUrl::store("--store", "dynamodb://leases?region=EU/1").expect_err("region");
-        assert!(err.0.contains("parameter region"), "{err}");
-        let err = BackendUrl::store("--store", "dynamodb://t%%").expect_err("table name");
-        assert!(err.0.contains("table name \"t%%\""), "{err}");
-        let err = BackendUrl::source("--source", "kinesis://ok,bad*").expect_err("stream name");
-        assert!(err.0.contains("stream name \"bad*\""), "{err}");
-    }
-
-    #[test]
-    fn timeouts_are_url_parameters_of_the_aws_and_cosmos_urls_and_bad_values_name_the_parameter() {
-        use std::time::Duration;
-        let BackendUrl::Dynamodb(aws) = BackendUrl::store(
-            "--store",
-            "dynamodb://leases?connect_timeout=500ms&request_timeout=3s",
-        )
-        .expect("valid") else {
-            panic!("dynamodb")
-        };
-        let options = aws.options();
-        assert_eq!(options.connect_timeout, Some(Duration::from_millis(500)));
-        assert_eq!(options.request_timeout, Some(Duration::from_secs(3)));
-        let BackendUrl::Kinesis(aws) =
-            BackendUrl::source("--source", "kinesis://orders?request_timeout=10s").expect("valid")
-        else {
-            panic!("kinesis")
-        };
-        assert_eq!(aws.request_timeout, Some(Duration::from_secs(10)));
-        assert_eq!(aws.connect_timeout, None, "the backend's default");
-        let BackendUrl::Cosmos(cosmos) = BackendUrl::store(
-            "--store",
-            "cosmos://local/app/leases?endpoint=http://127.0.0.1:8081&connect_timeout=2s&request_timeout=4s",
-        )
-        .expect("valid") else {
-            panic!("cosmos")
-        };
-        assert_eq!(cosmos.connect_timeout, Some(Duration::from_secs(2)));
-        assert_eq!(cosmos.request_timeout, Some(Duration::from_secs(4)));
-        let shown = format!("{:?}", cosmos.options(None).expect("options"));
-        assert!(
-            shown.contains("connect_timeout: 2s") && shown.contains("timeout: 4s"),
-            "{shown}"
-        );
-        for (text, says) in [
-            (
-                "dynamodb://t?connect_timeout=soon",
-                "dynamodb:// parameter connect_timeout: \"soon\"",
-            ),
-            (
-                "dynamodb://t?request_timeout=0s",
-                "dynamodb:// parameter request_timeout: \"0s\"",
-            ),
-            (
-                "dynamodb://t?request_timeout=",
-                "dynamodb:// parameter request_timeout: \"\"",
-            ),
-            ("dynamodb://t?request_timeout=2h", "at most 1h"),
-            (
-                "cosmos://acct/app/leases?request_timeout=-1s",
-                "cosmos:// parameter request_timeout",
-            ),
-            (
-                "cosmos://acct/app/leases?connect_timeout=5",
-                "cosmos:// parameter connect_timeout",
-            ),
-        ] {
-            let err = BackendUrl::store("--store", text).expect_err(text);
-            assert!(err.0.starts_with("--store: "), "{text}: {err}");
-            assert!(err.0.contains(says), "{text}: {err}");
-        }
-        let err =
-            BackendUrl::source("--source", "kinesis://s?connect_timeout=1").expect_err("no unit");
-        assert!(
-            err.0.contains("kinesis:// parameter connect_timeout") && err.0.contains("such as 2s"),
-            "{err}"
-        );
-    }
-
-    proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
-
-        #[test]
-        fn parsing_any_url_never_panics(
-            scheme in proptest::sample::select(vec![
-                "", "sqlite://", "postgres://", "postgresql://", "postgres-outbox://",
-                "dynamodb://", "kinesis://", "cosmos://", "redis://",
-            ]),
-            rest in "\\PC{0,60}",
-        ) {
-            // Bad input is an error, never a panic.
-            let text = format!("{scheme}{rest}");
-            let _ = BackendUrl::parse("--store", &text);
-            let _ = BackendUrl::store("--store", &text);
-            let _ = BackendUrl::source("--source", &text);
-            let _ = redact(&text);
-        }
-
-        #[test]
-        fn parsing_url_shaped_text_never_panics(
-            scheme in proptest::sample::select(vec!["postgres", "dynamodb", "kinesis", "cosmos"]),
-            user in "[a-z:@%]{0,8}",
-            host in "[a-z0-9.:\\[\\]%-]{0,16}",
-            path in "[a-z0-9/,.%*-]{0,12}",
-            query in "(([a-z_]{0,10})=([a-z0-9:/.\\[\\]%&=-]{0,24}))?",
-        ) {
-            // Near-valid URLs reach deeper into the parsers than arbitrary text does.
-            let text = format!("{scheme}://{user}@{host}/{path}?{query}");
-            let _ = BackendUrl::parse("--store", &text);
-            let text = format!("{scheme}://{path}?{query}");
-            let _ = BackendUrl::parse("--store", &text);
-        }
-    }
-}
+mod tests;

@@ -40,24 +40,7 @@ where
     R: std::fmt::Debug + Send + Sync + 'static,
 {
     let retryable = is_retryable(&err);
-    // The service's code and message; otherwise the chain of causes in words.
-    let context = match err.as_service_error() {
-        Some(e) => format!(
-            "{}: {}",
-            e.code().unwrap_or("service error"),
-            e.message().unwrap_or("(no message)")
-        ),
-        None => changefeed_aws::summary(&err),
-    };
-    LeaseError::store(
-        operation,
-        key,
-        retryable,
-        DynamoError {
-            context,
-            source: Some(Box::new(err)),
-        },
-    )
+    LeaseError::store(operation, key, retryable, DynamoError::from_sdk(err))
 }
 
 /// A DynamoDB SDK error, summarised: the service's error code and message, or the chain of
@@ -73,6 +56,26 @@ pub struct DynamoError {
 }
 
 impl DynamoError {
+    /// The service's code and message; otherwise the chain of causes in words.
+    pub(crate) fn from_sdk<E, R>(err: SdkError<E, R>) -> Self
+    where
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+        R: std::fmt::Debug + Send + Sync + 'static,
+    {
+        let context = match err.as_service_error() {
+            Some(e) => format!(
+                "{}: {}",
+                e.code().unwrap_or("service error"),
+                e.message().unwrap_or("(no message)")
+            ),
+            None => changefeed_aws::summary(&err),
+        };
+        Self {
+            context,
+            source: Some(Box::new(err)),
+        }
+    }
+
     /// An error that is not from the SDK (a table that never became active …).
     pub(crate) fn other(context: impl Into<String>) -> Self {
         Self {

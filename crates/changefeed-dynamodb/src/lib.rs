@@ -1,10 +1,16 @@
-//! DynamoDB lease store for changefeed: leases, heartbeats and the change counter in one table.
+//! DynamoDB for changefeed: the lease store (leases, heartbeats and the change counter in one
+//! table), and a table's stream as a feed source.
 //!
 //! [`DynamoLeaseStore`] implements the core's [`LeaseStore`](changefeed::lease::LeaseStore) on
 //! one DynamoDB table (created if absent, on-demand billing). This crate owns the table layout
 //! and the mapping of items to the core's model; the lease protocol, balancing and lineage
 //! stay in the core. [`import_kcl`] reads a KCL 2.x lease table and creates the same leases at
 //! the same checkpoints.
+//!
+//! [`DynamoStreamsFeed`] implements the core's [`FeedSource`](changefeed::source::FeedSource)
+//! on a table's DynamoDB stream: shards as partitions with their parents, each change one JSON
+//! document with its keys and images as plain JSON (see `docs/backends.md`, "DynamoDB
+//! Streams").
 //!
 //! # Cost
 //!
@@ -52,6 +58,8 @@ mod error;
 mod kcl;
 mod shards;
 mod store;
+mod streams;
+mod table;
 mod view;
 
 pub use aws::{AwsOptions, Timeouts};
@@ -64,7 +72,11 @@ pub use store::{
     heartbeat_pk, lease_pk, Capacity, DynamoLeaseStore, COUNTER_SK, DEFAULT_HEAD_READS_PER_SECOND,
     PK, SK,
 };
+pub use streams::{DynamoStreamsFeed, DynamoStreamsReader, StreamRef, StreamTable, StreamsOptions};
 pub use view::view_pk;
+
+/// The AWS SDK's DynamoDB Streams client, re-exported so callers need not depend on it.
+pub use aws_sdk_dynamodbstreams as streams_sdk;
 
 /// The AWS SDK's DynamoDB client, re-exported so callers need not depend on it.
 pub use aws_sdk_dynamodb as sdk;

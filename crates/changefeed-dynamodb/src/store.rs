@@ -12,7 +12,7 @@ use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, ConsumedCapacity, KeySchemaElement, KeyType,
     Put, ReturnConsumedCapacity, ReturnValuesOnConditionCheckFailure, ScalarAttributeType,
-    TableStatus, TransactWriteItem, Update,
+    TransactWriteItem, Update,
 };
 use aws_sdk_dynamodb::Client;
 use changefeed::lease::{LeaseRow, LeaseStore, Listing};
@@ -26,6 +26,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::error::{store_error, DynamoError};
 use crate::shards::{check_shards, DEFAULT_HEARTBEAT_SHARDS};
+use crate::table::{until_active, TableWait};
 
 pub(crate) type Item = HashMap<String, AttributeValue>;
 
@@ -266,29 +267,18 @@ impl DynamoLeaseStore {
                 return Err(store_error("create_table", Some(self.table.clone()), err));
             }
         }
-        for _ in 0..600 {
-            let described = self
-                .client
-                .describe_table()
-                .table_name(&self.table)
-                .send()
-                .await
-                .map_err(|e| store_error("describe_table", Some(self.table.clone()), e))?;
-            if let Some(table) = described.table() {
-                crate::kcl::check_key_schema(&self.table, table)?;
+        match until_active(&self.client, &self.table).await {
+            Ok(table) => crate::kcl::check_key_schema(&self.table, &table),
+            Err(TableWait::Describe(e)) => {
+                Err(store_error("describe_table", Some(self.table.clone()), *e))
             }
-            let status = described.table().and_then(|t| t.table_status().cloned());
-            if status == Some(TableStatus::Active) {
-                return Ok(());
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            Err(TableWait::NeverActive) => Err(LeaseError::store(
+                "create_table",
+                Some(self.table.clone()),
+                true,
+                DynamoError::other(format!("table {} did not become active", self.table)),
+            )),
         }
-        Err(LeaseError::store(
-            "create_table",
-            Some(self.table.clone()),
-            true,
-            DynamoError::other(format!("table {} did not become active", self.table)),
-        ))
     }
 
     pub(crate) fn account(&self, kind: Kind, consumed: Option<&ConsumedCapacity>) {

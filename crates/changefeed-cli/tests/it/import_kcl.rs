@@ -28,14 +28,14 @@ fn fresh_table(prefix: &str) -> String {
     format!("{prefix}-{}-{nanos}", std::process::id())
 }
 
-async fn connect(table: &str) -> DynamoLeaseStore {
+pub(crate) async fn connect(table: &str) -> DynamoLeaseStore {
     DynamoLeaseStore::connect(&AwsOptions::local(endpoint()), table)
         .await
         .unwrap_or_else(|e| panic!("cannot reach DynamoDB Local at {}: {e}", endpoint()))
 }
 
 /// Writes a KCL 2.x lease table: (leaseKey, checkpoint, sub-sequence, parents).
-async fn write_kcl_table(
+pub(crate) async fn write_kcl_table(
     store: &DynamoLeaseStore,
     table: &str,
     rows: &[(&str, &str, u64, &[&str])],

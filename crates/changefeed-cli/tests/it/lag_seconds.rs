@@ -1,6 +1,7 @@
 //! `changefeed lag` and `status` show lag in time: the age of the first
 //! unread record, from the SQLite feed's record timestamps (see `ops.rs`), the PostgreSQL
-//! outbox's `created_ms` and Kinesis's `ApproximateArrivalTimestamp`. Records are stamped by
+//! outbox's `created_ms`, Kinesis's `ApproximateArrivalTimestamp` and DynamoDB Streams'
+//! `ApproximateCreationDateTime`. Records are stamped by
 //! a fixed clock an hour back where the source lets the writer stamp them; kinesis-mock stamps
 //! with its own clock, so that test bounds the age by the times around the write.
 
@@ -163,6 +164,60 @@ fn lag_shows_seconds_for_a_kinesis_stream() {
             .unwrap_or_default()
             .starts_with("total 0, max "),
         "{table}"
+    );
+}
+
+#[test]
+fn lag_shows_seconds_for_a_dynamodb_stream() {
+    // A stream cannot count records (LAG `?`); the first unread record's
+    // ApproximateCreationDateTime gives the lag in time. DynamoDB Local rounds that time down
+    // to the minute, so the bound allows a minute more.
+    let endpoint = std::env::var("CHANGEFEED_TEST_DYNAMODB_URL").unwrap_or_else(|_| {
+        panic!(
+            "CHANGEFEED_TEST_DYNAMODB_URL is not set: start DynamoDB Local with `bash .ci/run` \
+             (or `eval \"$(bash .ci/aws-services.sh)\"`)"
+        )
+    });
+    let table = format!("lagsec-{}-{}", std::process::id(), SystemClock.wall().0);
+    let before = SystemClock.wall();
+    let shard = rt().block_on(async {
+        let options = changefeed_dynamodb::AwsOptions::local(endpoint.clone());
+        let t = changefeed_dynamodb::StreamTable::connect(&options, table.clone()).await;
+        let arn = t.create().await.expect("create table");
+        for i in 0..2 {
+            t.put("k", &format!("r{i}")).await.expect("put");
+        }
+        let feed = changefeed_dynamodb::DynamoStreamsFeed::connect(
+            &options,
+            &changefeed_dynamodb::StreamRef::Arn(arn),
+            changefeed_dynamodb::StreamsOptions::default(),
+        )
+        .await
+        .expect("the stream");
+        changefeed::source::FeedSource::partitions(&feed)
+            .await
+            .expect("shards")[0]
+            .id
+            .clone()
+    });
+    let fx = Fixture::new();
+    lease_at_beginning(&fx, &shard);
+    let source = format!("dynamodb-streams://{table}?endpoint={endpoint}&region=us-east-1");
+    let (lag, status, _) = lag_and_status(&fx, &source);
+    let after = SystemClock.wall();
+    let bound = (after.0 - before.0) as f64 / 1000.0 + 61.0;
+    let secs = lag["partitions"][0]["seconds"].as_f64().expect("seconds");
+    assert!(
+        (0.0..=bound).contains(&secs),
+        "between the put (less a minute) and now: {secs} {lag}"
+    );
+    assert!(
+        lag["partitions"][0]["lag"].is_null(),
+        "records are not counted: {lag}"
+    );
+    assert!(
+        status["leases"][0]["lag_seconds"].as_f64().is_some(),
+        "status shows it too: {status}"
     );
 }
 

@@ -5,6 +5,7 @@ mod console;
 mod cosmos;
 mod cosmos_import;
 mod demo;
+mod dynamodb_streams;
 mod faults;
 mod faults_cosmos;
 mod faults_dynamodb;

@@ -8,7 +8,12 @@
 mod faults;
 mod fleet;
 mod kcl;
+mod moto;
+mod replay;
 mod store;
+mod streams;
+mod streams_errors;
+mod streams_lineage;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -20,6 +25,18 @@ pub fn endpoint() -> String {
         panic!(
             "CHANGEFEED_TEST_DYNAMODB_URL is not set: start DynamoDB Local with `bash .ci/run` \
              (or `.ci/services.sh`) and export CHANGEFEED_TEST_DYNAMODB_URL=http://127.0.0.1:8000"
+        )
+    })
+}
+
+/// moto's server endpoint (the open-source server the suites also run against), or a panic
+/// saying how to start it.
+pub fn moto_endpoint() -> String {
+    std::env::var("CHANGEFEED_TEST_MOTO_URL").unwrap_or_else(|_| {
+        panic!(
+            "CHANGEFEED_TEST_MOTO_URL is not set: start moto's server with `scripts/test` \
+             (or `eval \"$(bash .ci/moto-server.sh)\"`), which exports \
+             CHANGEFEED_TEST_MOTO_URL=http://127.0.0.1:5001"
         )
     })
 }
@@ -40,7 +57,12 @@ pub fn fresh_table(prefix: &str) -> String {
 
 /// A store on a fresh table of DynamoDB Local.
 pub async fn fresh_store(prefix: &str) -> DynamoLeaseStore {
-    DynamoLeaseStore::connect(&AwsOptions::local(endpoint()), fresh_table(prefix))
+    fresh_store_at(&endpoint(), prefix).await
+}
+
+/// A store on a fresh table of the server at `endpoint`.
+pub async fn fresh_store_at(endpoint: &str, prefix: &str) -> DynamoLeaseStore {
+    DynamoLeaseStore::connect(&AwsOptions::local(endpoint), fresh_table(prefix))
         .await
-        .unwrap_or_else(|e| panic!("cannot reach DynamoDB Local at {}: {e}", endpoint()))
+        .unwrap_or_else(|e| panic!("cannot reach the DynamoDB server at {endpoint}: {e}"))
 }

@@ -14,17 +14,41 @@ use changefeed_dynamodb::{
     heartbeat_pk, lease_pk, AwsOptions, DynamoLeaseStore, DEFAULT_HEARTBEAT_SHARDS, PK, SK,
 };
 
-use crate::{endpoint, fresh_store};
+use crate::{endpoint, fresh_store, fresh_store_at};
 
 struct Fixture {
     store: DynamoLeaseStore,
+    options: AwsOptions,
+    at_scale: usize,
+}
+
+/// A fixture on a fresh table of the server at `endpoint`, its handles' calls each given
+/// `request_timeout` (`None`: the store's default), listing `at_scale` leases in the check at
+/// scale.
+pub async fn fixture(
+    endpoint: String,
+    request_timeout: Option<std::time::Duration>,
+    at_scale: usize,
+) -> Box<dyn LeaseStoreFixture> {
+    let mut options = AwsOptions::local(&endpoint);
+    if let Some(t) = request_timeout {
+        options = options.with_request_timeout(t);
+    }
+    Box::new(Fixture {
+        store: fresh_store_at(&endpoint, "conf").await,
+        options,
+        at_scale,
+    })
 }
 
 #[async_trait]
 impl LeaseStoreFixture for Fixture {
     async fn connect(&self) -> Arc<dyn LeaseStore> {
         // A new client (and connection pool) per handle, so racing handles really race.
-        let config = AwsOptions::local(endpoint()).load().await;
+        let config = self
+            .options
+            .load_with(changefeed_dynamodb::Timeouts::DYNAMODB)
+            .await;
         Arc::new(DynamoLeaseStore::new(
             changefeed_dynamodb::sdk::Client::new(&config),
             self.store.table(),
@@ -33,6 +57,10 @@ impl LeaseStoreFixture for Fixture {
 
     fn keeps_view(&self) -> bool {
         true
+    }
+
+    fn leases_at_scale(&self) -> usize {
+        self.at_scale
     }
 
     async fn corrupt(&self, key: &LeaseKey, how: Corruption) {
@@ -51,19 +79,14 @@ impl LeaseStoreFixture for Fixture {
             .expression_attribute_values(":v", AttributeValue::S(value.into()))
             .send()
             .await
-            .expect("corrupting an item of DynamoDB Local");
+            .expect("corrupting an item");
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn conformance() {
     // Every lease store passes the core's suite against its real server (DESIGN.md).
-    lease_store_conformance(|| async {
-        Box::new(Fixture {
-            store: fresh_store("conf").await,
-        }) as Box<dyn LeaseStoreFixture>
-    })
-    .await;
+    lease_store_conformance(|| fixture(endpoint(), None, 10_000)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -34,6 +34,34 @@ pub trait FeedFixture: Send + Sync {
     fn tells_oldest_unread(&self) -> bool {
         false
     }
+    /// How many open partitions the fixture starts with (at least 1). Default 4, covering the
+    /// key space; a source whose partitions the writer cannot choose (a DynamoDB stream of a
+    /// small table has one shard) starts with fewer, and the checks that need a second
+    /// partition check what one allows.
+    fn partitions_at_start(&self) -> usize {
+        4
+    }
+    /// Whether [`FeedFixture::split`] and [`FeedFixture::merge`] can be done on demand.
+    /// Default: yes. A source whose service alone decides when a partition ends (DynamoDB
+    /// Streams rolls its shards over by itself) skips the split and merge checks, and its
+    /// lineage is checked on recorded listings instead.
+    fn reshards(&self) -> bool {
+        true
+    }
+    /// Whether the server refuses a well-formed continuation this partition never issued (a
+    /// sequence number past its last record). Default: yes. A server that accepts one and
+    /// reads nothing after it (moto's DynamoDB Streams) leaves the source nothing to refuse,
+    /// so that one case is not checked against it; malformed and foreign continuations still
+    /// are.
+    fn server_refuses_unissued_continuations(&self) -> bool {
+        true
+    }
+    /// What [`FeedFixture::append`] wrote, as the source's record carries it. Default: the
+    /// record's data as text. A source whose records wrap the written value (DynamoDB Streams:
+    /// a JSON document with the item's images) takes it back out.
+    fn payload(&self, record: &Record) -> String {
+        String::from_utf8_lossy(&record.data).into_owned()
+    }
 }
 
 type Check = for<'a> fn(
@@ -69,6 +97,11 @@ where
     ];
     for (name, check) in all {
         let fixture = factory().await;
+        let resharding = name.starts_with("split_") || name.starts_with("merge_");
+        if resharding && !fixture.reshards() {
+            eprintln!("feed source conformance: {name}: skipped, the fixture cannot reshard");
+            continue;
+        }
         eprintln!("feed source conformance: {name}");
         check(fixture.as_ref()).await;
     }
@@ -113,18 +146,16 @@ async fn read_all(reader: &mut dyn PartitionReader, max: usize) -> (Vec<Record>,
     panic!("reader never ran dry");
 }
 
-fn data(records: &[Record]) -> Vec<String> {
-    records
-        .iter()
-        .map(|r| String::from_utf8_lossy(&r.data).into_owned())
-        .collect()
+fn data(f: &dyn FeedFixture, records: &[Record]) -> Vec<String> {
+    records.iter().map(|r| f.payload(r)).collect()
 }
 
 async fn partitions_start_open_and_cover_the_key_space(f: &dyn FeedFixture) {
     let ps = open_partitions(f).await;
+    let want = f.partitions_at_start().max(1);
     assert!(
-        ps.len() >= 4,
-        "the fixture starts with at least 4 open partitions"
+        ps.len() >= want,
+        "the fixture starts with at least {want} open partitions"
     );
     for p in &ps {
         assert!(p.parents.is_empty(), "original partitions have no parents");
@@ -145,11 +176,12 @@ async fn partitions_start_open_and_cover_the_key_space(f: &dyn FeedFixture) {
 
 async fn records_come_back_in_order(f: &dyn FeedFixture) {
     let ps = open_partitions(f).await;
-    let (a, b) = (&ps[0].id, &ps[1].id);
+    let a = &ps[0].id;
+    let b = ps.get(1).map(|p| &p.id);
     for i in 0..50 {
         f.append(a, &format!("k{}", i % 7), format!("a{i}").as_bytes())
             .await;
-        if i % 2 == 0 {
+        if let (Some(b), 0) = (b, i % 2) {
             f.append(b, "kb", format!("b{i}").as_bytes()).await;
         }
     }
@@ -158,17 +190,19 @@ async fn records_come_back_in_order(f: &dyn FeedFixture) {
     let (got, ended) = read_all(ra.as_mut(), 7).await;
     assert!(!ended, "an open partition does not end");
     assert_eq!(
-        data(&got),
+        data(f, &got),
         (0..50).map(|i| format!("a{i}")).collect::<Vec<_>>()
     );
     assert_eq!(got[3].key, "k3", "keys round-trip");
-    let mut rb = source.open(b, &Position::Beginning).await.expect("open");
-    let (got, _) = read_all(rb.as_mut(), 100).await;
-    assert_eq!(got.len(), 25, "partitions do not mix");
+    if let Some(b) = b {
+        let mut rb = source.open(b, &Position::Beginning).await.expect("open");
+        let (got, _) = read_all(rb.as_mut(), 100).await;
+        assert_eq!(got.len(), 25, "partitions do not mix");
+    }
     // New records appear to an open reader.
     f.append(a, "k", b"a50").await;
     let batch = ra.next_batch(10).await.expect("read");
-    assert_eq!(data(&batch.records), ["a50"]);
+    assert_eq!(data(f, &batch.records), ["a50"]);
 }
 
 async fn batches_respect_the_maximum(f: &dyn FeedFixture) {
@@ -183,9 +217,9 @@ async fn batches_respect_the_maximum(f: &dyn FeedFixture) {
         .await
         .expect("open");
     let b = r.next_batch(1).await.expect("read");
-    assert_eq!(data(&b.records), ["0"]);
+    assert_eq!(data(f, &b.records), ["0"]);
     let b = r.next_batch(4).await.expect("read");
-    assert_eq!(data(&b.records), ["1", "2", "3", "4"]);
+    assert_eq!(data(f, &b.records), ["1", "2", "3", "4"]);
     let b = r.next_batch(100).await.expect("read");
     assert_eq!(b.records.len(), 5);
     let b = r.next_batch(100).await.expect("read");
@@ -209,7 +243,7 @@ async fn continuation_resumes_exactly_after_its_record(f: &dyn FeedFixture) {
             .expect("open at continuation");
         let (rest, _) = read_all(r.as_mut(), 3).await;
         assert_eq!(
-            data(&rest),
+            data(f, &rest),
             (cut + 1..20).map(|i| i.to_string()).collect::<Vec<_>>(),
             "resuming after record {cut} returns exactly the records after it"
         );
@@ -231,7 +265,7 @@ async fn beginning_now_and_at_time(f: &dyn FeedFixture) {
     }
     let (got, _) = read_all(now.as_mut(), 10).await;
     assert_eq!(
-        data(&got),
+        data(f, &got),
         ["new0", "new1"],
         "Now starts after what was there at open"
     );
@@ -250,7 +284,7 @@ async fn beginning_now_and_at_time(f: &dyn FeedFixture) {
         .expect("open at time");
     let (got, _) = read_all(at.as_mut(), 10).await;
     assert_eq!(
-        data(&got),
+        data(f, &got),
         ["new0", "new1"],
         "AtTime starts at the first record at or after it"
     );
@@ -296,7 +330,7 @@ async fn split_ends_the_parent_and_lists_children(f: &dyn FeedFixture) {
         assert_eq!(l.end + 1, r.start, "children are contiguous");
     }
     let (got, ended) = read_all(reader.as_mut(), 10).await;
-    assert_eq!(data(&got), ["before"]);
+    assert_eq!(data(f, &got), ["before"]);
     assert!(
         ended,
         "the reader of a split parent reaches end-of-partition"
@@ -312,7 +346,7 @@ async fn split_ends_the_parent_and_lists_children(f: &dyn FeedFixture) {
         .await
         .expect("open child");
     let (got, ended) = read_all(cr.as_mut(), 10).await;
-    assert_eq!(data(&got), ["child"]);
+    assert_eq!(data(f, &got), ["child"]);
     assert!(!ended);
 }
 
@@ -345,20 +379,24 @@ async fn merge_ends_both_parents_and_lists_the_child(f: &dyn FeedFixture) {
 
 async fn bad_continuations_are_named_errors(f: &dyn FeedFixture) {
     let ps = open_partitions(f).await;
-    let (a, b) = (&ps[0].id, &ps[1].id);
+    let a = &ps[0].id;
     f.append(a, "k", b"x").await;
-    f.append(b, "k", b"y").await;
     let source = f.source();
-    let mut rb = source.open(b, &Position::Beginning).await.expect("open");
-    let foreign = rb.next_batch(1).await.expect("read").records[0]
-        .continuation
-        .clone();
-    for bad in [
-        Continuation::new("garbage"),
-        Continuation::new(""),
-        Continuation::new("99999999999999999999999999"),
-        foreign,
-    ] {
+    let mut bad = vec![Continuation::new("garbage"), Continuation::new("")];
+    if f.server_refuses_unissued_continuations() {
+        bad.push(Continuation::new("99999999999999999999999999"));
+    }
+    // A continuation of another partition, where there is one.
+    if let Some(b) = ps.get(1).map(|p| &p.id) {
+        f.append(b, "k", b"y").await;
+        let mut rb = source.open(b, &Position::Beginning).await.expect("open");
+        bad.push(
+            rb.next_batch(1).await.expect("read").records[0]
+                .continuation
+                .clone(),
+        );
+    }
+    for bad in bad {
         match source.open(a, &Position::Continuation(bad.clone())).await {
             Err(e @ SourceError::InvalidContinuation { .. }) => {
                 assert!(

@@ -1,0 +1,176 @@
+//! A DynamoDB Streams record as the core's [`Record`]: the change as one plain JSON document.
+//!
+//! The document holds what a handler of table changes needs, with the item images as plain
+//! JSON (through `serde_dynamo`: `S` a string, `N` a number, `M` an object, `L` and the sets
+//! arrays, `B` an array of bytes, `NULL` null):
+//!
+//! ```json
+//! {"eventName":"MODIFY","eventId":"…","keys":{"pk":"a"},"newImage":{"pk":"a","n":2},
+//!  "oldImage":{"pk":"a","n":1},"approximateCreationTime":1796550060000,
+//!  "sequenceNumber":"000000000000000000002","sizeBytes":19}
+//! ```
+//!
+//! `newImage` and `oldImage` are present as the stream's view type provides them. The record's
+//! key is the item's key (the value of a single string or number key attribute, otherwise
+//! the key attributes as JSON), so that changes of one item keep one key.
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodbstreams::types::{AttributeValue, Record as StreamRecord};
+use changefeed::model::{Continuation, PartitionId, Record, Timestamp};
+use changefeed::SourceError;
+use serde_json::{Map, Value};
+
+/// An item image (or its keys) as plain JSON.
+fn image(
+    partition: &PartitionId,
+    item: &HashMap<String, AttributeValue>,
+) -> Result<Value, SourceError> {
+    serde_dynamo::aws_sdk_dynamodbstreams_1::from_item(item.clone()).map_err(|e| {
+        SourceError::Corrupt {
+            partition: partition.to_string(),
+            reason: format!("a stream record's image cannot be read as JSON: {e}"),
+        }
+    })
+}
+
+/// The record key of an item with `keys`: a lone string or number key attribute as it is,
+/// otherwise the key attributes as JSON (object keys sorted, so one item has one key).
+fn key_text(keys: &Value) -> String {
+    match keys {
+        Value::Object(m) if m.len() == 1 => match m.values().next() {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Number(n)) => n.to_string(),
+            _ => keys.to_string(),
+        },
+        Value::Object(m) => {
+            let sorted: std::collections::BTreeMap<&String, &Value> = m.iter().collect();
+            serde_json::to_string(&sorted).unwrap_or_else(|_| keys.to_string())
+        }
+        _ => keys.to_string(),
+    }
+}
+
+/// The core's record for one stream record of `partition`.
+///
+/// # Errors
+/// [`SourceError::Corrupt`] naming the partition when the record lacks its sequence number
+/// or its keys, or an image cannot be read.
+pub(crate) fn to_record(partition: &PartitionId, r: &StreamRecord) -> Result<Record, SourceError> {
+    let corrupt = |reason: &str| SourceError::Corrupt {
+        partition: partition.to_string(),
+        reason: reason.to_string(),
+    };
+    let change = r
+        .dynamodb()
+        .ok_or_else(|| corrupt("a stream record without its change (dynamodb)"))?;
+    let sequence = change
+        .sequence_number()
+        .ok_or_else(|| corrupt("a stream record without a SequenceNumber"))?;
+    let keys = image(
+        partition,
+        change
+            .keys()
+            .ok_or_else(|| corrupt("a stream record without Keys"))?,
+    )?;
+    let timestamp = change
+        .approximate_creation_date_time()
+        .and_then(|t| t.to_millis().ok())
+        .map(Timestamp);
+    let mut doc = Map::new();
+    if let Some(name) = r.event_name() {
+        doc.insert("eventName".into(), Value::from(name.as_str()));
+    }
+    if let Some(id) = r.event_id() {
+        doc.insert("eventId".into(), Value::from(id));
+    }
+    let key = key_text(&keys);
+    doc.insert("keys".into(), keys);
+    if let Some(new) = change.new_image() {
+        doc.insert("newImage".into(), image(partition, new)?);
+    }
+    if let Some(old) = change.old_image() {
+        doc.insert("oldImage".into(), image(partition, old)?);
+    }
+    if let Some(t) = timestamp {
+        doc.insert("approximateCreationTime".into(), Value::from(t.0));
+    }
+    doc.insert("sequenceNumber".into(), Value::from(sequence));
+    if let Some(size) = change.size_bytes() {
+        doc.insert("sizeBytes".into(), Value::from(size));
+    }
+    let data = serde_json::to_vec(&Value::Object(doc))
+        .map_err(|e| corrupt(&format!("a stream record cannot be written as JSON: {e}")))?;
+    Ok(Record {
+        key,
+        data: data.into(),
+        continuation: Continuation::new(sequence),
+        timestamp,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aws_sdk_dynamodbstreams::primitives::DateTime;
+    use aws_sdk_dynamodbstreams::types::{OperationType, StreamRecord as Change};
+
+    fn s(v: &str) -> AttributeValue {
+        AttributeValue::S(v.to_string())
+    }
+
+    #[test]
+    fn images_become_plain_json_and_the_item_key_the_record_key() {
+        // Handlers get plain JSON, not DynamoDB's typed attribute values.
+        let p = PartitionId::new("shardId-1").expect("valid");
+        let keys = HashMap::from([("pk".to_string(), s("a"))]);
+        let new = HashMap::from([
+            ("pk".to_string(), s("a")),
+            ("n".to_string(), AttributeValue::N("2".into())),
+            (
+                "tags".to_string(),
+                AttributeValue::L(vec![s("x"), AttributeValue::Bool(true)]),
+            ),
+        ]);
+        let change = Change::builder()
+            .set_keys(Some(keys))
+            .set_new_image(Some(new))
+            .sequence_number("000000000000000000002")
+            .approximate_creation_date_time(DateTime::from_secs(1_796_550_060))
+            .build();
+        let r = StreamRecord::builder()
+            .event_name(OperationType::Modify)
+            .dynamodb(change)
+            .build();
+        let rec = to_record(&p, &r).expect("converts");
+        assert_eq!(rec.key, "a");
+        assert_eq!(rec.continuation.as_str(), "000000000000000000002");
+        assert_eq!(rec.timestamp, Some(Timestamp(1_796_550_060_000)));
+        let doc: Value = serde_json::from_slice(&rec.data).expect("json");
+        assert_eq!(doc["eventName"], "MODIFY");
+        assert_eq!(doc["keys"], serde_json::json!({"pk": "a"}));
+        assert_eq!(
+            doc["newImage"],
+            serde_json::json!({"pk": "a", "n": 2, "tags": ["x", true]})
+        );
+        assert!(doc.get("oldImage").is_none());
+    }
+
+    #[test]
+    fn a_composite_key_is_its_attributes_as_json() {
+        // Two items sharing a hash key but not a sort key must not share a record key.
+        let keys: Value = serde_json::json!({"pk": "a", "sk": 1});
+        assert_eq!(key_text(&keys), r#"{"pk":"a","sk":1}"#);
+    }
+
+    #[test]
+    fn a_record_without_its_sequence_number_is_a_named_error() {
+        let p = PartitionId::new("shardId-1").expect("valid");
+        let r = StreamRecord::builder()
+            .dynamodb(Change::builder().build())
+            .build();
+        let err = to_record(&p, &r).expect_err("no sequence number");
+        assert!(err.to_string().contains("shardId-1"), "{err}");
+        assert!(err.to_string().contains("SequenceNumber"), "{err}");
+    }
+}

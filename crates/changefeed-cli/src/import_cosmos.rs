@@ -26,17 +26,9 @@ pub struct Args {
     /// cosmos://ACCOUNT/DATABASE/CONTAINER[?endpoint=URL] (key from CHANGEFEED_COSMOS_KEY).
     #[arg(long, value_name = "URL")]
     lease_container: String,
-    /// Our lease store, any kind: sqlite://, postgres://, dynamodb://, cosmos://.
-    #[arg(long, value_name = "URL", env = "CHANGEFEED_STORE")]
-    store: String,
-    /// The group the imported leases belong to.
-    #[arg(
-        long,
-        value_name = "NAME",
-        env = "CHANGEFEED_GROUP",
-        default_value = "default"
-    )]
-    group: String,
+    /// Our lease store and the group the imported leases belong to.
+    #[command(flatten)]
+    target: crate::ops::Target,
     /// How long after its last renewal an owned .NET lease counts as live (the .NET fleet's
     /// LeaseExpirationInterval).
     #[arg(long, value_name = "DURATION", default_value = "60s")]
@@ -72,9 +64,9 @@ fn parse_start(value: &str) -> Result<Position, UsageError> {
 /// `changefeed import-cosmos`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let usage = |e: UsageError| Ok(crate::usage::usage(&e));
-    let group = match GroupName::new(args.group.as_str()) {
+    let group = match args.target.group_name() {
         Ok(g) => g,
-        Err(e) => return usage(UsageError(format!("--group: {e}"))),
+        Err(e) => return usage(e),
     };
     let dotnet = match BackendUrl::parse("--lease-container", &args.lease_container) {
         Ok(BackendUrl::Cosmos(url)) => url,
@@ -85,7 +77,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         Err(e) => return usage(e),
     };
-    let store = match BackendUrl::store("--store", &args.store) {
+    let store = match args.target.store_url() {
         Ok(store) => store,
         Err(e) => return usage(e),
     };

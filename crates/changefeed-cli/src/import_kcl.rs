@@ -28,17 +28,10 @@ pub struct TableArgs {
     /// The KCL 2.x lease table (KCL's application name).
     #[arg(long, value_name = "TABLE")]
     pub(crate) table: String,
-    /// Our lease store, a DynamoDB table: dynamodb://TABLE[?endpoint=URL&region=R].
-    #[arg(long, value_name = "URL", env = "CHANGEFEED_STORE")]
-    store: String,
-    /// The group of our leases.
-    #[arg(
-        long,
-        value_name = "NAME",
-        env = "CHANGEFEED_GROUP",
-        default_value = "default"
-    )]
-    group: String,
+    /// Our lease store (a DynamoDB table, dynamodb://TABLE[?endpoint=URL&region=R]) and the
+    /// group of our leases.
+    #[command(flatten)]
+    target: crate::ops::Target,
     /// The DynamoDB endpoint (a local server), unless the store URL gives ?endpoint=.
     #[arg(long, value_name = "URL")]
     endpoint: Option<String>,
@@ -57,9 +50,8 @@ impl TableArgs {
     /// # Errors
     /// A [`UsageError`] naming the flag.
     pub(crate) fn resolve(&self) -> Result<(GroupName, AwsOptions, String), UsageError> {
-        let group =
-            GroupName::new(self.group.as_str()).map_err(|e| UsageError(format!("--group: {e}")))?;
-        let aws = match BackendUrl::store("--store", &self.store)? {
+        let group = self.target.group_name()?;
+        let aws = match self.target.store_url()? {
             BackendUrl::Dynamodb(aws) => aws,
             _ => {
                 return Err(UsageError(

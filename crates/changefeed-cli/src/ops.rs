@@ -33,9 +33,10 @@ use crate::usage::{parse_duration, UsageError};
 /// The store and group every operator command names.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Target {
-    /// The lease store, e.g. sqlite://leases.db or postgres://USER@HOST/DB?prefix=P.
+    /// The lease store: sqlite://PATH, postgres://USER@HOST/DB[?prefix=P],
+    /// dynamodb://TABLE[?endpoint=URL&region=R] or cosmos://ACCOUNT/DATABASE/CONTAINER.
     #[arg(long, value_name = "URL", env = "CHANGEFEED_STORE")]
-    store: String,
+    pub(crate) store: String,
     /// The group.
     #[arg(
         long,
@@ -43,7 +44,7 @@ pub struct Target {
         env = "CHANGEFEED_GROUP",
         default_value = "default"
     )]
-    group: String,
+    pub(crate) group: String,
 }
 
 /// Arguments of `changefeed status`.
@@ -149,13 +150,20 @@ fn usage(msg: impl Into<String>) -> anyhow::Error {
 }
 
 impl Target {
+    /// The group named, checked (a usage error names `--group`).
+    pub(crate) fn group_name(&self) -> Result<GroupName, UsageError> {
+        GroupName::new(self.group.as_str()).map_err(|e| UsageError(format!("--group: {e}")))
+    }
+
+    /// The store named, parsed (a usage error names `--store`).
+    pub(crate) fn store_url(&self) -> Result<BackendUrl, UsageError> {
+        BackendUrl::store("--store", &self.store)
+    }
+
     /// Opens the store and checks the group name (a usage error names the flag).
     pub(crate) async fn open(&self) -> anyhow::Result<(Arc<dyn LeaseStore>, GroupName)> {
-        let group =
-            GroupName::new(self.group.as_str()).map_err(|e| usage(format!("--group: {e}")))?;
-        let store = BackendUrl::store("--store", &self.store)?
-            .open_store()
-            .await?;
+        let group = self.group_name()?;
+        let store = self.store_url()?.open_store().await?;
         Ok((store, group))
     }
 }

@@ -140,3 +140,4 @@ mod ordering;
 mod parts;
 mod state;
 mod view;
+mod world;

@@ -122,13 +122,13 @@ pub(crate) struct HostState {
     /// The membership view and the heartbeats, as this host has read them.
     observer: GroupObserver,
     /// The live hosts judged at the last membership read, this host included.
-    judged: Vec<HostName>,
+    judged: Arc<[HostName]>,
     /// Whether the store keeps a membership view (its head read answered): then the view's
     /// judgment, not this host's, decides who is live and dead.
     views: bool,
     /// The live hosts the plan and the listing go by: `judged` without a view; with one, the
     /// view's live hosts.
-    live: Vec<HostName>,
+    live: Arc<[HostName]>,
     listing: Listing,
     requests: Requests,
     registered_at: Instant,
@@ -158,8 +158,8 @@ impl HostState {
     pub(crate) fn new(me: HostName, config: StateConfig, now: Instant) -> Self {
         Self {
             table: LeaseTable::new(me.clone(), config.parents, config.share.clone()),
-            live: vec![me.clone()],
-            judged: vec![me.clone()],
+            live: Arc::from([me.clone()]),
+            judged: Arc::from([me.clone()]),
             views: false,
             incarnation: Arc::from(""),
             me,
@@ -209,7 +209,8 @@ impl HostState {
                 .liveness
                 .live(judged_at, self.config.lease_expiry),
             &self.me,
-        );
+        )
+        .into();
         if !self.by_view(returned) {
             self.live = self.judged.clone();
         }
@@ -234,7 +235,7 @@ impl HostState {
         self.views = true;
         self.observer.observe_view(head.view.as_ref(), now);
         self.live = if self.by_view(now) {
-            self.observer.members.live().to_vec()
+            self.observer.members.live_shared()
         } else {
             self.judged.clone()
         };
@@ -325,14 +326,14 @@ impl HostState {
     /// This host stored `view` at `now`.
     pub(crate) fn view_written(&mut self, view: MembershipView, now: Instant) {
         self.observer.members.wrote(view, now);
-        self.live = self.observer.members.live().to_vec();
+        self.live = self.observer.members.live_shared();
     }
 
     /// A view write conflicted with `current`, read at `now`: another host leads.
     pub(crate) fn view_conflict(&mut self, current: Option<&MembershipView>, now: Instant) {
         self.observer.members.observe(current, now);
         if self.by_view(now) {
-            self.live = self.observer.members.live().to_vec();
+            self.live = self.observer.members.live_shared();
         }
     }
 
@@ -361,7 +362,7 @@ impl HostState {
     /// live nor dead (unknown: its lease is not free).
     fn live_for(&self, now: Instant, rows: &[Lease]) -> Vec<HostName> {
         if !self.by_view(now) {
-            return self.live.clone();
+            return self.live.to_vec();
         }
         let mut live: BTreeSet<HostName> = self.live.iter().cloned().collect();
         for owner in rows.iter().filter_map(|l| l.owner.as_ref()) {

@@ -486,13 +486,19 @@ pub(crate) enum Read {
     Full,
 }
 
+/// Whether two lists of live hosts are the same: at once when they are one shared list (the
+/// view's, taken in again), element by element otherwise.
+fn same_hosts(a: &Arc<[HostName]>, b: &Arc<[HostName]>) -> bool {
+    Arc::ptr_eq(a, b) || a[..] == b[..]
+}
+
 /// When and at what change counter this host last listed the leases.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Listing {
     /// The change counter the cached table is at, if it is trusted.
     pub(crate) counter: Option<u64>,
     /// The live hosts when the table was last balanced on.
-    live: Vec<HostName>,
+    live: Arc<[HostName]>,
     last_full: Option<Instant>,
 }
 
@@ -501,7 +507,7 @@ impl Listing {
     pub(crate) fn next_read(
         &self,
         counter: u64,
-        live: &[HostName],
+        live: &Arc<[HostName]>,
         now: Instant,
         full_every: Duration,
     ) -> Read {
@@ -510,7 +516,7 @@ impl Listing {
             .is_none_or(|t| now.saturating_duration_since(t) >= full_every);
         if full_due {
             Read::Full
-        } else if self.counter != Some(counter) || live != self.live.as_slice() {
+        } else if self.counter != Some(counter) || !same_hosts(live, &self.live) {
             Read::Changes
         } else {
             Read::Nothing
@@ -519,9 +525,15 @@ impl Listing {
 
     /// A read chosen by [`Listing::next_read`] succeeded at `counter`, and `live` was judged
     /// from a membership read made after it.
-    pub(crate) fn listed(&mut self, read: Read, counter: u64, live: &[HostName], now: Instant) {
+    pub(crate) fn listed(
+        &mut self,
+        read: Read,
+        counter: u64,
+        live: &Arc<[HostName]>,
+        now: Instant,
+    ) {
         self.counter = Some(counter);
-        self.live = live.to_vec();
+        self.live = Arc::clone(live);
         if read == Read::Full {
             self.last_full = Some(now);
         }
@@ -529,11 +541,11 @@ impl Listing {
 
     /// Whether `live` differs from the live hosts the table was last balanced on; if so, it is
     /// balanced on `live` from now.
-    pub(crate) fn take_live_change(&mut self, live: &[HostName]) -> bool {
-        if self.live == live {
+    pub(crate) fn take_live_change(&mut self, live: &Arc<[HostName]>) -> bool {
+        if same_hosts(live, &self.live) {
             return false;
         }
-        self.live = live.to_vec();
+        self.live = Arc::clone(live);
         true
     }
 

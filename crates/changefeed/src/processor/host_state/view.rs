@@ -18,7 +18,7 @@ pub(crate) struct Members {
     view: Option<MembershipView>,
     changed_at: Option<Instant>,
     /// The live hosts' names, sorted (the view's, kept to hand out as a slice).
-    live: Vec<HostName>,
+    live: Arc<[HostName]>,
     /// The dead hosts (the view's, kept to hand out as a set).
     dead: BTreeSet<HostName>,
 }
@@ -38,7 +38,14 @@ impl Members {
             return;
         }
         self.changed_at = Some(now);
-        self.live = view.live_hosts();
+        if let Some(kept) = self.view.as_mut().filter(|v| v.version == view.version) {
+            // The same judgment (a view's version moves with every write of it): only the
+            // store's copy of the leader's heartbeat moved, at each of its renewals. A
+            // thousand-host view is not copied again for that.
+            kept.leader_heartbeat = view.leader_heartbeat;
+            return;
+        }
+        self.live = view.live_hosts().into();
         self.dead = view.dead.iter().cloned().collect();
         self.view = Some(view.clone());
     }
@@ -58,9 +65,10 @@ impl Members {
         self.view.as_ref().map_or(0, |v| v.version)
     }
 
-    /// The live hosts of the view, sorted (empty without a view).
-    pub(crate) fn live(&self) -> &[HostName] {
-        &self.live
+    /// The live hosts of the view, sorted (empty without a view), shared: a host takes them
+    /// in at every head read, and a thousand-host fleet's list is not copied each time.
+    pub(crate) fn live_shared(&self) -> Arc<[HostName]> {
+        Arc::clone(&self.live)
     }
 
     /// Whether the view moved within `expiry` at `now`: its leader is writing it. A stale

@@ -107,7 +107,7 @@ fn leases_running_a_worker_are_not_adopted_again() {
 fn the_first_cycle_lists_everything() {
     let l = Listing::default();
     assert_eq!(
-        l.next_read(0, &hosts(&["a"]), t0(), 300 * SECOND),
+        l.next_read(0, &std::sync::Arc::from(hosts(&["a"])), t0(), 300 * SECOND),
         Read::Full
     );
 }
@@ -116,9 +116,19 @@ fn the_first_cycle_lists_everything() {
 fn an_unmoved_counter_with_the_same_hosts_reads_nothing() {
     let start = t0();
     let mut l = Listing::default();
-    l.listed(Read::Full, 7, &hosts(&["a", "b"]), start);
+    l.listed(
+        Read::Full,
+        7,
+        &std::sync::Arc::from(hosts(&["a", "b"])),
+        start,
+    );
     assert_eq!(
-        l.next_read(7, &hosts(&["a", "b"]), start + 2 * SECOND, 300 * SECOND),
+        l.next_read(
+            7,
+            &std::sync::Arc::from(hosts(&["a", "b"])),
+            start + 2 * SECOND,
+            300 * SECOND
+        ),
         Read::Nothing
     );
 }
@@ -127,9 +137,14 @@ fn an_unmoved_counter_with_the_same_hosts_reads_nothing() {
 fn a_moved_counter_reads_the_changes() {
     let start = t0();
     let mut l = Listing::default();
-    l.listed(Read::Full, 7, &hosts(&["a"]), start);
+    l.listed(Read::Full, 7, &std::sync::Arc::from(hosts(&["a"])), start);
     assert_eq!(
-        l.next_read(8, &hosts(&["a"]), start + SECOND, 300 * SECOND),
+        l.next_read(
+            8,
+            &std::sync::Arc::from(hosts(&["a"])),
+            start + SECOND,
+            300 * SECOND
+        ),
         Read::Changes
     );
 }
@@ -137,7 +152,7 @@ fn a_moved_counter_reads_the_changes() {
 #[test]
 fn changes_read_after_own_writes_advance_only_a_trusted_table() {
     let start = t0();
-    let live = hosts(&["a"]);
+    let live: std::sync::Arc<[HostName]> = hosts(&["a"]).into();
     let mut l = Listing::default();
     l.advanced(9);
     assert_eq!(l.counter, None, "an untrusted table stays untrusted");
@@ -158,9 +173,19 @@ fn a_host_dying_with_no_counter_move_reads_the_changes() {
     // Liveness changed the picture: its leases became free without any write.
     let start = t0();
     let mut l = Listing::default();
-    l.listed(Read::Full, 7, &hosts(&["a", "b"]), start);
+    l.listed(
+        Read::Full,
+        7,
+        &std::sync::Arc::from(hosts(&["a", "b"])),
+        start,
+    );
     assert_eq!(
-        l.next_read(7, &hosts(&["a"]), start + SECOND, 300 * SECOND),
+        l.next_read(
+            7,
+            &std::sync::Arc::from(hosts(&["a"])),
+            start + SECOND,
+            300 * SECOND
+        ),
         Read::Changes
     );
 }
@@ -169,14 +194,29 @@ fn a_host_dying_with_no_counter_move_reads_the_changes() {
 fn the_safety_list_comes_after_the_full_list_interval() {
     let start = t0();
     let mut l = Listing::default();
-    l.listed(Read::Full, 7, &hosts(&["a"]), start);
-    l.listed(Read::Changes, 8, &hosts(&["a"]), start + 100 * SECOND);
+    l.listed(Read::Full, 7, &std::sync::Arc::from(hosts(&["a"])), start);
+    l.listed(
+        Read::Changes,
+        8,
+        &std::sync::Arc::from(hosts(&["a"])),
+        start + 100 * SECOND,
+    );
     assert_eq!(
-        l.next_read(8, &hosts(&["a"]), start + 299 * SECOND, 300 * SECOND),
+        l.next_read(
+            8,
+            &std::sync::Arc::from(hosts(&["a"])),
+            start + 299 * SECOND,
+            300 * SECOND
+        ),
         Read::Nothing
     );
     assert_eq!(
-        l.next_read(8, &hosts(&["a"]), start + 300 * SECOND, 300 * SECOND),
+        l.next_read(
+            8,
+            &std::sync::Arc::from(hosts(&["a"])),
+            start + 300 * SECOND,
+            300 * SECOND
+        ),
         Read::Full
     );
 }
@@ -186,10 +226,15 @@ fn a_listing_that_races_a_counter_move_is_not_trusted() {
     // The membership read after the list failed, or the host wrote itself: list again.
     let start = t0();
     let mut l = Listing::default();
-    l.listed(Read::Full, 7, &hosts(&["a"]), start);
+    l.listed(Read::Full, 7, &std::sync::Arc::from(hosts(&["a"])), start);
     l.invalidate();
     assert_eq!(
-        l.next_read(7, &hosts(&["a"]), start + SECOND, 300 * SECOND),
+        l.next_read(
+            7,
+            &std::sync::Arc::from(hosts(&["a"])),
+            start + SECOND,
+            300 * SECOND
+        ),
         Read::Changes
     );
 }

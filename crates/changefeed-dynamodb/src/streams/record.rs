@@ -28,16 +28,43 @@ use serde_json::{Map, Value};
 
 use super::{adapter, RecordShape};
 
+/// `value` with every binary value (`B`, and each of a `BS`) as a list of its bytes, at any
+/// depth: `serde_dynamo` cannot write bytes into a JSON value, and would refuse the whole
+/// record (and so stop its shard) over one binary attribute.
+fn bytes_as_lists(value: AttributeValue) -> AttributeValue {
+    let bytes = |b: aws_sdk_dynamodbstreams::primitives::Blob| {
+        AttributeValue::L(
+            b.into_inner()
+                .into_iter()
+                .map(|byte| AttributeValue::N(byte.to_string()))
+                .collect(),
+        )
+    };
+    match value {
+        AttributeValue::B(b) => bytes(b),
+        AttributeValue::Bs(items) => AttributeValue::L(items.into_iter().map(bytes).collect()),
+        AttributeValue::M(m) => {
+            AttributeValue::M(m.into_iter().map(|(k, v)| (k, bytes_as_lists(v))).collect())
+        }
+        AttributeValue::L(items) => {
+            AttributeValue::L(items.into_iter().map(bytes_as_lists).collect())
+        }
+        other => other,
+    }
+}
+
 /// An item image (or its keys) as plain JSON.
 fn image(
     partition: &PartitionId,
     item: &HashMap<String, AttributeValue>,
 ) -> Result<Value, SourceError> {
-    serde_dynamo::aws_sdk_dynamodbstreams_1::from_item(item.clone()).map_err(|e| {
-        SourceError::Corrupt {
-            partition: partition.to_string(),
-            reason: format!("a stream record's image cannot be read as JSON: {e}"),
-        }
+    let item: HashMap<String, AttributeValue> = item
+        .iter()
+        .map(|(k, v)| (k.clone(), bytes_as_lists(v.clone())))
+        .collect();
+    serde_dynamo::aws_sdk_dynamodbstreams_1::from_item(item).map_err(|e| SourceError::Corrupt {
+        partition: partition.to_string(),
+        reason: format!("a stream record's image cannot be read as JSON: {e}"),
     })
 }
 
@@ -217,6 +244,31 @@ mod tests {
             serde_json::json!({"pk": {"S": "a"}})
         );
         assert_eq!(doc["dynamodb"]["SequenceNumber"], "000000000000000000003");
+    }
+
+    #[test]
+    fn binary_values_are_arrays_of_bytes_at_any_depth() {
+        // One binary attribute must not make the record unreadable (and stop its shard).
+        use aws_sdk_dynamodbstreams::primitives::Blob;
+        let p = PartitionId::new("shardId-1").expect("valid");
+        let item = HashMap::from([
+            ("b".to_string(), AttributeValue::B(Blob::new(vec![1, 255]))),
+            (
+                "bs".to_string(),
+                AttributeValue::Bs(vec![Blob::new(vec![0]), Blob::new(vec![7, 8])]),
+            ),
+            (
+                "m".to_string(),
+                AttributeValue::M(HashMap::from([(
+                    "l".to_string(),
+                    AttributeValue::L(vec![AttributeValue::B(Blob::new(vec![2]))]),
+                )])),
+            ),
+        ]);
+        assert_eq!(
+            image(&p, &item).expect("plain JSON"),
+            serde_json::json!({"b": [1, 255], "bs": [[0], [7, 8]], "m": {"l": [[2]]}})
+        );
     }
 
     #[test]

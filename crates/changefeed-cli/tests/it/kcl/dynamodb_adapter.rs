@@ -1,7 +1,8 @@
 //! A record processor written for the KCL's DynamoDB Streams Kinesis adapter
 //! (`adapter_processor.py`, on the real `amazon_kclpy`) reads a DynamoDB Local table's stream
-//! under `changefeed run`: first started from a KCL properties file, then restarted with
-//! `--protocol kcl`, neither naming a record shape.
+//! under `changefeed run`: first started from the adapter's KCL properties file (the stream ARN
+//! as `streamName`), then restarted with `--protocol kcl` and `--source`, neither naming a
+//! record shape.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -201,14 +202,14 @@ fn an_adapter_record_processor_reads_typed_changes_and_resumes_after_its_checkpo
     let ledger_path = dir.path().join("ledger.jsonl");
     let processor = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/kcl/adapter_processor.py");
     let handler = format!("'{python}' '{}'", processor.display());
-    let client = rt().block_on(async {
+    let (client, arn) = rt().block_on(async {
         let options = AwsOptions::local(dynamodb.clone());
-        StreamTable::connect(&options, &table)
+        let arn = StreamTable::connect(&options, &table)
             .await
             .create()
             .await
             .expect("create the table with its stream");
-        aws_sdk_dynamodb::Client::new(&options.load().await)
+        (aws_sdk_dynamodb::Client::new(&options.load().await), arn)
     });
     let source = format!("dynamodb-streams://{table}?endpoint={dynamodb}&region=us-east-1");
     let store = format!("dynamodb://{app}?endpoint={dynamodb}&region=us-east-1");
@@ -216,9 +217,10 @@ fn an_adapter_record_processor_reads_typed_changes_and_resumes_after_its_checkpo
     std::fs::write(
         &properties,
         format!(
-            "executableName = {handler}\nstreamName = {table}\napplicationName = {app}\n\
+            "executableName = {handler}\nstreamName = {arn}\napplicationName = {app}\n\
              processingLanguage = python/3\ninitialPositionInStream = TRIM_HORIZON\n\
-             regionName = us-east-1\ndynamoDBEndpoint = {dynamodb}\n"
+             regionName = us-east-1\nkinesisEndpoint = {dynamodb}\n\
+             dynamoDBEndpoint = {dynamodb}\n"
         ),
     )
     .expect("write properties");
@@ -227,7 +229,7 @@ fn an_adapter_record_processor_reads_typed_changes_and_resumes_after_its_checkpo
         let child = bin()
             .arg("run")
             .args(args)
-            .args(["--source", &source, "--host", host])
+            .args(["--host", host])
             .args(["--acquire-interval", "200ms", "--poll-delay", "50ms"])
             .env("KCL_TEST_LEDGER", &ledger_path)
             .env("AWS_REGION", "us-east-1")
@@ -245,7 +247,7 @@ fn an_adapter_record_processor_reads_typed_changes_and_resumes_after_its_checkpo
         assert!(status.success(), "stopped gracefully: {status}");
     };
 
-    // The properties file an adapter application has, with the table's stream as the source.
+    // The properties file of an adapter application, the table's stream ARN as streamName.
     let mut now = BTreeMap::new();
     let mut want = Changes::new();
     write(&client, &table, 0..15, &mut now, &mut want);
@@ -266,7 +268,18 @@ fn an_adapter_record_processor_reads_typed_changes_and_resumes_after_its_checkpo
     write(&client, &table, 15..24, &mut now, &mut later);
     let group = ["--store", &store, "--group", &app];
     let (mut b, b_err) = start(
-        &[&group[..], &["--protocol", "kcl", "--handler", &handler]].concat(),
+        &[
+            &group[..],
+            &[
+                "--source",
+                &source,
+                "--protocol",
+                "kcl",
+                "--handler",
+                &handler,
+            ],
+        ]
+        .concat(),
         "b",
     );
     wait_records(&mut b, &ledger_path, &b_err, first.len(), 9);

@@ -226,7 +226,7 @@ async fn a_continuation_past_the_shard_is_refused_naming_the_partition() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_item_of_every_attribute_type_reads_in_both_record_shapes() {
-    // A binary attribute once made a record unreadable as plain JSON; the adapter's shape
+    // A binary attribute must not make a record unreadable as plain JSON; the adapter's shape
     // keeps each value's type, bytes as base64.
     use aws_sdk_dynamodb::primitives::Blob;
     use aws_sdk_dynamodb::types::AttributeValue as A;

@@ -24,12 +24,16 @@
 //! codes: 0 after a graceful stop, 1 on an operational error or a second signal, 2 on a usage
 //! error, 75 when the store or source stayed unreachable for `start_timeout`, 78 when one of
 //! them refused the host at start.
+//!
+//! In the KCL protocol a `dynamodb-streams://` source without `record=` hands records in the
+//! shape of the KCL's DynamoDB Streams adapter (`record=adapter`); otherwise `plain`.
 
 use std::process::ExitCode;
 use std::sync::{Arc, OnceLock};
 
 use anyhow::Context as _;
 use changefeed::processor::{Handler, Processor};
+use changefeed_dynamodb::RecordShape;
 use changefeed_exec::batch::{CommandDeadLetters, CommandHandler};
 use changefeed_exec::groups::{ProcessGroups, KILL_GRACE};
 use tokio::time::Instant;
@@ -81,8 +85,9 @@ async fn run_host(config: RunConfig) -> anyhow::Result<ExitCode> {
         Ok(store) => store,
         Err(err) => return Ok(err.exit()),
     };
-    let source = match crate::start::open("feed source", &config.source.redacted(), window, || {
-        config.source.open_source_with(&config.kinesis)
+    let source_url = source_url(&config);
+    let source = match crate::start::open("feed source", &source_url.redacted(), window, || {
+        source_url.open_source_with(&config.kinesis)
     })
     .await
     {
@@ -184,6 +189,21 @@ async fn run_host(config: RunConfig) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::from(1))
         }
     }
+}
+
+/// The source to open: as configured, except that a DynamoDB Streams source without its own
+/// `record=` gives the KCL protocol the adapter's typed records, the shape a record processor
+/// written for the KCL's DynamoDB Streams adapter parses, so that it runs unchanged.
+fn source_url(config: &RunConfig) -> BackendUrl {
+    let mut url = config.source.clone();
+    if let (Protocol::Kcl, BackendUrl::DynamodbStreams(aws)) = (&config.protocol, &mut url) {
+        let shape = *aws.record.get_or_insert(RecordShape::Adapter);
+        info!(
+            record = shape.as_str(),
+            "DynamoDB Streams records in the KCL protocol"
+        );
+    }
+    url
 }
 
 /// Cancels `cancel` on the first SIGINT or SIGTERM (noting when in `requested`); on a second,

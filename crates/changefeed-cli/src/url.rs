@@ -14,9 +14,9 @@
 //! - `kinesis://STREAM[?endpoint=URL&region=R]` (source): a [`KinesisFeed`] on one stream;
 //!   `kinesis://S1,S2,…` reads several streams with one lease table (a [`MultiFeed`], KCL's
 //!   multi-stream mode), partitions named `STREAM:SHARD`.
-//! - `dynamodb-streams://TABLE[?endpoint=URL&region=R&stream=ARN]` (source): a
-//!   [`DynamoStreamsFeed`] on the table's latest stream (or the stream `ARN`), each record a
-//!   JSON document of the change (event name, keys, new and old images).
+//! - `dynamodb-streams://TABLE[?endpoint=URL&region=R&stream=ARN&record=plain|adapter]`
+//!   (source): a [`DynamoStreamsFeed`] on the table's latest stream (or the stream `ARN`), each
+//!   record a JSON document of the change, plain or as the KCL's adapter writes it.
 //! - `cosmos://ACCOUNT/DATABASE/CONTAINER[?endpoint=URL]` (store and source): as a store, a
 //!   [`CosmosLeaseStore`] on one container (database and container created if absent); as a
 //!   source, a [`CosmosFeed`] on an existing container's change feed; of the account
@@ -62,7 +62,7 @@ pub use aws::AwsUrl;
 
 /// Schemes this build understands, for error messages.
 const SUPPORTED: &str =
-    "sqlite://PATH, postgres://USER@HOST/DB[?prefix=P] (store), postgres-outbox://USER@HOST/DB[?prefix=P] (source), dynamodb://TABLE[?endpoint=URL&region=R] (store), cosmos://ACCOUNT/DATABASE/CONTAINER[?endpoint=URL] (store and source), kinesis://STREAM[,STREAM…][?endpoint=URL&region=R] (source), dynamodb-streams://TABLE[?endpoint=URL&region=R&stream=ARN] (source)";
+    "sqlite://PATH, postgres://USER@HOST/DB[?prefix=P] (store), postgres-outbox://USER@HOST/DB[?prefix=P] (source), dynamodb://TABLE[?endpoint=URL&region=R] (store), cosmos://ACCOUNT/DATABASE/CONTAINER[?endpoint=URL] (store and source), kinesis://STREAM[,STREAM…][?endpoint=URL&region=R] (source), dynamodb-streams://TABLE[?endpoint=URL&region=R&stream=ARN&record=plain|adapter] (source)";
 
 /// The longest `connect_timeout=` or `request_timeout=` accepted.
 const MAX_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600);
@@ -647,10 +647,10 @@ impl BackendUrl {
                     Some(arn) => StreamRef::Arn(arn.clone()),
                     None => StreamRef::Table(aws.name.clone()),
                 };
-                let feed =
-                    DynamoStreamsFeed::connect(&aws.options(), &stream, StreamsOptions::default())
-                        .await
-                        .with_context(|| format!("opening the stream of table {}", aws.name))?;
+                let read = StreamsOptions::default().with_record(aws.record.unwrap_or_default());
+                let feed = DynamoStreamsFeed::connect(&aws.options(), &stream, read)
+                    .await
+                    .with_context(|| format!("opening the stream of table {}", aws.name))?;
                 Ok(Arc::new(feed))
             }
             BackendUrl::Dynamodb(_) => Err(anyhow::Error::new(UsageError(

@@ -72,7 +72,9 @@ pub use store::{
     heartbeat_pk, lease_pk, Capacity, DynamoLeaseStore, COUNTER_SK, DEFAULT_HEAD_READS_PER_SECOND,
     PK, SK,
 };
-pub use streams::{DynamoStreamsFeed, DynamoStreamsReader, StreamRef, StreamTable, StreamsOptions};
+pub use streams::{
+    DynamoStreamsFeed, DynamoStreamsReader, RecordShape, StreamRef, StreamTable, StreamsOptions,
+};
 pub use view::view_pk;
 
 /// The AWS SDK's DynamoDB Streams client, re-exported so callers need not depend on it.

@@ -5,6 +5,7 @@
 //! |---|---|
 //! | `executableName` (required) | `handler` (run with `sh -c`) |
 //! | `streamArn` or `streamName` (one required), `kinesisEndpoint`, `regionName` | `source = kinesis://STREAM?endpoint=…&region=…`; the ARN gives the stream and its region and wins over `streamName`, as in the KCL |
+//! | `streamName` or `streamArn` holding a DynamoDB stream ARN (as the DynamoDB Streams adapter's `StreamsMultiLangDaemon` takes it), `kinesisEndpoint` | `source = dynamodb-streams://TABLE?stream=ARN&endpoint=…&region=…`: the adapter's client stands where the Kinesis client stood, so it takes the Kinesis endpoint, and `regionName` (else the ARN's region) |
 //! | `applicationName` (required), `dynamoDBEndpoint`, `regionName` | `store = dynamodb://APPLICATION?…` and `group = APPLICATION` |
 //! | `initialPositionInStream` | `start_position`: `TRIM_HORIZON` = beginning, `LATEST` = now (any case, as the KCL reads it) |
 //! | `initialPositionInStreamExtended` | `start_position = at:MILLIS`: the KCL's `AT_TIMESTAMP`, given as whole seconds since the epoch |
@@ -116,6 +117,51 @@ fn stream_arn(arn: &str) -> Result<StreamArn<'_>, String> {
             name,
         }),
         _ => rule("the resource must be stream/NAME (letters, digits, _ . -)"),
+    }
+}
+
+/// A DynamoDB stream ARN, `arn:PARTITION:dynamodb:REGION:ACCOUNT:table/TABLE/stream/LABEL`,
+/// as its table and region; `None` when `arn` does not name the dynamodb service (the
+/// caller reads it as a Kinesis stream), the rule broken when it does but is malformed.
+fn dynamodb_stream_arn(arn: &str) -> Option<Result<(&str, &str), String>> {
+    const FORM: &str = "arn:aws:dynamodb:REGION:ACCOUNT:table/TABLE/stream/LABEL";
+    let parts: Vec<&str> = arn.splitn(6, ':').collect();
+    let [prefix, partition, "dynamodb", region, account, resource] = parts[..] else {
+        return None;
+    };
+    let rule = |what: &str| {
+        Some(Err(format!(
+            "\"{}\" is not a DynamoDB stream ARN ({FORM}): {what}",
+            arn.escape_debug()
+        )))
+    };
+    if prefix != "arn" || !partition.starts_with("aws") {
+        return rule("it must start with arn:aws");
+    }
+    if region.is_empty()
+        || !region
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    {
+        return rule("the region must be a region name such as us-east-1");
+    }
+    if account.len() != 12 || !account.bytes().all(|b| b.is_ascii_digit()) {
+        return rule("the account must be 12 digits");
+    }
+    let table = resource
+        .strip_prefix("table/")
+        .and_then(|r| r.split_once("/stream/"))
+        .filter(|(table, label)| {
+            (3..=255).contains(&table.len())
+                && table
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+                && !label.is_empty()
+                && !label.contains(char::is_whitespace)
+        });
+    match table {
+        Some((table, _)) => Some(Ok((table, region))),
+        None => rule("the resource must be table/TABLE/stream/LABEL"),
     }
 }
 
@@ -245,6 +291,8 @@ pub(crate) struct Properties {
     stream: String,
     /// The Kinesis endpoint and region to keep on any `kinesis://` source.
     kinesis: [(&'static str, Option<String>); 2],
+    /// The source when the file names a DynamoDB stream: `dynamodb-streams://TABLE?stream=ARN…`.
+    streams: Option<String>,
     /// `applicationName`: the lease table and the group.
     pub(crate) application: String,
     /// The DynamoDB endpoint and region to keep on any `dynamodb://` store.
@@ -266,7 +314,10 @@ impl Properties {
         match given {
             Some(s) if s.starts_with("kinesis://") => keep_params(&s, &self.kinesis),
             Some(s) => s,
-            None => keep_params(&format!("kinesis://{}", self.stream), &self.kinesis),
+            None => match &self.streams {
+                Some(url) => url.clone(),
+                None => keep_params(&format!("kinesis://{}", self.stream), &self.kinesis),
+            },
         }
     }
 
@@ -321,7 +372,28 @@ pub(crate) fn read(name: &str, text: &str) -> Result<Properties, UsageError> {
     };
     let region = given("regionName");
     let handler = required("executableName")?;
-    let (stream, stream_region) = match given("streamArn") {
+    let owned = |v: Option<&str>| v.map(str::to_string);
+    let dynamodb_stream = ["streamArn", "streamName"].into_iter().find_map(|key| {
+        let arn = given(key)?;
+        Some((key, arn, dynamodb_stream_arn(arn)?))
+    });
+    let streams = match dynamodb_stream {
+        Some((key, arn, parsed)) => {
+            let (table, arn_region) = parsed.map_err(|rule| bad(key, &rule))?;
+            let params = [
+                ("endpoint", owned(given("kinesisEndpoint"))),
+                // The adapter reads with the regionName client, whatever region the ARN
+                // names (DynamoDB Local's ARNs name "ddblocal").
+                ("region", Some(region.unwrap_or(arn_region).to_string())),
+            ];
+            Some(keep_params(
+                &format!("dynamodb-streams://{table}?stream={arn}"),
+                &params,
+            ))
+        }
+        None => None,
+    };
+    let (stream, stream_region) = match given("streamArn").filter(|_| streams.is_none()) {
         Some(arn) => {
             let parsed = stream_arn(arn).map_err(|rule| bad("streamArn", &rule))?;
             if let Some(other) = given("streamName").filter(|s| *s != parsed.name) {
@@ -351,6 +423,7 @@ pub(crate) fn read(name: &str, text: &str) -> Result<Properties, UsageError> {
             ));
             (parsed.name.to_string(), Some(parsed.region))
         }
+        None if streams.is_some() => (String::new(), region),
         None => (
             given("streamName").map(str::to_string).ok_or_else(|| {
                 bad(
@@ -361,7 +434,6 @@ pub(crate) fn read(name: &str, text: &str) -> Result<Properties, UsageError> {
             region,
         ),
     };
-    let owned = |v: Option<&str>| v.map(str::to_string);
     let kinesis = [
         ("endpoint", owned(given("kinesisEndpoint"))),
         ("region", owned(stream_region)),
@@ -390,6 +462,7 @@ pub(crate) fn read(name: &str, text: &str) -> Result<Properties, UsageError> {
         handler,
         stream,
         kinesis,
+        streams,
         application,
         dynamodb,
         start_position,

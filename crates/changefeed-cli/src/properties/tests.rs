@@ -360,3 +360,58 @@ fn a_store_or_source_flag_keeps_the_files_endpoint_and_region_unless_it_names_it
         "another kind of source is left alone"
     );
 }
+
+#[test]
+fn a_dynamodb_stream_arn_makes_the_source_the_tables_stream() {
+    // The DynamoDB Streams adapter's daemon takes the table's stream ARN as streamName: the
+    // source is that stream, read at the file's Kinesis endpoint (where the adapter's client
+    // stands in for the Kinesis client) in the file's region, else the ARN's.
+    let arn = "arn:aws:dynamodb:eu-west-1:123456789012:table/orders/stream/2024-01-01T00:00:00.000";
+    for key in ["streamName", "streamArn"] {
+        let text = format!("{BASE}{key} = {arn}\nkinesisEndpoint = http://127.0.0.1:8000\n");
+        let (args, _) = applied(&text).expect("valid");
+        assert_eq!(
+            args.source,
+            Some(format!(
+                "dynamodb-streams://orders?stream={arn}&endpoint=http://127.0.0.1:8000&region=eu-west-1"
+            )),
+            "{key}"
+        );
+        let url = crate::url::BackendUrl::source("source", args.source.as_deref().unwrap_or(""));
+        assert!(
+            matches!(url, Ok(crate::url::BackendUrl::DynamodbStreams(ref aws)) if aws.stream.as_deref() == Some(arn)),
+            "{url:?}"
+        );
+    }
+    // regionName, when given, is the client's region, as in the adapter.
+    let (args, _) = applied(&format!(
+        "{BASE}streamName = {arn}\nregionName = us-east-1\n"
+    ))
+    .expect("valid");
+    assert_eq!(
+        args.source,
+        Some(format!(
+            "dynamodb-streams://orders?stream={arn}&region=us-east-1"
+        ))
+    );
+    let err = applied(&format!(
+        "{BASE}streamName = arn:aws:dynamodb:eu-west-1:123456789012:table/orders\n"
+    ))
+    .expect_err("no stream label");
+    assert!(
+        err.starts_with("properties file a.properties: streamName: \"arn:aws:dynamodb:eu-west-1:123456789012:table/orders\" is not a DynamoDB stream ARN"),
+        "{err}"
+    );
+    // A --source flag still wins over the file's stream.
+    let mut args = RunArgs {
+        source: Some("sqlite://feed.db".into()),
+        ..RunArgs::default()
+    };
+    apply(
+        &mut args,
+        "a.properties",
+        &format!("{BASE}streamName = {arn}\n"),
+    )
+    .expect("valid");
+    assert_eq!(args.source.as_deref(), Some("sqlite://feed.db"));
+}

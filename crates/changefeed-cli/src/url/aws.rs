@@ -1,6 +1,8 @@
 //! `dynamodb://`, `dynamodb-streams://` and `kinesis://` URLs: a table or stream and the
 //! overrides of the standard AWS configuration chain.
 
+use changefeed_dynamodb::RecordShape;
+
 use super::parse_timeout;
 use crate::usage::UsageError;
 
@@ -21,6 +23,9 @@ pub struct AwsUrl {
     /// `?stream=ARN` (`dynamodb-streams://` only): the stream to read, instead of the table's
     /// latest.
     pub stream: Option<String>,
+    /// `?record=plain|adapter` (`dynamodb-streams://` only): the shape of each record's data;
+    /// `None` when not given, for `run` to choose by its protocol.
+    pub record: Option<RecordShape>,
 }
 
 impl AwsUrl {
@@ -34,6 +39,7 @@ impl AwsUrl {
             connect_timeout: None,
             request_timeout: None,
             stream: None,
+            record: None,
         };
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             match pair.split_once('=') {
@@ -85,9 +91,17 @@ impl AwsUrl {
                     }
                     url.stream = Some(v.to_string());
                 }
+                Some(("record", v)) if scheme == "dynamodb-streams" => {
+                    url.record = Some(RecordShape::parse(v).ok_or_else(|| {
+                        bad(format!(
+                            "dynamodb-streams:// parameter record: \"{}\" must be plain (one JSON document of the change) or adapter (the KCL DynamoDB Streams adapter's typed record)",
+                            v.escape_debug()
+                        ))
+                    })?);
+                }
                 _ => {
                     let stream = if scheme == "dynamodb-streams" {
-                        ", ?stream=ARN"
+                        ", ?stream=ARN, ?record=plain|adapter"
                     } else {
                         ""
                     };

@@ -18,6 +18,7 @@ fn aws_urls_name_the_table_or_stream_and_refuse_the_wrong_role() {
             connect_timeout: None,
             request_timeout: None,
             stream: None,
+            record: None,
         })
     );
     assert!(matches!(
@@ -418,4 +419,36 @@ fn dynamodb_streams_urls_name_the_table_or_the_stream() {
         .redacted(),
         "dynamodb-streams://orders?endpoint=http://127.0.0.1:8000"
     );
+}
+
+#[test]
+fn a_dynamodb_streams_record_shape_is_plain_or_adapter_and_named_when_wrong() {
+    use changefeed_dynamodb::RecordShape;
+    let shape = |text: &str| match BackendUrl::source("--source", text) {
+        Ok(BackendUrl::DynamodbStreams(aws)) => aws.record,
+        other => panic!("a dynamodb-streams source, got {other:?}"),
+    };
+    assert_eq!(shape("dynamodb-streams://orders"), None);
+    assert_eq!(
+        shape("dynamodb-streams://orders?record=plain"),
+        Some(RecordShape::Plain)
+    );
+    assert_eq!(
+        shape("dynamodb-streams://orders?record=adapter&region=us-east-1"),
+        Some(RecordShape::Adapter)
+    );
+    let err = BackendUrl::source("--source", "dynamodb-streams://orders?record=typed")
+        .expect_err("no such shape");
+    let text = err.to_string();
+    assert!(text.starts_with("--source: "), "{text}");
+    assert!(
+        text.contains("parameter record: \"typed\" must be plain"),
+        "{text}"
+    );
+    let err = BackendUrl::source("--source", "kinesis://orders?record=adapter")
+        .expect_err("kinesis has no record=");
+    assert!(err.to_string().contains("kinesis:// accepts only"), "{err}");
+    let err = BackendUrl::source("--source", "dynamodb-streams://orders?recrod=adapter")
+        .expect_err("misspelt");
+    assert!(err.to_string().contains("?record=plain|adapter"), "{err}");
 }

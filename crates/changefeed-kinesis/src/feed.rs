@@ -1,23 +1,23 @@
-//! [`KinesisFeed`]: the feed source seam on one Kinesis data stream, read by polling.
+//! [`KinesisFeed`]: the feed source seam on one Kinesis data stream, read by polling
+//! (`GetRecords`) or by enhanced fan-out (`SubscribeToShard`, see [`crate::FanOutReader`]).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use aws_sdk_kinesis::error::{ProvideErrorMetadata, SdkError};
-use aws_sdk_kinesis::primitives::{Blob, DateTime};
-use aws_sdk_kinesis::types::{Shard, ShardIteratorType, StreamStatus};
+use aws_sdk_kinesis::primitives::DateTime;
+use aws_sdk_kinesis::types::{Shard, ShardIteratorType};
 use aws_sdk_kinesis::Client;
 use changefeed::error::BoxError;
-use changefeed::model::{
-    Batch, Continuation, KeyRange, Partition, PartitionId, Position, Record, Timestamp,
-};
+use changefeed::model::{Continuation, KeyRange, Partition, PartitionId, Position};
 use changefeed::source::{FeedSource, OldestUnread, PartitionReader};
 use changefeed::SourceError;
 use rand::rngs::SmallRng;
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 
-use crate::kpl::{self, ExtendedSequenceNumber};
+use crate::kpl::ExtendedSequenceNumber;
+use crate::reader::KinesisReader;
 use rand::{Rng, SeedableRng};
 
 /// How a reader polls and retries.
@@ -54,6 +54,22 @@ impl Default for ReadOptions {
     }
 }
 
+/// How a [`KinesisFeed`] reads its shards.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Retrieval {
+    /// `GetShardIterator` then `GetRecords`, following `NextShardIterator`: the shard's
+    /// read throughput (2 MB/s, 5 calls/s) is shared with every other polling reader.
+    #[default]
+    Polling,
+    /// Enhanced fan-out: the stream consumer `consumer_name` is registered (or reused) and
+    /// each shard is read by `SubscribeToShard`, records pushed as they arrive, with 2 MB/s per
+    /// shard of its own. The KCL's default retrieval.
+    FanOut {
+        /// The stream consumer's name (the KCL uses the application name).
+        consumer_name: String,
+    },
+}
+
 /// The feed source on one Kinesis data stream: partitions are shards, the continuation is a
 /// record's sequence number.
 ///
@@ -77,9 +93,14 @@ impl Default for ReadOptions {
 ///   from `ListShards` (kept per shard: a shard's range never changes).
 #[derive(Debug, Clone)]
 pub struct KinesisFeed {
-    client: Client,
-    stream: String,
-    options: ReadOptions,
+    pub(crate) client: Client,
+    pub(crate) stream: String,
+    pub(crate) options: ReadOptions,
+    pub(crate) retrieval: Retrieval,
+    /// The registered stream consumer's ARN, once known (fan-out only).
+    pub(crate) consumer_arn: Arc<tokio::sync::OnceCell<String>>,
+    /// The fan-out readers' subscriptions between calls.
+    pub(crate) subscriptions: Arc<crate::fanout::Subscriptions>,
     rng: Arc<Mutex<SmallRng>>,
     /// The hash key range of each shard `ListShards` listed.
     ranges: Arc<Mutex<HashMap<PartitionId, KeyRange>>>,
@@ -93,11 +114,11 @@ const THROTTLED: &[&str] = &[
     "ThrottlingException",
 ];
 
-fn code<E: ProvideErrorMetadata, R>(err: &SdkError<E, R>) -> Option<&str> {
+pub(crate) fn code<E: ProvideErrorMetadata, R>(err: &SdkError<E, R>) -> Option<&str> {
     err.as_service_error().and_then(|e| e.code())
 }
 
-fn is_throttled<E: ProvideErrorMetadata, R>(err: &SdkError<E, R>) -> bool {
+pub(crate) fn is_throttled<E: ProvideErrorMetadata, R>(err: &SdkError<E, R>) -> bool {
     code(err).is_some_and(|c| THROTTLED.contains(&c))
 }
 
@@ -125,7 +146,7 @@ pub struct KinesisError {
 }
 
 impl KinesisError {
-    fn new<E, R>(err: SdkError<E, R>) -> Self
+    pub(crate) fn new<E, R>(err: SdkError<E, R>) -> Self
     where
         E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
         R: std::fmt::Debug + Send + Sync + 'static,
@@ -144,7 +165,7 @@ impl KinesisError {
         }
     }
 
-    fn other(context: impl Into<String>) -> Self {
+    pub(crate) fn other(context: impl Into<String>) -> Self {
         Self {
             context: context.into(),
             source: None,
@@ -152,7 +173,7 @@ impl KinesisError {
     }
 }
 
-fn source_error<E, R>(
+pub(crate) fn source_error<E, R>(
     operation: &'static str,
     partition: Option<&PartitionId>,
     err: SdkError<E, R>,
@@ -221,6 +242,9 @@ impl KinesisFeed {
             client,
             stream: stream.into(),
             options,
+            retrieval: Retrieval::Polling,
+            consumer_arn: Arc::default(),
+            subscriptions: Arc::default(),
             rng: Arc::new(Mutex::new(rng)),
             ranges: Arc::default(),
         }
@@ -242,6 +266,19 @@ impl KinesisFeed {
     ) -> Self {
         let config = options.load_with(crate::Timeouts::KINESIS).await;
         Self::with_options(Client::new(&config), stream, read)
+    }
+
+    /// This source, reading its shards as `retrieval` says (polling unless told).
+    #[must_use]
+    pub fn with_retrieval(mut self, retrieval: Retrieval) -> Self {
+        self.retrieval = retrieval;
+        self.consumer_arn = Arc::default();
+        self
+    }
+
+    /// How this source reads its shards.
+    pub fn retrieval(&self) -> &Retrieval {
+        &self.retrieval
     }
 
     /// The stream name.
@@ -288,7 +325,10 @@ impl KinesisFeed {
 
     /// The hash key range of `partition`: known from an earlier listing, else from
     /// `ListShards`; `None` when the shard is not listed (any more) or has no range.
-    async fn range_of(&self, partition: &PartitionId) -> Result<Option<KeyRange>, SourceError> {
+    pub(crate) async fn range_of(
+        &self,
+        partition: &PartitionId,
+    ) -> Result<Option<KeyRange>, SourceError> {
         let known = |feed: &Self| {
             feed.ranges
                 .lock()
@@ -303,7 +343,7 @@ impl KinesisFeed {
         Ok(known(self))
     }
 
-    async fn backoff(&self, attempt: u32) {
+    pub(crate) async fn backoff(&self, attempt: u32) {
         let cap = self
             .options
             .base_backoff
@@ -318,7 +358,7 @@ impl KinesisFeed {
     }
 
     /// Runs `call`, retrying throttling with jittered exponential back-off.
-    async fn call_with_backoff<T, E, R, F, Fut>(
+    pub(crate) async fn call_with_backoff<T, E, R, F, Fut>(
         &self,
         call: F,
         operation: &'static str,
@@ -344,37 +384,20 @@ impl KinesisFeed {
         }
     }
 
-    async fn iterator(
+    pub(crate) async fn iterator(
         &self,
         partition: &PartitionId,
         from: &Position,
     ) -> Result<Option<String>, SourceError> {
-        let mut req = self
+        let start = Start::of(partition, from)?;
+        let req = self
             .client
             .get_shard_iterator()
             .stream_name(&self.stream)
-            .shard_id(partition.as_str());
-        req = match from {
-            Position::Beginning => req.shard_iterator_type(ShardIteratorType::TrimHorizon),
-            Position::Now => req.shard_iterator_type(ShardIteratorType::Latest),
-            Position::AtTime(t) => req
-                .shard_iterator_type(ShardIteratorType::AtTimestamp)
-                .timestamp(DateTime::from_millis(t.millis())),
-            Position::Continuation(c) => match check_sequence_number(partition, c)? {
-                ExtendedSequenceNumber {
-                    sequence_number,
-                    sub_sequence_number: None,
-                } => req
-                    .shard_iterator_type(ShardIteratorType::AfterSequenceNumber)
-                    .starting_sequence_number(sequence_number),
-                // Part of an aggregated record is done: read it again, skipping that part.
-                ExtendedSequenceNumber {
-                    sequence_number, ..
-                } => req
-                    .shard_iterator_type(ShardIteratorType::AtSequenceNumber)
-                    .starting_sequence_number(sequence_number),
-            },
-        };
+            .shard_id(partition.as_str())
+            .shard_iterator_type(start.kind)
+            .set_starting_sequence_number(start.sequence_number)
+            .set_timestamp(start.timestamp);
         let mut attempt = 0;
         loop {
             match req.clone().send().await {
@@ -383,41 +406,97 @@ impl KinesisFeed {
                     attempt += 1;
                     self.backoff(attempt).await;
                 }
-                Err(e) => {
-                    let message = e
-                        .as_service_error()
-                        .and_then(|s| s.message())
-                        .unwrap_or_default()
-                        .to_ascii_lowercase();
-                    // Kinesis refuses a sequence number of another shard, or one that is not
-                    // there, with InvalidArgumentException; kinesis-mock with
-                    // ResourceNotFoundException naming the sequence number.
-                    let bad_sequence = match code(&e) {
-                        Some("InvalidArgumentException") => !partition_unknown(&e),
-                        Some("ResourceNotFoundException") => message.contains("sequencenumber"),
-                        _ => false,
-                    };
-                    if let (Position::Continuation(c), true) = (from, bad_sequence) {
-                        return Err(SourceError::InvalidContinuation {
-                            partition: partition.to_string(),
-                            continuation: c.to_string(),
-                            reason: e
-                                .as_service_error()
-                                .and_then(|s| s.message())
-                                .unwrap_or("refused by Kinesis")
-                                .to_string(),
-                        });
-                    }
-                    if partition_unknown(&e) {
-                        return Err(SourceError::UnknownPartition {
-                            partition: partition.to_string(),
-                        });
-                    }
-                    return Err(source_error("open", Some(partition), e));
-                }
+                Err(e) => return Err(open_error(partition, from, e)),
             }
         }
     }
+}
+
+/// Where a read starts, as `GetShardIterator` and `SubscribeToShard` both take it.
+pub(crate) struct Start {
+    pub(crate) kind: ShardIteratorType,
+    pub(crate) sequence_number: Option<String>,
+    pub(crate) timestamp: Option<DateTime>,
+}
+
+impl Start {
+    pub(crate) fn of(partition: &PartitionId, from: &Position) -> Result<Self, SourceError> {
+        let (kind, sequence_number, timestamp) = match from {
+            Position::Beginning => (ShardIteratorType::TrimHorizon, None, None),
+            Position::Now => (ShardIteratorType::Latest, None, None),
+            Position::AtTime(t) => (
+                ShardIteratorType::AtTimestamp,
+                None,
+                Some(DateTime::from_millis(t.millis())),
+            ),
+            Position::Continuation(c) => match check_sequence_number(partition, c)? {
+                ExtendedSequenceNumber {
+                    sequence_number,
+                    sub_sequence_number: None,
+                } => (
+                    ShardIteratorType::AfterSequenceNumber,
+                    Some(sequence_number.to_string()),
+                    None,
+                ),
+                // Part of an aggregated record is done: read it again, skipping that part.
+                ExtendedSequenceNumber {
+                    sequence_number, ..
+                } => (
+                    ShardIteratorType::AtSequenceNumber,
+                    Some(sequence_number.to_string()),
+                    None,
+                ),
+            },
+        };
+        Ok(Self {
+            kind,
+            sequence_number,
+            timestamp,
+        })
+    }
+}
+
+/// The error of a refused start of a read at `from`: an invalid continuation and an unknown
+/// shard are told apart from other trouble.
+pub(crate) fn open_error<E, R>(
+    partition: &PartitionId,
+    from: &Position,
+    e: SdkError<E, R>,
+) -> SourceError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    R: std::fmt::Debug + Send + Sync + 'static,
+{
+    let message = e
+        .as_service_error()
+        .and_then(|s| s.message())
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    // Kinesis refuses a sequence number of another shard, or one that is not
+    // there, with InvalidArgumentException; kinesis-mock with
+    // ResourceNotFoundException naming the sequence number.
+    let bad_sequence = match code(&e) {
+        Some("InvalidArgumentException") => !partition_unknown(&e),
+        Some("ResourceNotFoundException") => message.contains("sequencenumber"),
+        _ => false,
+    };
+    if let (Position::Continuation(c), true) = (from, bad_sequence) {
+        return SourceError::InvalidContinuation {
+            partition: partition.to_string(),
+            continuation: c.to_string(),
+            reason: e
+                .as_service_error()
+                .and_then(|s| s.message())
+                .unwrap_or("refused by Kinesis")
+                .to_string(),
+        };
+    }
+    if partition_unknown(&e) {
+        return SourceError::UnknownPartition {
+            partition: partition.to_string(),
+        };
+    }
+    source_error("open", Some(partition), e)
 }
 
 /// Whether Kinesis said the shard does not exist (`ResourceNotFoundException`, or an
@@ -471,6 +550,9 @@ impl FeedSource for KinesisFeed {
         partition: &PartitionId,
         from: &Position,
     ) -> Result<Box<dyn PartitionReader>, SourceError> {
+        if let Retrieval::FanOut { consumer_name } = &self.retrieval {
+            return crate::fanout::open(self, consumer_name, partition, from).await;
+        }
         let iterator = self.iterator(partition, from).await?;
         Ok(Box::new(KinesisReader::new(
             self.clone(),
@@ -512,423 +594,10 @@ impl FeedSource for KinesisFeed {
                 Some(t) => OldestUnread::At(t),
                 None => OldestUnread::Unknown,
             },
-            None if batch.end_of_partition || reader.millis_behind_latest == Some(0) => {
+            None if batch.end_of_partition || reader.millis_behind_latest() == Some(0) => {
                 OldestUnread::CaughtUp
             }
             None => OldestUnread::Unknown,
         })
-    }
-}
-
-/// Reads one shard forward by `GetRecords`.
-#[derive(Debug)]
-pub struct KinesisReader {
-    feed: KinesisFeed,
-    partition: PartitionId,
-    start: Position,
-    /// The sequence number of the last Kinesis record read (all its user records are in
-    /// `pending` or delivered): where a renewed iterator starts after.
-    last: Option<Continuation>,
-    iterator: Option<String>,
-    ended: bool,
-    millis_behind_latest: Option<i64>,
-    /// User records read and not yet returned (the rest of an aggregated record beyond `max`).
-    pending: VecDeque<Record>,
-    /// Opened after part of an aggregated record: its sequence number and the last
-    /// sub-sequence number done, skipped when that record is read.
-    skip: Option<(String, u64)>,
-    /// The shard's hash key range, once looked up (at the first record that may be an
-    /// aggregated one, unless `deliver_outside_shard`); `Some(None)` when it is unknown.
-    range: Option<Option<KeyRange>>,
-}
-
-impl KinesisReader {
-    fn new(
-        feed: KinesisFeed,
-        partition: PartitionId,
-        start: Position,
-        iterator: Option<String>,
-    ) -> Self {
-        let skip = match &start {
-            Position::Continuation(c) => ExtendedSequenceNumber::parse(c.as_str())
-                .and_then(|e| Some((e.sequence_number.to_string(), e.sub_sequence_number?))),
-            _ => None,
-        };
-        KinesisReader {
-            feed,
-            partition,
-            start,
-            last: None,
-            ended: iterator.is_none(),
-            iterator,
-            millis_behind_latest: None,
-            pending: VecDeque::new(),
-            skip,
-            range: None,
-        }
-    }
-
-    /// Queues the user records of one Kinesis record (itself, unless the KPL aggregated it),
-    /// leaving out those a sub-sequence continuation says are done.
-    fn queue(&mut self, r: &aws_sdk_kinesis::types::Record) {
-        let timestamp = r
-            .approximate_arrival_timestamp()
-            .and_then(|t| t.to_millis().ok().map(Timestamp));
-        let seq = r.sequence_number();
-        // The skip applies to the first record read, which is the one it names.
-        let done = match self.skip.take() {
-            Some((s, sub)) if s == seq => Some(sub),
-            _ => None,
-        };
-        let data = bytes::Bytes::copy_from_slice(r.data().as_ref());
-        let Some(users) = kpl::deaggregate(&data) else {
-            if done.is_none() {
-                self.pending.push_back(Record {
-                    key: r.partition_key().unwrap_or_default().to_string(),
-                    data,
-                    continuation: Continuation::new(seq),
-                    timestamp,
-                });
-            }
-            return;
-        };
-        if let Some(range) = self.range.flatten() {
-            if let Some(user) = kpl::outside(&users, range) {
-                metrics::counter!("changefeed_kinesis_user_records_dropped_total")
-                    .increment(users.len() as u64);
-                tracing::warn!(
-                    shard = %self.partition,
-                    sequence_number = seq,
-                    user_records = users.len(),
-                    partition_key = %user.key,
-                    hash_key = ?user.hash_key,
-                    shard_hash_keys = %format_args!("{}..={}", range.start, range.end),
-                    "a KPL-aggregated record holds a user record whose hash key is outside the \
-                     shard: dropped whole, as the KCL does (a producer with a stale shard map)"
-                );
-                return;
-            }
-        }
-        for (sub, user) in (0u64..).zip(users) {
-            if done.is_some_and(|d| sub <= d) {
-                continue;
-            }
-            let at = ExtendedSequenceNumber {
-                sequence_number: seq,
-                sub_sequence_number: Some(sub),
-            };
-            self.pending.push_back(Record {
-                key: user.key,
-                data: user.data,
-                continuation: at.continuation(),
-                timestamp,
-            });
-        }
-    }
-
-    /// Up to `max` queued user records as a batch; the end of the shard once the reader ended
-    /// and nothing is queued.
-    fn take(&mut self, max: usize) -> Batch {
-        let n = self.pending.len().min(max.max(1));
-        let records: Vec<Record> = self.pending.drain(..n).collect();
-        Batch {
-            continuation: records.last().map(|r| r.continuation.clone()),
-            records,
-            end_of_partition: self.ended && self.pending.is_empty(),
-        }
-    }
-
-    /// How far behind the tip of the shard the last `GetRecords` answer was, in milliseconds
-    /// (Kinesis's `MillisBehindLatest`): the lag of this reader.
-    pub fn millis_behind_latest(&self) -> Option<i64> {
-        self.millis_behind_latest
-    }
-
-    async fn renew(&mut self) -> Result<(), SourceError> {
-        let from = match &self.last {
-            Some(c) => Position::Continuation(c.clone()),
-            None => self.start.clone(),
-        };
-        self.iterator = self.feed.iterator(&self.partition, &from).await?;
-        if self.iterator.is_none() {
-            self.ended = true;
-        }
-        Ok(())
-    }
-}
-
-#[async_trait]
-impl PartitionReader for KinesisReader {
-    async fn next_batch(&mut self, max: usize) -> Result<Batch, SourceError> {
-        let mut throttled = 0;
-        let mut empty = 0;
-        let mut renewed = false;
-        loop {
-            if self.ended || !self.pending.is_empty() {
-                return Ok(self.take(max));
-            }
-            let Some(iterator) = self.iterator.clone() else {
-                self.renew().await?;
-                continue;
-            };
-            let limit = max.clamp(1, 10_000) as i32;
-            let result = self
-                .feed
-                .client
-                .get_records()
-                .shard_iterator(iterator)
-                .limit(limit)
-                .send()
-                .await;
-            let out = match result {
-                Ok(out) => out,
-                Err(e) if code(&e) == Some("ExpiredIteratorException") && !renewed => {
-                    // Renew once from the last continuation: nothing is skipped or repeated.
-                    renewed = true;
-                    self.iterator = None;
-                    continue;
-                }
-                Err(e) if is_throttled(&e) && throttled < self.feed.options.max_retries => {
-                    throttled += 1;
-                    self.feed.backoff(throttled).await;
-                    continue;
-                }
-                Err(e) => return Err(source_error("read", Some(&self.partition), e)),
-            };
-            if self.range.is_none()
-                && !self.feed.options.deliver_outside_shard
-                && out
-                    .records()
-                    .iter()
-                    .any(|r| kpl::maybe_aggregated(r.data().as_ref()))
-            {
-                // Before anything of this answer is kept: on an error the same iterator reads
-                // it again.
-                let range = self.feed.range_of(&self.partition).await?;
-                if range.is_none() {
-                    tracing::warn!(
-                        shard = %self.partition,
-                        "the shard's hash key range is unknown (not listed by ListShards): \
-                         KPL user records outside it are delivered"
-                    );
-                }
-                self.range = Some(range);
-            }
-            self.millis_behind_latest = out.millis_behind_latest();
-            if let Some(ms) = out.millis_behind_latest() {
-                metrics::gauge!("changefeed_kinesis_millis_behind_latest").set(ms as f64);
-            }
-            for r in out.records() {
-                self.queue(r);
-            }
-            if let Some(r) = out.records().last() {
-                self.last = Some(Continuation::new(r.sequence_number()));
-            }
-            self.iterator = out.next_shard_iterator().map(str::to_string);
-            let end = self.iterator.is_none() || !out.child_shards().is_empty();
-            if end {
-                self.ended = true;
-                self.iterator = None;
-            }
-            let behind = out.millis_behind_latest().unwrap_or(0) > 0;
-            if self.pending.is_empty() && !end && behind && empty < self.feed.options.empty_polls {
-                empty += 1;
-                continue;
-            }
-            return Ok(self.take(max));
-        }
-    }
-}
-
-/// Stream operations for tools and tests: create, write, split, merge.
-impl KinesisFeed {
-    /// Creates the stream with `shards` shards (if absent) and waits until it is active.
-    ///
-    /// # Errors
-    /// [`SourceError::Source`].
-    pub async fn create_stream(&self, shards: i32) -> Result<(), SourceError> {
-        let created = self
-            .client
-            .create_stream()
-            .stream_name(&self.stream)
-            .shard_count(shards)
-            .send()
-            .await;
-        if let Err(e) = created {
-            if code(&e) != Some("ResourceInUseException") {
-                return Err(source_error("create_stream", None, e));
-            }
-        }
-        self.wait_active().await
-    }
-
-    /// Deletes the stream.
-    ///
-    /// # Errors
-    /// [`SourceError::Source`].
-    pub async fn delete_stream(&self) -> Result<(), SourceError> {
-        self.client
-            .delete_stream()
-            .stream_name(&self.stream)
-            .enforce_consumer_deletion(true)
-            .send()
-            .await
-            .map_err(|e| source_error("delete_stream", None, e))?;
-        Ok(())
-    }
-
-    /// Waits (polling `DescribeStreamSummary`, up to a minute) until the stream is active.
-    ///
-    /// # Errors
-    /// [`SourceError::Source`] if it never becomes active.
-    pub async fn wait_active(&self) -> Result<(), SourceError> {
-        for _ in 0..600 {
-            let out = self
-                .call_with_backoff(
-                    || {
-                        self.client
-                            .describe_stream_summary()
-                            .stream_name(&self.stream)
-                            .send()
-                    },
-                    "describe_stream_summary",
-                    None,
-                )
-                .await?;
-            let status = out
-                .stream_description_summary()
-                .map(|d| d.stream_status().clone());
-            if status == Some(StreamStatus::Active) {
-                return Ok(());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Err(SourceError::source(
-            "wait_active",
-            None,
-            true,
-            KinesisError::other(format!("stream {} did not become active", self.stream)),
-        ))
-    }
-
-    /// Writes one record with partition key `key`, routed by Kinesis (or to the shard owning
-    /// `explicit_hash_key`); returns its shard and sequence number.
-    ///
-    /// # Errors
-    /// [`SourceError::Source`].
-    pub async fn put(
-        &self,
-        key: &str,
-        data: impl Into<Vec<u8>>,
-        explicit_hash_key: Option<u128>,
-    ) -> Result<(PartitionId, Continuation), SourceError> {
-        let data = Blob::new(data.into());
-        let out = self
-            .call_with_backoff(
-                || {
-                    self.client
-                        .put_record()
-                        .stream_name(&self.stream)
-                        .partition_key(key)
-                        .set_explicit_hash_key(explicit_hash_key.map(|h| h.to_string()))
-                        .data(data.clone())
-                        .send()
-                },
-                "put_record",
-                None,
-            )
-            .await?;
-        let shard = PartitionId::new(out.shard_id()).map_err(|e| SourceError::Corrupt {
-            partition: out.shard_id().to_string(),
-            reason: e.to_string(),
-        })?;
-        Ok((shard, Continuation::new(out.sequence_number())))
-    }
-
-    async fn partition(&self, id: &PartitionId) -> Result<Partition, SourceError> {
-        self.partitions()
-            .await?
-            .into_iter()
-            .find(|p| &p.id == id)
-            .ok_or_else(|| SourceError::UnknownPartition {
-                partition: id.to_string(),
-            })
-    }
-
-    /// Splits `shard` at the middle of its hash-key range (`SplitShard`), waits until the
-    /// stream is active, and returns the two children, lower range first.
-    ///
-    /// # Errors
-    /// [`SourceError::UnknownPartition`]; [`SourceError::Source`].
-    pub async fn split(
-        &self,
-        shard: &PartitionId,
-    ) -> Result<(PartitionId, PartitionId), SourceError> {
-        let p = self.partition(shard).await?;
-        let range = p.key_range.unwrap_or(KeyRange::FULL);
-        let middle = range.start + (range.end - range.start) / 2 + 1;
-        self.call_with_backoff(
-            || {
-                self.client
-                    .split_shard()
-                    .stream_name(&self.stream)
-                    .shard_to_split(shard.as_str())
-                    .new_starting_hash_key(middle.to_string())
-                    .send()
-            },
-            "split_shard",
-            Some(shard),
-        )
-        .await?;
-        self.wait_active().await?;
-        let mut children: Vec<Partition> = self
-            .partitions()
-            .await?
-            .into_iter()
-            .filter(|c| c.parents.first() == Some(shard) && c.parents.len() == 1)
-            .collect();
-        children.sort_by_key(|c| c.key_range.map(|r| r.start));
-        match children.as_slice() {
-            [a, b] => Ok((a.id.clone(), b.id.clone())),
-            _ => Err(SourceError::Corrupt {
-                partition: shard.to_string(),
-                reason: format!("split produced {} children", children.len()),
-            }),
-        }
-    }
-
-    /// Merges the adjacent shards `a` and `b` (`MergeShards`), waits until the stream is
-    /// active, and returns the child.
-    ///
-    /// # Errors
-    /// [`SourceError::Source`] (for instance if they are not adjacent).
-    pub async fn merge(
-        &self,
-        a: &PartitionId,
-        b: &PartitionId,
-    ) -> Result<PartitionId, SourceError> {
-        self.call_with_backoff(
-            || {
-                self.client
-                    .merge_shards()
-                    .stream_name(&self.stream)
-                    .shard_to_merge(a.as_str())
-                    .adjacent_shard_to_merge(b.as_str())
-                    .send()
-            },
-            "merge_shards",
-            Some(a),
-        )
-        .await?;
-        self.wait_active().await?;
-        self.partitions()
-            .await?
-            .into_iter()
-            .find(|c| c.parents.contains(a) && c.parents.contains(b))
-            .map(|c| c.id)
-            .ok_or_else(|| SourceError::Corrupt {
-                partition: a.to_string(),
-                reason: format!("no child of the merge of {a} and {b} is listed"),
-            })
     }
 }

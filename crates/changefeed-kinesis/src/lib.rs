@@ -1,7 +1,8 @@
 //! Amazon Kinesis Data Streams feed source for changefeed: shards as partitions, with lineage.
 //!
 //! [`KinesisFeed`] implements the core's [`FeedSource`](changefeed::source::FeedSource) on one
-//! stream, read by polling `GetRecords` (enhanced fan-out, `SubscribeToShard`, is not used).
+//! stream, read by polling `GetRecords` or, with [`Retrieval::FanOut`], by enhanced fan-out
+//! (`SubscribeToShard`, see [`FanOutReader`]).
 //! This crate owns the mapping of shards, iterators and sequence numbers to the core's
 //! partitions, positions and continuations; leases, balancing and lineage stay in the core,
 //! which starts a child shard only after its parents are finished.
@@ -36,13 +37,18 @@
 //! ```
 #![warn(missing_docs)]
 
+mod admin;
 mod aws;
+mod fanout;
 mod feed;
 mod kpl;
+mod reader;
 
 pub use aws::{AwsOptions, Timeouts};
-pub use feed::{KinesisError, KinesisFeed, KinesisReader, ReadOptions};
+pub use fanout::FanOutReader;
+pub use feed::{KinesisError, KinesisFeed, ReadOptions, Retrieval};
 pub use kpl::ExtendedSequenceNumber;
+pub use reader::KinesisReader;
 
 /// The AWS SDK's Kinesis client, re-exported so callers need not depend on it.
 pub use aws_sdk_kinesis as sdk;

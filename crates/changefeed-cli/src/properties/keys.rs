@@ -3,7 +3,7 @@
 //! miss of a known key, warned about otherwise).
 
 /// The keys `run` reads (see the table of [`super`]).
-pub(super) const USED: [&str; 14] = [
+pub(super) const USED: [&str; 16] = [
     "executableName",
     "streamName",
     "streamArn",
@@ -18,12 +18,14 @@ pub(super) const USED: [&str; 14] = [
     "failoverTimeMillis",
     "shardSyncIntervalMillis",
     "workerId",
+    "retrievalMode",
+    "consumerName",
 ];
 
 /// The keys of the KCL 2.x/3.x daemon (`MultiLangDaemonConfiguration` and the KCL 3.x
 /// `sample.properties`) that have no meaning here: credentials come from the standard AWS
-/// chain, there is no CloudWatch, and the lease table, balancing and retrieval are ours.
-const NOT_APPLICABLE: [&str; 68] = [
+/// chain, there is no CloudWatch, and the lease table and balancing are ours.
+const NOT_APPLICABLE: [&str; 66] = [
     // The child's language, for the KCL's user agent.
     "processingLanguage",
     "AWSCredentialsProvider",
@@ -51,7 +53,6 @@ const NOT_APPLICABLE: [&str; 68] = [
     "metricsLevel",
     "metricsEnabledDimensions",
     "logWarningForTaskAfterMillis",
-    "retrievalMode",
     "validateSequenceNumberBeforeCheckpointing",
     "shutdownGraceMillis",
     "timeoutInSeconds",
@@ -59,7 +60,6 @@ const NOT_APPLICABLE: [&str; 68] = [
     "retryGetRecordsInSeconds",
     "maxGetRecordsThreadPool",
     "consumerArn",
-    "consumerName",
     "leaseTableDeletionProtectionEnabled",
     "leaseTablePitrEnabled",
     "billingMode",

@@ -14,13 +14,19 @@
 //! | `failoverTimeMillis` | `lease_expiry` |
 //! | `shardSyncIntervalMillis` | `sync_interval` |
 //! | `workerId` | `host` |
+//! | `retrievalMode` | `FANOUT` = `source = kinesis://…?retrieval=fanout&consumer=…` (enhanced fan-out), `POLLING` = polling (any case); absent = polling, with a warning naming `retrievalMode` (the KCL's default is `FANOUT`) |
+//! | `consumerName` | the fan-out consumer's name; `applicationName` when absent, as in the KCL |
 //!
 //! A setting given as a flag or `CHANGEFEED_*` variable wins over the file; the file wins over
 //! `--config`. A `--store dynamodb://…` or `--source kinesis://…` without its own `endpoint=`
 //! or `region=` keeps the file's, so pointing the leases at another table does not send them
 //! to another server.
 //!
-//! Every other key of the KCL 2.x/3.x daemon (credentials providers, metrics, retrieval and
+//! Without `retrievalMode` the KCL reads by enhanced fan-out; `run` polls, and says so at
+//! start: a fan-out consumer is a resource on the stream, billed per shard-hour, that `run`
+//! does not register unasked.
+//!
+//! Every other key of the KCL 2.x/3.x daemon (credentials providers, metrics, polling and
 //! KCL 3.x balancing tuning …, [`keys`]) has no meaning here: it is accepted and listed once
 //! at start. A key the KCL does not know is ignored by the KCL; here a near miss of a known
 //! key (`kinesisEndpiont`) is refused naming both, since the KCL would silently use its
@@ -47,6 +53,8 @@ pub(crate) struct Notes {
     unknown: Vec<(String, &'static str)>,
     /// The stream `streamArn` named: name, region, account.
     arn: Option<(String, String, String)>,
+    /// `retrievalMode` is absent: the KCL would read by fan-out, `run` polls.
+    retrieval_default: bool,
 }
 
 impl Notes {
@@ -54,6 +62,9 @@ impl Notes {
     pub(crate) fn log(&self) {
         if let Some((stream, region, account)) = &self.arn {
             info!(file = %self.file, stream = %stream, region = %region, account = %account, "the stream from streamArn");
+        }
+        if self.retrieval_default {
+            warn!(file = %self.file, "retrievalMode is not set: reading by polling (GetRecords), where the KCL would read by enhanced fan-out; set retrievalMode = FANOUT for fan-out (consumer: consumerName, else applicationName), or retrievalMode = POLLING to keep polling without this warning");
         }
         if !self.not_applicable.is_empty() {
             info!(file = %self.file, keys = %self.not_applicable.join(", "), "KCL properties not applicable here, ignored");
@@ -289,8 +300,9 @@ pub(crate) struct Properties {
     pub(crate) handler: String,
     /// The stream, from `streamArn` or `streamName`.
     stream: String,
-    /// The Kinesis endpoint and region to keep on any `kinesis://` source.
-    kinesis: [(&'static str, Option<String>); 2],
+    /// The Kinesis endpoint, region, retrieval and consumer to keep on any `kinesis://`
+    /// source.
+    kinesis: [(&'static str, Option<String>); 4],
     /// The source when the file names a DynamoDB stream: `dynamodb-streams://TABLE?stream=ARN…`.
     streams: Option<String>,
     /// `applicationName`: the lease table and the group.
@@ -312,6 +324,11 @@ impl Properties {
     /// file's endpoint and region unless it names its own; else the file's stream.
     pub(crate) fn source(&self, given: Option<String>) -> String {
         match given {
+            // A source that chooses its own retrieval takes neither the file's mode nor its
+            // consumer.
+            Some(s) if s.starts_with("kinesis://") && s.contains("retrieval=") => {
+                keep_params(&s, &self.kinesis[..2])
+            }
             Some(s) if s.starts_with("kinesis://") => keep_params(&s, &self.kinesis),
             Some(s) => s,
             None => match &self.streams {
@@ -434,15 +451,32 @@ pub(crate) fn read(name: &str, text: &str) -> Result<Properties, UsageError> {
             region,
         ),
     };
+    let application = required("applicationName")?;
+    let fanout = match given("retrievalMode") {
+        None => {
+            notes.retrieval_default = true;
+            false
+        }
+        Some(v) if v.eq_ignore_ascii_case("FANOUT") => true,
+        Some(v) if v.eq_ignore_ascii_case("POLLING") => false,
+        Some(v) => {
+            return Err(bad(
+                "retrievalMode",
+                &format!("\"{}\" must be FANOUT or POLLING", v.escape_debug()),
+            ))
+        }
+    };
+    let consumer = fanout.then(|| given("consumerName").unwrap_or(&application).to_string());
     let kinesis = [
         ("endpoint", owned(given("kinesisEndpoint"))),
         ("region", owned(stream_region)),
+        ("retrieval", fanout.then(|| "fanout".to_string())),
+        ("consumer", consumer),
     ];
     let dynamodb = [
         ("endpoint", owned(given("dynamoDBEndpoint"))),
         ("region", owned(region)),
     ];
-    let application = required("applicationName")?;
     let start_position = start_position(&entries, bad)?;
     let millis = |key: &str| -> Result<Option<String>, UsageError> {
         match props.get(key) {

@@ -415,3 +415,39 @@ fn a_dynamodb_stream_arn_makes_the_source_the_tables_stream() {
     .expect("valid");
     assert_eq!(args.source.as_deref(), Some("sqlite://feed.db"));
 }
+
+#[test]
+fn retrieval_mode_chooses_fan_out_or_polling_and_its_absence_is_reported() {
+    // FANOUT reads by enhanced fan-out with the application's name as the consumer (as the
+    // KCL does), consumerName overriding it; POLLING polls; absent, we poll and say so.
+    let (args, notes) = applied(&format!("{FILE}retrievalMode = FANOUT\n")).expect("valid");
+    assert_eq!(
+        args.source.as_deref(),
+        Some("kinesis://orders?endpoint=http://127.0.0.1:4568&region=us-east-1&retrieval=fanout&consumer=orders-app")
+    );
+    assert!(!notes.retrieval_default);
+    let (args, _) = applied(&format!(
+        "{FILE}retrievalMode = fanout\nconsumerName = orders-efo\n"
+    ))
+    .expect("valid");
+    assert!(args
+        .source
+        .as_deref()
+        .is_some_and(|s| s.ends_with("&retrieval=fanout&consumer=orders-efo")));
+    let (args, notes) = applied(&format!("{FILE}retrievalMode = POLLING\n")).expect("valid");
+    assert_eq!(
+        args.source.as_deref(),
+        Some("kinesis://orders?endpoint=http://127.0.0.1:4568&region=us-east-1")
+    );
+    assert!(!notes.retrieval_default);
+    let (_, notes) = applied(FILE).expect("valid");
+    assert!(
+        notes.retrieval_default,
+        "no retrievalMode: polling, reported"
+    );
+    let err = applied(&format!("{FILE}retrievalMode = PUSH\n")).expect_err("bad mode");
+    assert!(
+        err.contains("retrievalMode") && err.contains("FANOUT or POLLING"),
+        "{err}"
+    );
+}

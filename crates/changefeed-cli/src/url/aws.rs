@@ -2,6 +2,7 @@
 //! overrides of the standard AWS configuration chain.
 
 use changefeed_dynamodb::RecordShape;
+use changefeed_kinesis::Retrieval;
 
 use super::parse_timeout;
 use crate::usage::UsageError;
@@ -26,6 +27,9 @@ pub struct AwsUrl {
     /// `?record=plain|adapter` (`dynamodb-streams://` only): the shape of each record's data;
     /// `None` when not given, for `run` to choose by its protocol.
     pub record: Option<RecordShape>,
+    /// `?retrieval=fanout&consumer=NAME` or `?retrieval=polling` (`kinesis://` only): how the
+    /// shards are read; polling when absent.
+    pub retrieval: Retrieval,
 }
 
 impl AwsUrl {
@@ -40,7 +44,10 @@ impl AwsUrl {
             request_timeout: None,
             stream: None,
             record: None,
+            retrieval: Retrieval::Polling,
         };
+        let mut retrieval: Option<&str> = None;
+        let mut consumer: Option<&str> = None;
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             match pair.split_once('=') {
                 Some(("endpoint", v)) if !v.is_empty() => {
@@ -99,11 +106,33 @@ impl AwsUrl {
                         ))
                     })?);
                 }
+                Some(("retrieval", v)) if scheme == "kinesis" => {
+                    if !matches!(v, "fanout" | "polling") {
+                        return Err(bad(format!(
+                            "kinesis:// parameter retrieval: \"{}\" must be fanout (enhanced fan-out, with consumer=NAME) or polling",
+                            v.escape_debug()
+                        )));
+                    }
+                    retrieval = Some(v);
+                }
+                Some(("consumer", v)) if scheme == "kinesis" => {
+                    // Kinesis's rule for a stream consumer's name.
+                    let ok = (1..=128).contains(&v.len())
+                        && v.bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+                    if !ok {
+                        return Err(bad(format!(
+                            "kinesis:// parameter consumer: \"{}\" must be 1 to 128 characters of A-Z, a-z, 0-9, '_', '-' and '.'",
+                            v.escape_debug()
+                        )));
+                    }
+                    consumer = Some(v);
+                }
                 _ => {
-                    let stream = if scheme == "dynamodb-streams" {
-                        ", ?stream=ARN, ?record=plain|adapter"
-                    } else {
-                        ""
+                    let stream = match scheme {
+                        "dynamodb-streams" => ", ?stream=ARN, ?record=plain|adapter",
+                        "kinesis" => ", ?retrieval=fanout|polling, ?consumer=NAME",
+                        _ => "",
                     };
                     return Err(bad(format!(
                         "{scheme}:// accepts only ?endpoint=URL, ?region=R{stream}, ?connect_timeout=DURATION and ?request_timeout=DURATION, got \"{}\"",
@@ -112,6 +141,23 @@ impl AwsUrl {
                 }
             }
         }
+        url.retrieval = match (retrieval, consumer) {
+            (Some("fanout"), Some(c)) => Retrieval::FanOut {
+                consumer_name: c.to_string(),
+            },
+            (Some("fanout"), None) => {
+                return Err(bad(
+                    "kinesis:// parameter retrieval=fanout needs consumer=NAME, the stream consumer to register or reuse".to_string(),
+                ))
+            }
+            (_, Some(_)) => {
+                return Err(bad(
+                    "kinesis:// parameter consumer is for enhanced fan-out: add retrieval=fanout"
+                        .to_string(),
+                ))
+            }
+            _ => Retrieval::Polling,
+        };
         if name.is_empty() || name.contains('/') {
             return Err(bad(format!(
                 "{scheme}:// needs a name without '/', e.g. {scheme}://orders"

@@ -19,6 +19,7 @@ fn aws_urls_name_the_table_or_stream_and_refuse_the_wrong_role() {
             request_timeout: None,
             stream: None,
             record: None,
+            retrieval: changefeed_kinesis::Retrieval::Polling,
         })
     );
     assert!(matches!(
@@ -451,4 +452,44 @@ fn a_dynamodb_streams_record_shape_is_plain_or_adapter_and_named_when_wrong() {
     let err = BackendUrl::source("--source", "dynamodb-streams://orders?recrod=adapter")
         .expect_err("misspelt");
     assert!(err.to_string().contains("?record=plain|adapter"), "{err}");
+}
+
+#[test]
+fn kinesis_retrieval_is_fan_out_with_a_consumer_or_polling() {
+    // ?retrieval=fanout&consumer=NAME reads by enhanced fan-out; polling is the default; a
+    // half-given or bad choice is refused naming the parameter.
+    let fanout = |url: &str| match BackendUrl::source("--source", url) {
+        Ok(BackendUrl::Kinesis(aws)) => Ok(aws.retrieval),
+        Ok(other) => panic!("not kinesis: {other:?}"),
+        Err(e) => Err(e.0),
+    };
+    assert_eq!(
+        fanout("kinesis://orders?retrieval=fanout&consumer=app-1"),
+        Ok(changefeed_kinesis::Retrieval::FanOut {
+            consumer_name: "app-1".into()
+        })
+    );
+    assert_eq!(
+        fanout("kinesis://orders?retrieval=polling"),
+        Ok(changefeed_kinesis::Retrieval::Polling)
+    );
+    assert_eq!(
+        fanout("kinesis://orders"),
+        Ok(changefeed_kinesis::Retrieval::Polling)
+    );
+    for (url, names) in [
+        ("kinesis://orders?retrieval=fanout", "consumer=NAME"),
+        ("kinesis://orders?consumer=app", "retrieval=fanout"),
+        ("kinesis://orders?retrieval=push", "parameter retrieval"),
+        (
+            "kinesis://orders?retrieval=fanout&consumer=a/b",
+            "parameter consumer",
+        ),
+    ] {
+        let err = fanout(url).expect_err(url);
+        assert!(err.contains(names), "{url}: {err}");
+    }
+    let err =
+        BackendUrl::store("--store", "dynamodb://t?retrieval=fanout").expect_err("kinesis only");
+    assert!(err.0.contains("retrieval=fanout"), "{}", err.0);
 }

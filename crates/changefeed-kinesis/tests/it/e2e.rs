@@ -10,6 +10,7 @@ use changefeed::model::{Batch, Position};
 use changefeed::processor::{Context, Handler, HandlerError, Processor, ProcessorHandle, Settings};
 use changefeed::source::FeedSource;
 use changefeed_dynamodb::{AwsOptions as DynamoOptions, DynamoLeaseStore};
+use changefeed_kinesis::Retrieval;
 
 use crate::fresh_feed;
 
@@ -52,7 +53,21 @@ fn dynamodb_endpoint() -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fleet_reads_through_split_merge_and_a_crash_without_loss_or_reordering() {
     // DESIGN.md rules 4 and 5: every record at least once, in order per key, parents first.
-    let feed = fresh_feed("e2e", 4).await;
+    fleet_through_split_merge_and_crash(Retrieval::Polling).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fan_out_fleet_reads_through_split_merge_and_a_crash_without_loss_or_reordering() {
+    // The same with enhanced fan-out: a killed host's shards are subscribed to by the hosts
+    // that take them over, children after their parents, nothing lost or reordered.
+    fleet_through_split_merge_and_crash(Retrieval::FanOut {
+        consumer_name: crate::fresh_stream("e2e-consumer"),
+    })
+    .await;
+}
+
+async fn fleet_through_split_merge_and_crash(retrieval: Retrieval) {
+    let feed = fresh_feed("e2e", 4).await.with_retrieval(retrieval);
     let table = crate::fresh_stream("e2e-leases");
     let store = DynamoLeaseStore::connect(&DynamoOptions::local(dynamodb_endpoint()), table)
         .await

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use changefeed::model::{PartitionId, Position};
 use changefeed::source::FeedSource;
 use changefeed::testkit::{feed_source_conformance, FeedFixture};
-use changefeed_kinesis::KinesisFeed;
+use changefeed_kinesis::{KinesisFeed, Retrieval};
 
 use crate::fresh_feed;
 
@@ -65,6 +65,19 @@ impl FeedFixture for Fixture {
     fn wall_clock_step_ms(&self) -> u64 {
         1_500
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_fanout() {
+    // The same suite with every shard read by enhanced fan-out (SubscribeToShard).
+    feed_source_conformance(|| async {
+        let feed = fresh_feed("conf-efo", 4).await;
+        let consumer_name = format!("{}-consumer", feed.stream());
+        Box::new(Fixture {
+            feed: feed.with_retrieval(Retrieval::FanOut { consumer_name }),
+        }) as Box<dyn FeedFixture>
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -21,20 +21,7 @@ fn a_stream_arn_alone_names_the_stream_and_a_store_flag_keeps_the_files_endpoint
     let unique = format!("kclarn-{}-{}", std::process::id(), rand_suffix());
     let dir = tempfile::tempdir().expect("temporary directory");
     let ledger_path = dir.path().join("ledger.jsonl");
-    let processor = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/kcl/record_processor.py");
-    let properties = dir.path().join("app.properties");
-    std::fs::write(
-        &properties,
-        format!(
-            "executableName = {python} {processor}\n\
-             streamArn = arn:aws:kinesis:us-east-1:000000000000:stream/{unique}\n\
-             applicationName = {unique}\nAwsCredentialsProvider = DefaultCredentialsProvider\n\
-             processingLanguage = python/3\ninitialPositionInStream = TRIM_HORIZON\n\
-             regionName = us-east-1\nkinesisEndpoint = {kinesis}\ndynamoDBEndpoint = {dynamodb}\n",
-            processor = processor.display()
-        ),
-    )
-    .expect("write properties");
+    let properties = sample(dir.path(), &python, &kinesis, &dynamodb, &unique, "");
     let feed = stream(&kinesis, &unique);
     put(&feed, 0..10);
     let table = format!("{unique}-leases");
@@ -150,4 +137,108 @@ fn a_misspelt_key_is_refused_and_an_unknown_one_warned_about() {
         (log.contains("not a KCL property, ignored") && log.contains("key=teamOwnerEmail"))
             .then_some(())
     });
+}
+
+/// Writes the KCL sample's properties (`streamArn`, local endpoints) and `extra` lines.
+fn sample(
+    dir: &Path,
+    python: &str,
+    kinesis: &str,
+    dynamodb: &str,
+    unique: &str,
+    extra: &str,
+) -> std::path::PathBuf {
+    let processor = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/kcl/record_processor.py");
+    let properties = dir.join("app.properties");
+    std::fs::write(
+        &properties,
+        format!(
+            "executableName = {python} {processor}\n\
+             streamArn = arn:aws:kinesis:us-east-1:000000000000:stream/{unique}\n\
+             applicationName = {unique}\nAwsCredentialsProvider = DefaultCredentialsProvider\n\
+             processingLanguage = python/3\ninitialPositionInStream = TRIM_HORIZON\n\
+             regionName = us-east-1\nkinesisEndpoint = {kinesis}\ndynamoDBEndpoint = {dynamodb}\n{extra}",
+            processor = processor.display()
+        ),
+    )
+    .expect("write properties");
+    properties
+}
+
+#[test]
+fn retrieval_mode_fanout_reads_through_a_consumer_named_after_the_application() {
+    // retrievalMode = FANOUT reads by enhanced fan-out as the KCL does: the records arrive and
+    // the stream has a consumer named applicationName. Without retrievalMode we poll, and a
+    // warning naming retrievalMode says so.
+    let python = kclpy_python();
+    let kinesis = endpoint("CHANGEFEED_TEST_KINESIS_URL");
+    let dynamodb = endpoint("CHANGEFEED_TEST_DYNAMODB_URL");
+    for fanout in [true, false] {
+        let unique = format!("kclefo-{}-{}", std::process::id(), rand_suffix());
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let ledger_path = dir.path().join("ledger.jsonl");
+        let extra = if fanout {
+            "retrievalMode = FANOUT\n"
+        } else {
+            ""
+        };
+        let properties = sample(dir.path(), &python, &kinesis, &dynamodb, &unique, extra);
+        let feed = stream(&kinesis, &unique);
+        put(&feed, 0..10);
+        let stderr = dir.path().join("stderr");
+        let mut host = KillOnDrop(
+            bin()
+                .args(["run", "--properties"])
+                .arg(&properties)
+                .args(["--acquire-interval", "200ms", "--poll-delay", "50ms"])
+                .args(["--host", "a"])
+                .env("KCL_TEST_LEDGER", &ledger_path)
+                .stdin(Stdio::null())
+                .stderr(std::fs::File::create(&stderr).expect("stderr file"))
+                .spawn()
+                .expect("start changefeed run"),
+        );
+        let want: BTreeSet<String> = (0..10).map(|i| format!("r-{i}")).collect();
+        wait_for(Duration::from_secs(90), "records delivered", || {
+            assert!(
+                host.0.try_wait().expect("try_wait").is_none(),
+                "run exited: {}",
+                read(&stderr)
+            );
+            want.is_subset(&delivered(&ledger(&ledger_path)))
+                .then_some(())
+        });
+        drop(host);
+        let consumers: Vec<String> = rt().block_on(async {
+            let arn = feed
+                .client()
+                .describe_stream_summary()
+                .stream_name(&unique)
+                .send()
+                .await
+                .expect("DescribeStreamSummary")
+                .stream_description_summary()
+                .map(|d| d.stream_arn().to_string())
+                .expect("a stream description");
+            feed.client()
+                .list_stream_consumers()
+                .stream_arn(arn)
+                .send()
+                .await
+                .expect("ListStreamConsumers")
+                .consumers()
+                .iter()
+                .map(|c| c.consumer_name().to_string())
+                .collect()
+        });
+        let log = read(&stderr);
+        if fanout {
+            assert_eq!(consumers, vec![unique.clone()], "{log}");
+            assert!(!log.contains("retrievalMode is not set"), "{log}");
+        } else {
+            assert!(consumers.is_empty(), "polling registers no consumer");
+            assert!(log.contains("retrievalMode is not set"), "{log}");
+        }
+        rt().block_on(feed.delete_stream()).expect("delete stream");
+    }
 }

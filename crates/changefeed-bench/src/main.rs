@@ -16,6 +16,7 @@ mod run_throughput;
 mod store;
 mod store_io;
 mod throughput;
+mod usage;
 
 #[derive(Debug, Parser)]
 #[command(

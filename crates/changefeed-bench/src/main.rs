@@ -12,6 +12,7 @@ mod hotspots;
 mod key_parallel;
 mod outbox;
 mod rebalance;
+mod report;
 mod run_throughput;
 mod store;
 mod store_io;
@@ -54,6 +55,8 @@ enum Command {
     KeyParallel(key_parallel::Args),
     /// Recovery of a real fleet after network and server faults injected at the socket.
     Faults(faults_cmd::Args),
+    /// The figures table the README quotes, from the quick benchmarks or saved RESULT lines.
+    Report(report::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -71,5 +74,6 @@ fn main() -> anyhow::Result<()> {
         Command::Faults(args) => faults_cmd::run(args),
         Command::KeyParallel(args) => key_parallel::run(args),
         Command::Hotspots(args) => hotspots::run(args),
+        Command::Report(args) => report::run(args),
     }
 }

@@ -82,6 +82,23 @@ fn store_io() {
     }
 }
 
+/// Hosts sharing their lease tables ask the store for what hosts with their own tables ask:
+/// every count of the run is the same (only its cost differs).
+#[test]
+fn store_io_shared_tables_count_as_own_tables() {
+    let cost = ["wall_s", "cpu_s", "peak_rss_mb"];
+    let mut shared = quick(&["store-io"], "rows_read_per_host_per_interval");
+    let mut own = quick(
+        &["store-io", "--own-tables"],
+        "rows_read_per_host_per_interval",
+    );
+    for key in cost {
+        shared.remove(key);
+        own.remove(key);
+    }
+    assert_eq!(shared, own);
+}
+
 #[test]
 fn balance() {
     quick(&["balance"], "balance_ms");

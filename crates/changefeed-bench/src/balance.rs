@@ -40,6 +40,9 @@ pub struct Args {
     /// Timed runs per scenario; the median is reported.
     #[arg(long, default_value_t = 7)]
     runs: usize,
+    /// A small run for a smoke test: 10,000 leases, 100 hosts, 3 runs.
+    #[arg(long)]
+    quick: bool,
 }
 
 /// One scenario: a lease table, the live hosts, and the host that plans.
@@ -51,7 +54,10 @@ struct Scenario {
 }
 
 /// Runs the benchmark.
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub fn run(mut args: Args) -> anyhow::Result<()> {
+    if args.quick {
+        (args.leases, args.hosts, args.runs) = (10_000, 100, 3);
+    }
     ensure!(args.leases > 0, "--leases must be at least 1");
     ensure!(args.hosts >= 2, "--hosts must be at least 2");
     ensure!(args.runs > 0, "--runs must be at least 1");

@@ -53,6 +53,9 @@ pub struct Args {
     /// 127.0.0.1:8000).
     #[arg(long)]
     endpoint: Option<String>,
+    /// A small run for a smoke test: 3 hosts, 30 leases, 3 s windows.
+    #[arg(long)]
+    quick: bool,
 }
 
 #[derive(Debug)]
@@ -96,7 +99,10 @@ fn monthly(units_per_min: f64, usd_per_million: f64) -> f64 {
 }
 
 /// Runs the benchmark.
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub fn run(mut args: Args) -> anyhow::Result<()> {
+    if args.quick {
+        (args.hosts, args.leases, args.seconds) = (3, 30, 3);
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)
         .enable_all()

@@ -73,6 +73,9 @@ pub struct Args {
     /// 2,400). A low one shows the pacing at this machine's fleet size.
     #[arg(long)]
     head_reads_per_second: Option<f64>,
+    /// A small run for a smoke test: 5 hosts, 50 leases, 10 s to balance, 5 s measured.
+    #[arg(long)]
+    quick: bool,
 }
 
 #[derive(Debug)]
@@ -252,7 +255,10 @@ impl Intercept for Counter {
 }
 
 /// Runs the benchmark.
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub fn run(mut args: Args) -> anyhow::Result<()> {
+    if args.quick {
+        (args.hosts, args.leases, args.warmup, args.seconds) = (5, 50, 10, 5);
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -20,7 +20,7 @@ use changefeed::processor::{handler_fn, Processor, Settings};
 use changefeed::source::MemoryFeed;
 use nix::sys::resource::UsageWho;
 
-use crate::run_throughput::cpu_seconds;
+use crate::usage::cpu_seconds;
 
 /// Arguments of `changefeed-bench key-parallel`.
 #[derive(Debug, clap::Args)]

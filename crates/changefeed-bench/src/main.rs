@@ -13,10 +13,12 @@ mod key_parallel;
 mod latency;
 mod outbox;
 mod rebalance;
+mod report;
 mod run_throughput;
 mod store;
 mod store_io;
 mod throughput;
+mod usage;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -56,6 +58,8 @@ enum Command {
     Faults(faults_cmd::Args),
     /// PutRecord-to-handler latency on kinesis-mock, polling against enhanced fan-out.
     Latency(latency::Args),
+    /// The figures table the README quotes, from the quick benchmarks or saved RESULT lines.
+    Report(report::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -74,5 +78,6 @@ fn main() -> anyhow::Result<()> {
         Command::KeyParallel(args) => key_parallel::run(args),
         Command::Hotspots(args) => hotspots::run(args),
         Command::Latency(args) => latency::run(args),
+        Command::Report(args) => report::run(args),
     }
 }

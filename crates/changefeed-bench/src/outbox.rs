@@ -32,10 +32,16 @@ pub struct Args {
     /// Records per read.
     #[arg(long, default_value_t = 1_000)]
     batch: usize,
+    /// A small run for a smoke test: 1,000 records.
+    #[arg(long)]
+    quick: bool,
 }
 
 /// Runs the benchmark on its own tokio runtime.
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub fn run(mut args: Args) -> anyhow::Result<()> {
+    if args.quick {
+        args.records = 1000;
+    }
     ensure!(args.records > 0, "--records must be at least 1");
     ensure!(args.partitions > 0, "--partitions must be at least 1");
     ensure!(args.writers > 0, "--writers must be at least 1");

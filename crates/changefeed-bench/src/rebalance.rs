@@ -51,6 +51,9 @@ pub struct Args {
     /// Virtual minutes of steady state over which store calls are counted.
     #[arg(long, default_value_t = 5)]
     minutes: u64,
+    /// A small run for a smoke test: 20 leases, 1 virtual minute of steady state.
+    #[arg(long)]
+    quick: bool,
 }
 
 /// Whose timings a fleet runs.
@@ -409,7 +412,10 @@ fn cap_name(cap: usize) -> String {
 }
 
 /// Runs the benchmark.
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub fn run(mut args: Args) -> anyhow::Result<()> {
+    if args.quick {
+        (args.leases, args.minutes) = (20, 1);
+    }
     let started = std::time::Instant::now();
     let strategies = [
         StrategyKind::EqualShare,

@@ -372,14 +372,7 @@ async fn stop(host: &mut Host, mode: Mode, batch: usize) -> anyhow::Result<()> {
 /// User and system CPU seconds of this process's children that have ended and been waited
 /// for, with their own waited-for children (the host's handlers).
 fn children_cpu() -> anyhow::Result<f64> {
-    cpu_seconds(nix::sys::resource::UsageWho::RUSAGE_CHILDREN)
-}
-
-/// User and system CPU seconds `who` has used so far.
-pub(crate) fn cpu_seconds(who: nix::sys::resource::UsageWho) -> anyhow::Result<f64> {
-    let usage = nix::sys::resource::getrusage(who)?;
-    let secs = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
-    Ok(secs(usage.user_time()) + secs(usage.system_time()))
+    crate::usage::cpu_seconds(nix::sys::resource::UsageWho::RUSAGE_CHILDREN)
 }
 
 /// How many records of its partition a SQLite feed continuation (`PARTITION:N`) covers.

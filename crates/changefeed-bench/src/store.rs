@@ -34,6 +34,9 @@ pub struct Args {
     /// the groups `bench-replace` and `bench-list`.
     #[arg(long)]
     url: Option<String>,
+    /// A small run for a smoke test: 1,000 leases, 500 calls.
+    #[arg(long)]
+    quick: bool,
 }
 
 /// What one store measured.
@@ -46,7 +49,10 @@ struct Figures {
 }
 
 /// Runs the benchmark on its own tokio runtime.
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub fn run(mut args: Args) -> anyhow::Result<()> {
+    if args.quick {
+        (args.leases, args.ops) = (1000, 500);
+    }
     ensure!(args.ops > 0, "--ops must be at least 1");
     ensure!(args.leases > 0, "--leases must be at least 1");
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -50,6 +50,10 @@ pub struct Args {
     /// with `cargo build --release -p changefeed-cli` if missing).
     #[arg(long, env = "CHANGEFEED_BIN")]
     run_bin: Option<std::path::PathBuf>,
+    /// A small run for a smoke test: 100,000 records, one pair per batch size, no
+    /// `changefeed run` row.
+    #[arg(long)]
+    quick: bool,
 }
 
 mod cli_run;
@@ -219,7 +223,11 @@ fn spread_cell(s: &Spread, decimals: usize) -> String {
 }
 
 /// Runs the benchmark.
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub fn run(mut args: Args) -> anyhow::Result<()> {
+    if args.quick {
+        (args.records, args.runs, args.run_records) = (100_000, 1, 0);
+    }
+    anyhow::ensure!(args.runs >= 1, "--runs must be at least 1");
     anyhow::ensure!(args.threads >= 1, "--threads must be at least 1");
     anyhow::ensure!(args.batch >= 1, "--batch must be at least 1");
     let rt = tokio::runtime::Builder::new_multi_thread()

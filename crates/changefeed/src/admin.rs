@@ -13,8 +13,11 @@
 //! let store = MemoryLeaseStore::new();
 //! let group = GroupName::new("orders")?;
 //! let gone = HostName::new("host-7")?;
-//! let mut lease = Lease::new(LeaseKey::new(group.clone(), PartitionId::new("0")?), Position::Beginning);
-//! store.create(&lease).await?;
+//! let key = LeaseKey::new(group.clone(), PartitionId::new("0")?);
+//! let mut lease = store
+//!     .create(&Lease::new(key, Position::Beginning))
+//!     .await?
+//!     .ok_or("the lease exists already")?;
 //! lease.state = LeaseState::Owned;
 //! lease.owner = Some(gone.clone());
 //! store.replace(&lease, lease.version).await?;

@@ -14,8 +14,9 @@
 //! charges but does not report, counts 1 unit (2 per item of a transaction).
 //!
 //! The per-key rates are extrapolated per host to 1,000 and 10,000 hosts (rate × N / hosts):
-//! every key's traffic here comes from per-host calls (heartbeats spread over the shards,
-//! head reads of the counter item), so the linear figure bounds it. The counter item's reads
+//! every key's traffic here comes from per-host calls (heartbeats spread over the shards, used
+//! here from the first host as a fleet of that size would use them; head reads of the counter
+//! item), so the linear figure bounds it. The counter item's reads
 //! are head reads, which the fleet paces to the store's `head_reads_per_second` (the acquire
 //! cycle stretches to `live hosts ÷ limit`, up to 0.45 × (`handoff_timeout −
 //! safety_margin`)): they are extrapolated with the cycle each fleet size gets, computed by
@@ -294,7 +295,10 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
     }
     let mut hosts = Vec::new();
     for h in 0..args.hosts {
-        let mut store = DynamoLeaseStore::with_seed(client.clone(), &table, u64::from(h));
+        // Sharded from the first host: the figures are extrapolated to fleets of 1,000 and
+        // 10,000, which outgrow one heartbeat key long before, whatever size runs here.
+        let mut store = DynamoLeaseStore::with_seed(client.clone(), &table, u64::from(h))
+            .with_heartbeat_shards_at(1);
         if let Some(limit) = args.head_reads_per_second {
             store = store.with_head_reads_per_second(limit)?;
         }

@@ -67,7 +67,10 @@ pub use error::DynamoError;
 pub use kcl::{
     export_kcl, import_kcl, kcl_holders, live_kcl_leases, ExportReport, ImportReport, KclHolder,
 };
-pub use shards::{heartbeat_shard_pk, A_SHARDS, DEFAULT_HEARTBEAT_SHARDS, MAX_HEARTBEAT_SHARDS};
+pub use shards::{
+    heartbeat_shard_pk, A_SHARDS, DEFAULT_HEARTBEAT_SHARDS, DEFAULT_SHARDS_AT_HOSTS,
+    MAX_HEARTBEAT_SHARDS,
+};
 pub use store::{
     heartbeat_pk, lease_pk, Capacity, DynamoLeaseStore, COUNTER_SK, DEFAULT_HEAD_READS_PER_SECOND,
     PK, SK,

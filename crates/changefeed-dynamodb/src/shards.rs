@@ -1,4 +1,5 @@
-//! Heartbeat rows spread over several partition keys, and the move from the one-key layout.
+//! Heartbeat rows spread over several partition keys once a fleet outgrows one, and the move
+//! from the one-key layout.
 //!
 //! DynamoDB gives one partition key about 1,000 write units a second. Every host renews its
 //! heartbeat every few seconds: 10,000 hosts renewing every 2 s write 5,000 items a second,
@@ -6,15 +7,21 @@
 //! `H#<group>#<crc32(h) mod S>`; 16 shards take 10,000 hosts at about 310 writes a second
 //! each.
 //!
+//! Shards are not free: the leader reads every one of them each cycle, one query apiece,
+//! billed whether the shard holds a row or not. So a group starts on one key, and grows to
+//! [`DynamoLeaseStore::with_heartbeat_shards`] shards (default [`DEFAULT_HEARTBEAT_SHARDS`])
+//! when a membership read finds [`DynamoLeaseStore::with_heartbeat_shards_at`] hosts or more
+//! (default [`DEFAULT_SHARDS_AT_HOSTS`], an eighth of one key's write limit). A group never
+//! shrinks back: hosts move rows at their own pace, and a read that could miss a row moving
+//! the other way would judge a live host dead.
+//!
 //! The shard count is stored in the group's counter item (`heartbeat_shards`); absent means 1,
-//! the old layout, every row under `H#<group>` (what processes older than sharding read and
-//! write). A new group, one whose `H#<group>` holds no heartbeat yet, gets the handle's
-//! [`DynamoLeaseStore::with_heartbeat_shards`] count (default
-//! [`DEFAULT_HEARTBEAT_SHARDS`]) the first time a host of this version asks. An existing group
-//! stays on one key until an operator calls [`DynamoLeaseStore::set_heartbeat_shards`], which
-//! refuses while `H#<group>` holds a row written by an older process (rows of this version
-//! carry `layout = 2`): an old process reads only `H#<group>`, so it would not see the hosts
-//! that moved, judge them dead and take their leases.
+//! the one-key layout, every row under `H#<group>` (what processes older than sharding read
+//! and write). A group grows only while `H#<group>` holds no row written by an older process
+//! (rows of this version carry `layout = 2`): an old process reads only `H#<group>`, so it
+//! would not see the hosts that moved, judge them dead and take their leases. An operator may
+//! also shard a group on one key at once with [`DynamoLeaseStore::set_heartbeat_shards`],
+//! under the same check.
 //!
 //! Hosts learn a new count from the head they read every cycle, and move their row at their
 //! next renewal in one transaction (delete at the old key conditioned on the version, put at
@@ -29,7 +36,7 @@ use aws_sdk_dynamodb::types::{
 };
 use changefeed::model::{GroupName, Heartbeat, HostName, Membership, Timestamp, Version};
 use changefeed::LeaseError;
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::error::{store_error, DynamoError};
 use crate::store::{
@@ -46,9 +53,13 @@ const A_LAYOUT: &str = "layout";
 const LAYOUT: u64 = 2;
 const A_WRITTEN_AT: &str = "written_at";
 
-/// Heartbeat shards a new group gets: 10,000 hosts renewing every 2 s write about 310 items a
+/// Heartbeat shards a group grows to: 10,000 hosts renewing every 2 s write about 310 items a
 /// second per key, a third of DynamoDB's per-partition limit.
 pub const DEFAULT_HEARTBEAT_SHARDS: u32 = 16;
+/// Hosts at which a group on one key grows to its shards: 256 hosts renewing every 2 s write
+/// 128 items a second, an eighth of one key's limit, beside the head reads of the counter item
+/// on the same key. Below it a fleet pays for one heartbeat query per leader cycle, not 17.
+pub const DEFAULT_SHARDS_AT_HOSTS: usize = 256;
 /// The most heartbeat shards a group may have (`membership` reads every one of them).
 pub const MAX_HEARTBEAT_SHARDS: u32 = 256;
 
@@ -104,6 +115,29 @@ pub(crate) fn check_shards(shards: u32) -> Result<u32, LeaseError> {
 }
 
 impl DynamoLeaseStore {
+    /// How many heartbeat shards a group on one key grows to once its fleet reaches
+    /// [`DynamoLeaseStore::with_heartbeat_shards_at`] hosts (default
+    /// [`DEFAULT_HEARTBEAT_SHARDS`]); 1 keeps every group on one key. A group that already has
+    /// shards keeps its count: see [`DynamoLeaseStore::set_heartbeat_shards`] and the crate
+    /// README.
+    ///
+    /// # Errors
+    /// [`LeaseError::Store`] naming `heartbeat_shards` if it is not in
+    /// 1..=[`MAX_HEARTBEAT_SHARDS`].
+    pub fn with_heartbeat_shards(mut self, shards: u32) -> Result<Self, LeaseError> {
+        self.new_group_shards = check_shards(shards)?;
+        Ok(self)
+    }
+
+    /// How many hosts a membership read must find before a group on one key grows to its
+    /// shards (default [`DEFAULT_SHARDS_AT_HOSTS`]). 0 or 1: a new group gets its shards from
+    /// its first host, before anyone reads its membership.
+    #[must_use]
+    pub fn with_heartbeat_shards_at(mut self, hosts: usize) -> Self {
+        self.shards_at_hosts = hosts;
+        self
+    }
+
     /// Caches the shard count a counter item names, if it names one.
     pub(crate) fn learn_shards(&self, group: &GroupName, item: &Item) -> Result<(), LeaseError> {
         if let Some(shards) = shards_in(group, item)? {
@@ -113,7 +147,8 @@ impl DynamoLeaseStore {
     }
 
     /// The group's heartbeat shard count: cached, or read from the counter item; a group with
-    /// no count and no heartbeat row yet gets this handle's count for new groups.
+    /// no count and no heartbeat row yet gets its shards at once if this handle grows groups
+    /// from their first host.
     pub(crate) async fn shards(&self, group: &GroupName) -> Result<u32, LeaseError> {
         if let Some(shards) = lock(&self.inner().shards).get(group) {
             return Ok(*shards);
@@ -121,10 +156,11 @@ impl DynamoLeaseStore {
         let item = self.counter_item(group).await?;
         let shards = match shards_in(group, &item)? {
             Some(shards) => shards,
-            None if self.new_group_shards() > 1
+            None if self.new_group_shards > 1
+                && self.shards_at_hosts <= 1
                 && self.old_layout_rows(group).await?.is_empty() =>
             {
-                self.store_shards(group, self.new_group_shards(), None)
+                self.store_shards(group, self.new_group_shards, None)
                     .await?
             }
             None => 1,
@@ -296,9 +332,13 @@ impl DynamoLeaseStore {
         self.learn_shards(group, &counter)?;
         let shards = shards_in(group, &counter)?.unwrap_or(1);
         let mut pks: Vec<String> = vec![heartbeat_pk(group); rows.len()];
+        let old_layout = rows
+            .iter()
+            .find(|(_, item)| !item.contains_key(A_LAYOUT))
+            .map(|(hb, _)| hb.host.clone());
         if shards > 1 {
-            if let Some((old, _)) = rows.iter().find(|(_, item)| !item.contains_key(A_LAYOUT)) {
-                warn!(%group, host = %old.host, shards, "a host heartbeats in the one-key layout of processes older than sharding in a sharded group: it does not see the other hosts");
+            if let Some(old) = &old_layout {
+                warn!(%group, host = %old, shards, "a host heartbeats in the one-key layout of processes older than sharding in a sharded group: it does not see the other hosts");
             }
             let reads = (0..shards).map(|k| {
                 let pk = format!("{}#{k}", heartbeat_pk(group));
@@ -322,6 +362,10 @@ impl DynamoLeaseStore {
                 }
             }
         }
+        if shards == 1 {
+            self.grow_if_outgrown(group, old_layout.as_ref(), by_host.len())
+                .await;
+        }
         let mut keys = lock(&self.inner().heartbeat_keys);
         let hosts = by_host
             .into_values()
@@ -335,6 +379,34 @@ impl DynamoLeaseStore {
             hosts,
             change_counter: counter_of(group, &counter)?,
         })
+    }
+
+    /// Gives a group on one key its shards once `hosts` reach this handle's threshold, unless
+    /// `old_layout` names a host under `H#<group>` that runs a process older than sharding.
+    /// The membership just read stays right: rows move at their next renewal. A failed write
+    /// is logged, not returned: the membership read succeeded, and the next one tries again.
+    async fn grow_if_outgrown(
+        &self,
+        group: &GroupName,
+        old_layout: Option<&HostName>,
+        hosts: usize,
+    ) {
+        if self.new_group_shards <= 1 || hosts < self.shards_at_hosts.max(1) {
+            return;
+        }
+        if let Some(old) = old_layout {
+            warn!(%group, host = %old, hosts, "the group has outgrown one heartbeat key but stays on it: a host heartbeats in the layout of processes older than sharding, which would not see the hosts that move");
+            return;
+        }
+        match self.store_shards(group, self.new_group_shards, None).await {
+            Ok(stored) => {
+                info!(%group, hosts, shards = stored, "heartbeat rows spread over shards: the fleet outgrew one key");
+                lock(&self.inner().shards).insert(group.clone(), stored);
+            }
+            Err(e) => {
+                warn!(%group, hosts, error = %changefeed::error::one_line(&e), "could not spread the heartbeat rows over shards; the next membership read tries again");
+            }
+        }
     }
 
     /// Where `host`'s row is now, as far as this handle knows, and where its layout puts it.

@@ -25,7 +25,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::error::{store_error, DynamoError};
-use crate::shards::{check_shards, DEFAULT_HEARTBEAT_SHARDS};
+use crate::shards::{DEFAULT_HEARTBEAT_SHARDS, DEFAULT_SHARDS_AT_HOSTS};
 use crate::table::{until_active, TableWait};
 
 pub(crate) type Item = HashMap<String, AttributeValue>;
@@ -102,7 +102,8 @@ pub struct Capacity {
 pub struct DynamoLeaseStore {
     client: Client,
     table: String,
-    new_group_shards: u32,
+    pub(crate) new_group_shards: u32,
+    pub(crate) shards_at_hosts: usize,
     head_reads_per_second: f64,
     inner: Arc<Inner>,
 }
@@ -150,6 +151,7 @@ impl DynamoLeaseStore {
             client,
             table: table.into(),
             new_group_shards: DEFAULT_HEARTBEAT_SHARDS,
+            shards_at_hosts: DEFAULT_SHARDS_AT_HOSTS,
             head_reads_per_second: DEFAULT_HEAD_READS_PER_SECOND,
             inner: Arc::new(Inner {
                 seen: Mutex::new(HashMap::new()),
@@ -160,19 +162,6 @@ impl DynamoLeaseStore {
                 heartbeat_keys: Mutex::new(HashMap::new()),
             }),
         }
-    }
-
-    /// How many heartbeat shards a new group gets when this handle is the first to register
-    /// a host in it (default [`DEFAULT_HEARTBEAT_SHARDS`]; 1 keeps the one-key layout that
-    /// processes older than sharding read). An existing group keeps the count it has: see
-    /// [`DynamoLeaseStore::set_heartbeat_shards`] and the crate README.
-    ///
-    /// # Errors
-    /// [`LeaseError::Store`] naming `heartbeat_shards` if it is not in
-    /// 1..=[`MAX_HEARTBEAT_SHARDS`](crate::MAX_HEARTBEAT_SHARDS).
-    pub fn with_heartbeat_shards(mut self, shards: u32) -> Result<Self, LeaseError> {
-        self.new_group_shards = check_shards(shards)?;
-        Ok(self)
     }
 
     /// The most head reads per second (one read of a group's counter item each) this handle
@@ -199,10 +188,6 @@ impl DynamoLeaseStore {
         }
         self.head_reads_per_second = limit;
         Ok(self)
-    }
-
-    pub(crate) fn new_group_shards(&self) -> u32 {
-        self.new_group_shards
     }
 
     pub(crate) fn inner(&self) -> &Inner {

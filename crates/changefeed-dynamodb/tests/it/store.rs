@@ -149,22 +149,88 @@ async fn keys_holding(store: &DynamoLeaseStore, pk: &str) -> usize {
         .count()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_new_group_spreads_heartbeats_over_shards_and_membership_reads_them_all() {
-    // No heartbeat key takes the whole fleet's renewals.
-    let store = fresh_store("shards").await;
-    let g = GroupName::new("g").expect("valid");
-    for i in 0..40 {
+async fn register(store: &DynamoLeaseStore, g: &GroupName, hosts: std::ops::Range<u32>) {
+    for i in hosts {
         let h = HostName::new(format!("h{i:02}")).expect("valid");
         store
-            .heartbeat(&g, &h, "inc", Timestamp(1), None, HeartbeatRole::Member)
+            .heartbeat(g, &h, "inc", Timestamp(1), None, HeartbeatRole::Member)
             .await
             .expect("register");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_grows_from_one_heartbeat_key_to_its_shards_once_its_fleet_outgrows_the_key() {
+    // A small fleet pays for one heartbeat query per leader cycle, not one per empty shard;
+    // a large one spreads its renewals so that no key takes them all.
+    let store = fresh_store("grow").await.with_heartbeat_shards_at(30);
+    let g = GroupName::new("g").expect("valid");
+    register(&store, &g, 0..29).await;
+    let m = store.membership(&g).await.expect("membership");
+    assert_eq!(m.hosts.len(), 29);
+    assert_eq!(
+        keys_holding(&store, &heartbeat_pk(&g)).await,
+        29,
+        "below the threshold every row stays on the one key"
+    );
+    assert_eq!(futures_max(&store, &g, DEFAULT_HEARTBEAT_SHARDS).await, 0);
+
+    register(&store, &g, 29..30).await;
+    let m = store
+        .membership(&g)
+        .await
+        .expect("the read that finds 30 hosts");
+    assert_eq!(m.hosts.len(), 30);
+    // Each host moves its row at its next renewal.
+    for host in &m.hosts {
+        store
+            .heartbeat(
+                &g,
+                &host.host,
+                "inc",
+                Timestamp(2),
+                Some(host.version),
+                HeartbeatRole::Member,
+            )
+            .await
+            .expect("a renewal moves the row to its shard");
     }
     assert_eq!(
         keys_holding(&store, &heartbeat_pk(&g)).await,
         0,
-        "none on the old key"
+        "every row moved off the one key"
+    );
+    let busiest = futures_max(&store, &g, DEFAULT_HEARTBEAT_SHARDS).await;
+    assert!(
+        busiest < 30 && busiest > 0,
+        "rows spread: busiest shard holds {busiest}"
+    );
+    // A host of another process learns the count from the head and registers in its shard.
+    let other = DynamoLeaseStore::new(store.client().clone(), store.table());
+    other.head(&g).await.expect("head");
+    register(&other, &g, 30..31).await;
+    assert_eq!(keys_holding(&store, &heartbeat_pk(&g)).await, 0);
+    let m = DynamoLeaseStore::new(store.client().clone(), store.table())
+        .membership(&g)
+        .await
+        .expect("membership");
+    assert_eq!(m.hosts.len(), 31, "membership reads every shard");
+    assert_eq!(
+        m.hosts.iter().filter(|h| h.version == Version(2)).count(),
+        30,
+        "the moved rows at their renewed version"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_told_to_shard_from_the_first_host_spreads_a_new_groups_rows_at_once() {
+    let store = fresh_store("shards").await.with_heartbeat_shards_at(1);
+    let g = GroupName::new("g").expect("valid");
+    register(&store, &g, 0..40).await;
+    assert_eq!(
+        keys_holding(&store, &heartbeat_pk(&g)).await,
+        0,
+        "none on the one key"
     );
     let busiest = futures_max(&store, &g, DEFAULT_HEARTBEAT_SHARDS).await;
     assert!(

@@ -255,12 +255,17 @@ class Proxy:
             return json.load(r)
 
 
+# The price of a write request unit in read request units (DynamoDB on-demand: $1.25 against
+# $0.25 a million).
+WRITE_WEIGHT = 5.0
+
+
 def diff_counts(before, after, per_min):
     """Requests per minute by operation (and kind) between two snapshots of the proxy."""
     out = {}
     for op, c in after.items():
         b = before.get(op, {})
-        d = {k: (c[k] - b.get(k, 0)) * per_min for k in ("n", "failed", "conditional")}
+        d = {k: (c.get(k, 0) - b.get(k, 0)) * per_min for k in ("n", "failed", "conditional", "rcu", "wcu")}
         bk = b.get("kinds", {})
         d["kinds"] = {k: (v - bk.get(k, 0)) * per_min for k, v in c.get("kinds", {}).items() if v - bk.get(k, 0)}
         if d["n"]:
@@ -571,10 +576,15 @@ def run_side(side, args, writer):
             d = diff_counts(c_before, c_after, 60.0 / secs)
             res[f"ddb_{label}"] = d
             res[f"ddb_{label}_total"] = sum(c["n"] for c in d.values())
+            res[f"ddb_{label}_rcu"] = sum(c["rcu"] for c in d.values())
+            res[f"ddb_{label}_wcu"] = sum(c["wcu"] for c in d.values())
+            # On-demand DynamoDB bills a write request unit at five times a read unit.
+            res[f"ddb_{label}_units"] = res[f"ddb_{label}_rcu"] + WRITE_WEIGHT * res[f"ddb_{label}_wcu"]
             res[f"ddb_{label}_stable"] = o_before == o_after
             res[f"records_{label}"] = writer.written - w_before
             log(
-                f"{side.name}: {label} window {secs:.0f} s: {res[f'ddb_{label}_total']:.1f} DynamoDB requests/min"
+                f"{side.name}: {label} window {secs:.0f} s: {res[f'ddb_{label}_total']:.1f} DynamoDB requests/min, "
+                f"{res[f'ddb_{label}_rcu']:.1f} read + {res[f'ddb_{label}_wcu']:.1f} write units/min"
                 + ("" if o_before == o_after else " (ownership changed during the window)")
             )
             if label == "idle":
@@ -663,6 +673,12 @@ def report(args, results, writer):
                 return "—"
             return f"{v:.1f}" + ("" if r.get(f"ddb_{label}_stable", True) else "*")
         print(f"| {f'DynamoDB requests/min, {label}, all':{w}} | {tot(kcl):>16} | {tot(ours):>16} |")
+        def unit(r, key):
+            x = r.get(f"ddb_{label}_{key}")
+            return "—" if x is None else f"{x:.1f}"
+        print(f"| {f'  read units/min, {label}':{w}} | {unit(kcl, 'rcu'):>16} | {unit(ours, 'rcu'):>16} |")
+        print(f"| {f'  write units/min, {label}':{w}} | {unit(kcl, 'wcu'):>16} | {unit(ours, 'wcu'):>16} |")
+        print(f"| {f'  billed units/min (writes ×5), {label}':{w}} | {unit(kcl, 'units'):>16} | {unit(ours, 'units'):>16} |")
         def per_worker(r):
             v = r.get(f"ddb_{label}_total")
             return "—" if v is None else f"{v / n:.1f}"
@@ -670,6 +686,9 @@ def report(args, results, writer):
     if any(not r.get(f"ddb_{l}_stable", True) for r in (kcl, ours) for l in ("idle", "flowing")):
         print("(* ownership changed during that window)")
     print()
+
+    def ratio(a, b):
+        return "NA" if a is None or not b else f"{a / b:.2f}"
 
     def v(r, k, nd=1):
         x = r.get(k)
@@ -682,6 +701,8 @@ def report(args, results, writer):
         f"kcl_ddb_req_min={v(kcl, 'ddb_idle_total')} ours_ddb_req_min={v(ours, 'ddb_idle_total')} "
         f"kcl_balanced_s={v(kcl, 'balanced_s')} ours_balanced_s={v(ours, 'balanced_s')} "
         f"kcl_ddb_req_min_flowing={v(kcl, 'ddb_flowing_total')} ours_ddb_req_min_flowing={v(ours, 'ddb_flowing_total')} "
+        f"kcl_idle_units_min={v(kcl, 'ddb_idle_units')} ours_idle_units_min={v(ours, 'ddb_idle_units')} "
+        f"idle_units_ratio={ratio(kcl.get('ddb_idle_units'), ours.get('ddb_idle_units'))} "
         f"shards={args.shards} workers={args.initial}to{n}",
         flush=True,
     )

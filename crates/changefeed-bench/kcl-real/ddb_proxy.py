@@ -9,10 +9,19 @@ connection per client connection, and counted by its operation, the part of the
     ddb_proxy.py --listen 127.0.0.1:PORT --upstream http://127.0.0.1:8000
 
 `GET /__counts` (not forwarded) answers the counts so far as JSON:
-`{"UpdateItem": {"n": 120, "failed": 3, "conditional": 3, "kinds": {"renew": 100, ...}}, ...}`
-where `failed` counts responses with a status >= 400, `conditional` those that are a
-`ConditionalCheckFailedException` (a lost compare-and-swap; DynamoDB bills these too), and
-`kinds` what the requests were for as far as `kind()` recognises them.
+`{"UpdateItem": {"n": 120, "failed": 3, "conditional": 3, "rcu": 0, "wcu": 123.0,
+"kinds": {"renew": 100, ...}}, ...}` where `failed` counts responses with a status >= 400,
+`conditional` those that are a `ConditionalCheckFailedException` (a lost compare-and-swap;
+DynamoDB bills these too), `rcu`/`wcu` the read and write capacity units consumed, and `kinds`
+what the requests were for as far as `kind()` recognises them.
+
+Capacity units are DynamoDB Local's own figures: the proxy sets `ReturnConsumedCapacity` to
+`TOTAL` on every request that did not ask for it (DynamoDB Local does not check signatures, so
+the changed body is accepted; the extra `ConsumedCapacity` in the answer is a field every SDK
+knows) and adds up what each answer reports, by DynamoDB's rules (1 write unit per KB written,
+1 read unit per 4 KB read strongly consistently, half that eventually, transactions twice).
+A write refused by its condition is billed by DynamoDB but reported by neither: it counts 1
+write unit (a transaction: 2 per item).
 Python standard library only.
 """
 import argparse
@@ -80,11 +89,66 @@ def kind(op, body):
     return ""
 
 
+# Operations that take `ReturnConsumedCapacity`, and whether they read or write.
+READS = {"GetItem", "Query", "Scan", "BatchGetItem", "TransactGetItems"}
+WRITES = {"PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem", "TransactWriteItems"}
+
+
+def ask_capacity(op, body):
+    """The request body with `ReturnConsumedCapacity` set to TOTAL if it asked for none."""
+    if op not in READS and op not in WRITES:
+        return body
+    try:
+        req = json.loads(body or b"{}")
+    except ValueError:
+        return body
+    if req.get("ReturnConsumedCapacity") in ("TOTAL", "INDEXES"):
+        return body
+    req["ReturnConsumedCapacity"] = "TOTAL"
+    return json.dumps(req).encode()
+
+
+def units(op, status, body, req_body):
+    """(read units, write units) one answered request consumed."""
+    if status >= 400:
+        if op in WRITES and b"ConditionalCheckFailed" in body:
+            return 0.0, 1.0
+        if op == "TransactWriteItems" and b"TransactionCanceled" in body:
+            try:
+                n = len(json.loads(req_body).get("TransactItems") or [])
+            except ValueError:
+                n = 1
+            return 0.0, 2.0 * n
+        return 0.0, 0.0
+    try:
+        cc = json.loads(body or b"{}").get("ConsumedCapacity")
+    except ValueError:
+        return 0.0, 0.0
+    rcu = wcu = 0.0
+    for c in cc if isinstance(cc, list) else [cc] if cc else []:
+        r, w = c.get("ReadCapacityUnits"), c.get("WriteCapacityUnits")
+        if r is None and w is None:
+            total = float(c.get("CapacityUnits") or 0.0)
+            if op in READS:
+                rcu += total
+            else:
+                wcu += total
+        else:
+            rcu += float(r or 0.0)
+            wcu += float(w or 0.0)
+    return rcu, wcu
+
+
 def _count(op, status, body, req_body):
     k = kind(op, req_body)
+    rcu, wcu = units(op, status, body, req_body)
     with _lock:
-        c = _counts.setdefault(op, {"n": 0, "failed": 0, "conditional": 0, "kinds": {}})
+        c = _counts.setdefault(
+            op, {"n": 0, "failed": 0, "conditional": 0, "rcu": 0.0, "wcu": 0.0, "kinds": {}}
+        )
         c["n"] += 1
+        c["rcu"] += rcu
+        c["wcu"] += wcu
         if k:
             c["kinds"][k] = c["kinds"].get(k, 0) + 1
         if status >= 400:
@@ -140,6 +204,7 @@ class Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(length) if length else b""
         target = self.headers.get("X-Amz-Target") or ""
         op = target.split(".", 1)[-1] if target else f"(no target: {self.command})"
+        body = ask_capacity(op, body)
         for attempt in (0, 1):
             conn = self._upstream_conn(fresh=attempt == 1)
             try:

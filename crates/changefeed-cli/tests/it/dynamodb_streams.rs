@@ -4,6 +4,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use changefeed_dynamodb::{AwsOptions, StreamTable};
@@ -133,17 +135,23 @@ fn a_fleet_reads_every_table_change_in_order_while_its_reader_is_killed() {
         hosts.insert(name.to_string(), start(name, &out));
         files.push((name.to_string(), out));
     }
-    // Items are written, updated and deleted throughout, paced so that the kill below falls
-    // in the middle of the load.
+    // Items are written, updated and deleted before and after the kill below: the writer
+    // stops halfway until the owner is dead, so the kill falls in the middle of the load.
+    let killed_flag = Arc::new(AtomicBool::new(false));
     let writer = {
         let table = table.clone();
+        let killed_flag = killed_flag.clone();
         std::thread::spawn(move || {
             let (mut exists, mut want) = (BTreeSet::new(), BTreeMap::new());
             rt().block_on(async {
                 for step in 0..30 {
+                    if step == 15 {
+                        wait_for(Duration::from_secs(60), "the shard's owner killed", || {
+                            killed_flag.load(Ordering::SeqCst).then_some(())
+                        });
+                    }
                     let ops = step * 10..(step + 1) * 10;
                     write_load(&table, 12, ops, &mut exists, &mut want).await;
-                    tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             });
             want
@@ -158,6 +166,7 @@ fn a_fleet_reads_every_table_change_in_order_while_its_reader_is_killed() {
     let mut killed = hosts.remove(&owner).expect("a host of ours");
     killed.0.kill().expect("SIGKILL");
     killed.0.wait().expect("reap");
+    killed_flag.store(true, Ordering::SeqCst);
     let killed_after = delivered(&files).len();
     // A host joins while the load goes on; it sorts first, so the balance may hand the shard
     // to it (a hand-off, which delivers nothing twice).

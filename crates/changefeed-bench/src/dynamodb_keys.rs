@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use changefeed::lease::LeaseStore;
+use changefeed::lease::{LeaseStore, MembershipStore};
 use changefeed::model::{Batch, GroupName, Lease, LeaseKey, Position};
 use changefeed::processor::{Context, Handler, HandlerError, Processor, Settings};
 use changefeed::source::{FeedSource, MemoryFeed};

@@ -9,11 +9,11 @@
 //! 0 when every lease was exported, 1 when hosts still run, a table could not be read or
 //! written, or some leases were skipped (each named, with why), 2 for bad usage.
 
+use changefeed::lease::MembershipStore;
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use changefeed::lease::LeaseStore as _;
 use changefeed::model::{GroupName, HostName};
 use changefeed_dynamodb::DynamoLeaseStore;
 

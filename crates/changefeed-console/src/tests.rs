@@ -2,8 +2,8 @@
 
 use super::*;
 use changefeed::clock::VirtualClock;
-use changefeed::lease::HeartbeatRole;
 use changefeed::lease::{ForwardingStore, MemoryLeaseStore};
+use changefeed::lease::{HeartbeatRole, MembershipStore};
 use changefeed::model::{
     GroupHead, Heartbeat, HostName, Lease, LeaseKey, LeaseState, MembershipView, PartitionId,
     Position, Timestamp, ViewHost,

@@ -1,6 +1,6 @@
 //! The console's view of one group, kept up to date from the store the way a host that does
 //! not lead keeps its own: the head row per refresh (the change counter and the membership
-//! view, [`LeaseStore::head`]), the leases that changed hands when the counter moved
+//! view, [`MembershipStore::head`]), the leases that changed hands when the counter moved
 //! ([`LeaseStore::list_changes`]), and a full list only every `list_every` (for the
 //! checkpoints, which do not move the counter, and so for the lag).
 //!

@@ -321,7 +321,7 @@ impl DynamoLeaseStore {
         Ok((counter, rows))
     }
 
-    /// [`LeaseStore::membership`](changefeed::lease::LeaseStore::membership): `H#<group>`
+    /// [`MembershipStore::membership`](changefeed::lease::MembershipStore::membership): `H#<group>`
     /// (the counter, and rows of the one-key layout), then every shard.
     pub(crate) async fn read_membership(
         &self,
@@ -490,7 +490,7 @@ impl DynamoLeaseStore {
         )))
     }
 
-    /// [`LeaseStore::heartbeat`](changefeed::lease::LeaseStore::heartbeat): a conditional put
+    /// [`MembershipStore::heartbeat`](changefeed::lease::MembershipStore::heartbeat): a conditional put
     /// under the row's key, or, if the group's layout moved it, one transaction of the delete
     /// at the old key and the put at the new one.
     pub(crate) async fn write_heartbeat(

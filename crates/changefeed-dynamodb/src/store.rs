@@ -1,5 +1,7 @@
 //! [`DynamoLeaseStore`]: the lease store seam on one DynamoDB table.
 
+mod members;
+
 use changefeed::lease::HeartbeatRole;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -165,7 +167,7 @@ impl DynamoLeaseStore {
     }
 
     /// The most head reads per second (one read of a group's counter item each) this handle
-    /// asks a fleet to make ([`LeaseStore::head_reads_per_second`]; default
+    /// asks a fleet to make ([`MembershipStore::head_reads_per_second`]; default
     /// [`DEFAULT_HEAD_READS_PER_SECOND`]): hosts stretch their acquire cycle to `live hosts ÷
     /// limit` when that is longer, so a fleet of 10,000 keeps the counter item's key within
     /// DynamoDB's per-partition read limit. A table with more provisioned or on-demand
@@ -749,10 +751,6 @@ impl DynamoLeaseStore {
 
 #[async_trait]
 impl LeaseStore for DynamoLeaseStore {
-    fn head_reads_per_second(&self) -> Option<f64> {
-        Some(self.head_reads_per_second)
-    }
-
     async fn list(&self, group: &GroupName) -> Result<Listing, LeaseError> {
         let mut listing = Listing::default();
         let mut start: Option<Item> = None;
@@ -897,98 +895,5 @@ impl LeaseStore for DynamoLeaseStore {
                 })
             }
         }
-    }
-
-    async fn heartbeat(
-        &self,
-        group: &GroupName,
-        host: &HostName,
-        incarnation: &str,
-        written_at: Timestamp,
-        expected: Option<Version>,
-        role: HeartbeatRole,
-    ) -> Result<Heartbeat, LeaseError> {
-        match role {
-            HeartbeatRole::Member => {
-                self.write_heartbeat(group, host, incarnation, written_at, expected)
-                    .await
-            }
-            HeartbeatRole::Leader => {
-                self.put_lead_heartbeat(group, host, incarnation, written_at, expected)
-                    .await
-            }
-        }
-    }
-
-    async fn remove_heartbeat(
-        &self,
-        group: &GroupName,
-        host: &HostName,
-        incarnation: &str,
-        expected: Version,
-    ) -> Result<(), LeaseError> {
-        let pk = self.heartbeat_key(group, host).await?;
-        let result = self
-            .client
-            .delete_item()
-            .table_name(&self.table)
-            .key(PK, s(pk))
-            .key(SK, s(format!("{HOST_PREFIX}{host}")))
-            .condition_expression("attribute_not_exists(#pk) OR (#v = :v AND #inc = :inc)")
-            .expression_attribute_names("#pk", PK)
-            .expression_attribute_names("#v", A_VERSION)
-            .expression_attribute_names("#inc", A_INCARNATION)
-            .expression_attribute_values(":v", n(expected.0))
-            .expression_attribute_values(":inc", s(incarnation.to_string()))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .return_consumed_capacity(ReturnConsumedCapacity::Total)
-            .send()
-            .await;
-        match result {
-            Ok(out) => {
-                self.account(Kind::Write, out.consumed_capacity());
-                Ok(())
-            }
-            Err(err) => match err.as_service_error() {
-                Some(
-                    aws_sdk_dynamodb::operation::delete_item::DeleteItemError::ConditionalCheckFailedException(e),
-                ) => {
-                    self.account_failed_write();
-                    let current = match e.item() {
-                        Some(item) if !item.is_empty() => {
-                            Some(Box::new(parse_heartbeat(group, item)?))
-                        }
-                        _ => None,
-                    };
-                    Err(LeaseError::HeartbeatConflict {
-                        group: group.to_string(),
-                        host: host.to_string(),
-                        current,
-                    })
-                }
-                _ => Err(store_error(
-                    "remove_heartbeat",
-                    Some(format!("{group}/{host}")),
-                    err,
-                )),
-            },
-        }
-    }
-
-    async fn membership(&self, group: &GroupName) -> Result<Membership, LeaseError> {
-        self.read_membership(group).await
-    }
-
-    async fn head(&self, group: &GroupName) -> Result<Option<GroupHead>, LeaseError> {
-        self.read_head(group).await.map(Some)
-    }
-
-    async fn write_view(
-        &self,
-        group: &GroupName,
-        view: &MembershipView,
-        expected: u64,
-    ) -> Result<MembershipView, LeaseError> {
-        self.put_view(group, view, expected).await
     }
 }

@@ -309,7 +309,7 @@ impl DynamoLeaseStore {
         Ok((id, chunks.len() as u64, true))
     }
 
-    /// [`LeaseStore::write_view`](changefeed::lease::LeaseStore::write_view): the body first,
+    /// [`MembershipStore::write_view`](changefeed::lease::MembershipStore::write_view): the body first,
     /// then the counter item's view fields by compare-and-swap on `view_version` (the counter
     /// itself untouched, created at 0 if the item is new).
     pub(crate) async fn put_view(

@@ -1,7 +1,7 @@
 //! Bad input: a usage error exits 2 naming the setting, before anything is written;
 //! an operational error reads once, each cause named a single time.
 
-use changefeed::lease::LeaseStore;
+use changefeed::lease::MembershipStore;
 use changefeed::model::GroupName;
 
 use crate::support::{bin, text, Fixture};

@@ -12,13 +12,13 @@
 //! (one O_APPEND write) per line. The only real-time waits that are not bounded polls are the
 //! freeze itself (14 s, the scenario) and nothing else.
 
+use changefeed::lease::MembershipStore;
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use changefeed::lease::LeaseStore as _;
 use changefeed::model::{GroupName, HostName, PartitionId};
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;

@@ -4,13 +4,12 @@
 //! again. `/healthz` is 503 only once the host has stayed fenced for longer than
 //! `--max-unhealthy`, and 200 again once it has recovered. Every wait is a bounded poll.
 
-use changefeed::lease::HeartbeatRole;
+use changefeed::lease::{HeartbeatRole, MembershipStore};
 use std::io::{Read as _, Write as _};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use changefeed::lease::LeaseStore as _;
 use changefeed::model::{GroupName, HostName, PartitionId, Timestamp};
 use changefeed::testkit::net::FaultProxy;
 use changefeed_postgres::{PgOptions, PostgresLeaseStore};

@@ -1,6 +1,6 @@
 //! `changefeed import-kcl` against DynamoDB Local: a KCL-shaped table in, our leases out.
 
-use changefeed::lease::LeaseStore;
+use changefeed::lease::{LeaseStore, MembershipStore};
 use changefeed::model::{Continuation, GroupName, LeaseState, Position};
 use changefeed_dynamodb::sdk::types::{
     AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,

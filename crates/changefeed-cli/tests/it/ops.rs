@@ -1,7 +1,7 @@
 //! Operator commands against a temporary SQLite store: status, reset, release.
 
-use changefeed::lease::HeartbeatRole;
 use changefeed::lease::LeaseStore;
+use changefeed::lease::{HeartbeatRole, MembershipStore};
 use changefeed::model::{
     Continuation, GroupName, HostName, Lease, LeaseState, PartitionId, Position, Timestamp,
 };

@@ -5,10 +5,10 @@
 //! window is joined. Real processes and a real PostgreSQL (`bash .ci/run`); every wait is
 //! bounded.
 
+use changefeed::lease::MembershipStore;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use changefeed::lease::LeaseStore as _;
 use changefeed::model::GroupName;
 use changefeed::testkit::net::FaultProxy;
 use changefeed_postgres::{PgOptions, PostgresLeaseStore};

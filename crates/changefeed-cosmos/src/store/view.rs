@@ -25,7 +25,7 @@
 //! "The membership view".
 
 use changefeed::lease::HeartbeatRole;
-use changefeed::lease::{BackendError, LeaseStore};
+use changefeed::lease::{BackendError, MembershipStore};
 use changefeed::model::{
     GroupHead, GroupName, Heartbeat, HostName, MembershipView, Timestamp, Version, ViewHost,
 };
@@ -232,7 +232,7 @@ impl CosmosLeaseStore {
         Ok((id, parts.len() as u64, true))
     }
 
-    /// [`LeaseStore::write_view`]: the body first, then the counter document's view fields by
+    /// [`MembershipStore::write_view`]: the body first, then the counter document's view fields by
     /// a replace with `If-Match` on the ETag of the document read with the expected version
     /// (the counter itself untouched; created at 0 if the group has no counter document). A
     /// 412 (an ownership write or a copy of the leader's heartbeat moved the document) reads
@@ -381,7 +381,7 @@ impl CosmosLeaseStore {
     /// [`LeaseStore::lead_heartbeat`]: when the counter document's view names this host and
     /// incarnation as leader, one transactional batch of the copy (the counter document with
     /// `view_leader_heartbeat` set to the new version, `If-Match`) and then the heartbeat
-    /// write; otherwise a plain [`LeaseStore::heartbeat`]. The counter document is the one
+    /// write; otherwise a plain [`MembershipStore::heartbeat`]. The counter document is the one
     /// this handle last saw, read again when that does not name it leader or moved since.
     pub(super) async fn put_lead_heartbeat(
         &self,

@@ -3,7 +3,7 @@
 //! recovery") with a retryable error instead of hanging, and the store talks again as soon as
 //! the path is back, never on a connection the fault left dead.
 
-use changefeed::lease::HeartbeatRole;
+use changefeed::lease::{HeartbeatRole, MembershipStore};
 use std::time::{Duration, Instant};
 
 use changefeed::lease::LeaseStore;

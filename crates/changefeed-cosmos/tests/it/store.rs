@@ -1,6 +1,6 @@
 //! The lease store conformance suite and what is Cosmos DB's own.
 
-use changefeed::lease::HeartbeatRole;
+use changefeed::lease::{HeartbeatRole, MembershipStore};
 use std::sync::Arc;
 
 use async_trait::async_trait;

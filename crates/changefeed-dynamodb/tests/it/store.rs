@@ -1,6 +1,6 @@
 //! The lease store conformance suite and DynamoDB-specific checks.
 
-use changefeed::lease::HeartbeatRole;
+use changefeed::lease::{HeartbeatRole, MembershipStore};
 use std::sync::Arc;
 
 use async_trait::async_trait;

@@ -4,10 +4,9 @@
 //! timeouts and serve again as soon as the path is back: a connection whose call hung or was
 //! given up on is never handed out again.
 
-use changefeed::lease::HeartbeatRole;
+use changefeed::lease::{HeartbeatRole, MembershipStore};
 use std::time::Duration;
 
-use changefeed::lease::LeaseStore;
 use changefeed::model::{GroupName, HostName, Timestamp};
 use changefeed::testkit::net::FaultProxy;
 use changefeed_postgres::{PgOptions, PostgresLeaseStore};

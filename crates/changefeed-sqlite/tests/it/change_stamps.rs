@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use changefeed::lease::{Changes, LeaseStore};
+use changefeed::lease::{Changes, LeaseStore, MembershipStore};
 use changefeed::model::{Continuation, GroupName, Lease, LeaseKey, Position};
 use changefeed::LeaseError;
 use changefeed_sqlite::{SqliteLeaseStore, SCHEMA_VERSION};

@@ -1,6 +1,6 @@
 //! The lease store on a temporary SQLite file: conformance suite and focused checks.
 
-use changefeed::lease::HeartbeatRole;
+use changefeed::lease::{HeartbeatRole, MembershipStore};
 use std::path::PathBuf;
 use std::sync::Arc;
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::*;
 use crate::clock::SystemClock;
-use crate::lease::{HeartbeatRole, MemoryLeaseStore};
+use crate::lease::{HeartbeatRole, MembershipStore, MemoryLeaseStore};
 use crate::model::{PartitionId, Timestamp};
 
 fn group() -> GroupName {

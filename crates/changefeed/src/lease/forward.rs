@@ -14,18 +14,21 @@
 use crate::lease::HeartbeatRole;
 use async_trait::async_trait;
 
-use super::{Changes, LeaseStore, Listing};
+use super::{Changes, LeaseStore, Listing, MembershipStore};
 use crate::error::LeaseError;
 use crate::model::{
     GroupHead, GroupName, Heartbeat, HostName, Lease, LeaseKey, Membership, MembershipView,
     Timestamp, Version,
 };
 
-/// Writes [`StoreOp`], [`ForwardingStore`] and the [`LeaseStore`] impl of every
-/// [`ForwardingStore`] from one table of the [`LeaseStore`] methods, so each signature is
+/// Writes [`StoreOp`], [`ForwardingStore`] and the [`LeaseStore`] and [`MembershipStore`]
+/// impls of every [`ForwardingStore`] from one table of their methods, so each signature is
 /// written once.
 macro_rules! forwarding {
-    ($($op:ident => $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {
+    (
+        leases { $($op:ident => $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)* }
+        members { $($mop:ident => $mname:ident($($marg:ident: $mty:ty),*) -> $mret:ty;)* }
+    ) => {
         /// A [`LeaseStore`] call, as [`ForwardingStore::before`] sees it.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         #[non_exhaustive]
@@ -33,6 +36,10 @@ macro_rules! forwarding {
             $(
                 #[doc = concat!("[`LeaseStore::", stringify!($name), "`].")]
                 $op,
+            )*
+            $(
+                #[doc = concat!("[`MembershipStore::", stringify!($mname), "`].")]
+                $mop,
             )*
         }
 
@@ -42,6 +49,7 @@ macro_rules! forwarding {
             pub fn as_str(self) -> &'static str {
                 match self {
                     $(StoreOp::$op => stringify!($name),)*
+                    $(StoreOp::$mop => stringify!($mname),)*
                 }
             }
         }
@@ -65,7 +73,7 @@ macro_rules! forwarding {
                 Ok(())
             }
 
-            /// [`LeaseStore::head_reads_per_second`] of [`ForwardingStore::inner`].
+            /// [`MembershipStore::head_reads_per_second`] of [`ForwardingStore::inner`].
             fn head_reads_per_second(&self) -> Option<f64> {
                 self.inner().head_reads_per_second()
             }
@@ -81,17 +89,38 @@ macro_rules! forwarding {
                     self.inner().$name($($arg),*).await
                 }
             )*
+
+            $(
+                #[doc = concat!(
+                    "[`MembershipStore::", stringify!($mname), "`] on [`ForwardingStore::inner`], ",
+                    "after [`ForwardingStore::before`].\n\n# Errors\n",
+                    "Those of [`ForwardingStore::before`] and of the inner store."
+                )]
+                async fn $mname(&self, $($marg: $mty),*) -> Result<$mret, LeaseError> {
+                    self.before(StoreOp::$mop).await?;
+                    self.inner().$mname($($marg),*).await
+                }
+            )*
         }
 
         #[async_trait]
         impl<T: ForwardingStore> LeaseStore for T {
+            $(
+                async fn $name(&self, $($arg: $ty),*) -> Result<$ret, LeaseError> {
+                    ForwardingStore::$name(self, $($arg),*).await
+                }
+            )*
+        }
+
+        #[async_trait]
+        impl<T: ForwardingStore> MembershipStore for T {
             fn head_reads_per_second(&self) -> Option<f64> {
                 ForwardingStore::head_reads_per_second(self)
             }
 
             $(
-                async fn $name(&self, $($arg: $ty),*) -> Result<$ret, LeaseError> {
-                    ForwardingStore::$name(self, $($arg),*).await
+                async fn $mname(&self, $($marg: $mty),*) -> Result<$mret, LeaseError> {
+                    ForwardingStore::$mname(self, $($marg),*).await
                 }
             )*
         }
@@ -99,29 +128,33 @@ macro_rules! forwarding {
 }
 
 forwarding! {
-    List => list(group: &GroupName) -> Listing;
-    Get => get(key: &LeaseKey) -> Option<Lease>;
-    Create => create(lease: &Lease) -> Option<Lease>;
-    Replace => replace(lease: &Lease, expected: Version) -> Lease;
-    Delete => delete(key: &LeaseKey, expected: Version) -> ();
-    Heartbeat => heartbeat(
-        group: &GroupName,
-        host: &HostName,
-        incarnation: &str,
-        written_at: Timestamp,
-        expected: Option<Version>,
-        role: HeartbeatRole
-    ) -> Heartbeat;
-    RemoveHeartbeat => remove_heartbeat(
-        group: &GroupName,
-        host: &HostName,
-        incarnation: &str,
-        expected: Version
-    ) -> ();
-    Membership => membership(group: &GroupName) -> Membership;
-    ListChanges => list_changes(group: &GroupName, since: u64) -> Option<Changes>;
-    Head => head(group: &GroupName) -> Option<GroupHead>;
-    WriteView => write_view(group: &GroupName, view: &MembershipView, expected: u64) -> MembershipView;
+    leases {
+        List => list(group: &GroupName) -> Listing;
+        Get => get(key: &LeaseKey) -> Option<Lease>;
+        Create => create(lease: &Lease) -> Option<Lease>;
+        Replace => replace(lease: &Lease, expected: Version) -> Lease;
+        Delete => delete(key: &LeaseKey, expected: Version) -> ();
+        ListChanges => list_changes(group: &GroupName, since: u64) -> Option<Changes>;
+    }
+    members {
+        Heartbeat => heartbeat(
+            group: &GroupName,
+            host: &HostName,
+            incarnation: &str,
+            written_at: Timestamp,
+            expected: Option<Version>,
+            role: HeartbeatRole
+        ) -> Heartbeat;
+        RemoveHeartbeat => remove_heartbeat(
+            group: &GroupName,
+            host: &HostName,
+            incarnation: &str,
+            expected: Version
+        ) -> ();
+        Membership => membership(group: &GroupName) -> Membership;
+        Head => head(group: &GroupName) -> Option<GroupHead>;
+        WriteView => write_view(group: &GroupName, view: &MembershipView, expected: u64) -> MembershipView;
+    }
 }
 
 impl StoreOp {

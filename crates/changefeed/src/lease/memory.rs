@@ -1,6 +1,6 @@
 //! An in-memory [`LeaseStore`]: the reference implementation, for tests and the simulator.
 
-use crate::lease::HeartbeatRole;
+use crate::lease::{HeartbeatRole, MembershipStore};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -67,7 +67,7 @@ impl MemoryLeaseStore {
         Self::default()
     }
 
-    /// This handle declares `limit` as its [`LeaseStore::head_reads_per_second`], as a store
+    /// This handle declares `limit` as its [`MembershipStore::head_reads_per_second`], as a store
     /// with a per-key read limit does. Feature `sim` only: the simulator and the benchmarks
     /// play such a store so; a program's in-memory store has no limit to declare.
     #[cfg(feature = "sim")]
@@ -154,10 +154,6 @@ fn malformed(key: &LeaseKey, reason: &str) -> LeaseError {
 
 #[async_trait]
 impl LeaseStore for MemoryLeaseStore {
-    fn head_reads_per_second(&self) -> Option<f64> {
-        self.head_reads_per_second
-    }
-
     async fn list(&self, group: &GroupName) -> Result<Listing, LeaseError> {
         let groups = self.lock();
         let mut listing = Listing::default();
@@ -267,50 +263,6 @@ impl LeaseStore for MemoryLeaseStore {
         Ok(())
     }
 
-    async fn heartbeat(
-        &self,
-        group: &GroupName,
-        host: &HostName,
-        incarnation: &str,
-        written_at: Timestamp,
-        expected: Option<Version>,
-        role: HeartbeatRole,
-    ) -> Result<Heartbeat, LeaseError> {
-        self.write_heartbeat(
-            group,
-            host,
-            incarnation,
-            written_at,
-            expected,
-            role == HeartbeatRole::Leader,
-        )
-    }
-
-    async fn remove_heartbeat(
-        &self,
-        group: &GroupName,
-        host: &HostName,
-        incarnation: &str,
-        expected: Version,
-    ) -> Result<(), LeaseError> {
-        let mut groups = self.lock();
-        let Some(g) = groups.get_mut(group) else {
-            return Ok(());
-        };
-        match g.hosts.get(host) {
-            None => Ok(()),
-            Some(row) if row.version == expected && &*row.incarnation == incarnation => {
-                g.hosts.remove(host);
-                Ok(())
-            }
-            Some(row) => Err(LeaseError::HeartbeatConflict {
-                group: group.to_string(),
-                host: host.to_string(),
-                current: Some(Box::new(row.clone())),
-            }),
-        }
-    }
-
     async fn list_changes(
         &self,
         group: &GroupName,
@@ -357,6 +309,57 @@ impl LeaseStore for MemoryLeaseStore {
             }
         }
         Ok(Some(changes))
+    }
+}
+
+#[async_trait]
+impl MembershipStore for MemoryLeaseStore {
+    fn head_reads_per_second(&self) -> Option<f64> {
+        self.head_reads_per_second
+    }
+
+    async fn heartbeat(
+        &self,
+        group: &GroupName,
+        host: &HostName,
+        incarnation: &str,
+        written_at: Timestamp,
+        expected: Option<Version>,
+        role: HeartbeatRole,
+    ) -> Result<Heartbeat, LeaseError> {
+        self.write_heartbeat(
+            group,
+            host,
+            incarnation,
+            written_at,
+            expected,
+            role == HeartbeatRole::Leader,
+        )
+    }
+
+    async fn remove_heartbeat(
+        &self,
+        group: &GroupName,
+        host: &HostName,
+        incarnation: &str,
+        expected: Version,
+    ) -> Result<(), LeaseError> {
+        let mut groups = self.lock();
+        let Some(g) = groups.get_mut(group) else {
+            return Ok(());
+        };
+        match g.hosts.get(host) {
+            None => Ok(()),
+            Some(row) if row.version == expected && &*row.incarnation == incarnation => {
+                g.hosts.remove(host);
+                Ok(())
+            }
+            Some(row) => Err(LeaseError::HeartbeatConflict {
+                group: group.to_string(),
+                host: host.to_string(),
+                current: Some(Box::new(row.clone())),
+            }),
+        }
     }
 
     async fn membership(&self, group: &GroupName) -> Result<Membership, LeaseError> {

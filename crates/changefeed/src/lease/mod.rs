@@ -62,7 +62,7 @@ pub struct Changes {
     pub malformed: Vec<LeaseError>,
 }
 
-/// In which role a host renews its heartbeat ([`LeaseStore::heartbeat`]).
+/// In which role a host renews its heartbeat ([`MembershipStore::heartbeat`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HeartbeatRole {
     /// A plain member of the group.
@@ -72,7 +72,8 @@ pub enum HeartbeatRole {
     Leader,
 }
 
-/// A shared store of leases and host heartbeats, partitioned by group.
+/// A shared store of leases and host heartbeats, partitioned by group: the lease rows here,
+/// the hosts' heartbeats and the membership view in its [`MembershipStore`] part.
 ///
 /// # Contract
 ///
@@ -90,7 +91,7 @@ pub enum HeartbeatRole {
 /// Dropping a returned future may or may not have applied the write (as with any remote
 /// call). Because every write is conditional on a version, the caller recovers by re-reading.
 #[async_trait]
-pub trait LeaseStore: Send + Sync + std::fmt::Debug {
+pub trait LeaseStore: MembershipStore {
     /// All leases of `group`, ordered by partition id.
     ///
     /// # Errors
@@ -128,12 +129,36 @@ pub trait LeaseStore: Send + Sync + std::fmt::Debug {
     /// [`LeaseError::NotFound`]; [`LeaseError::Store`].
     async fn delete(&self, key: &LeaseKey, expected: Version) -> Result<(), LeaseError>;
 
+    /// What changed hands in `group` after its change counter was `since`: a read that grows
+    /// with the changes, not with the number of leases. `None` when the store cannot tell (it
+    /// does not track changes, or no longer remembers that far back); the caller then lists.
+    /// Rows whose only change was a checkpoint are not included.
+    ///
+    /// The default returns `None`.
+    ///
+    /// # Errors
+    /// [`LeaseError::Store`].
+    async fn list_changes(
+        &self,
+        group: &GroupName,
+        since: u64,
+    ) -> Result<Option<Changes>, LeaseError> {
+        let _ = (group, since);
+        Ok(None)
+    }
+}
+
+/// The membership part of a [`LeaseStore`]: each host's heartbeat row, and the group's
+/// membership view where the store keeps one (`docs/protocol.md`, "The membership view").
+/// The same contract holds: versioned, conditional, atomic writes per row, groups isolated.
+#[async_trait]
+pub trait MembershipStore: Send + Sync + std::fmt::Debug {
     /// Writes `host`'s heartbeat row in `group`: creates it when `expected` is `None` and no
     /// row exists, otherwise replaces it if it is at `expected`. `written_at` is stored for
     /// display. Returns the row as stored.
     ///
     /// Written as the membership view's leader ([`HeartbeatRole::Leader`]), a store that keeps
-    /// a view ([`LeaseStore::head`]) also copies the new version into the view's
+    /// a view ([`MembershipStore::head`]) also copies the new version into the view's
     /// [`MembershipView::leader_heartbeat`], in the same atomic step, when the view names this
     /// host and incarnation as its leader: the others judge from the view alone that the leader
     /// lives and keeps it. A store without a view writes the heartbeat only, whatever the role.
@@ -179,7 +204,7 @@ pub trait LeaseStore: Send + Sync + std::fmt::Debug {
     /// The group's change counter and membership view, in one read of one small row: what a
     /// host that is not the leader reads every cycle instead of every heartbeat
     /// (`docs/protocol.md`, "The membership view"). `None` when the store keeps no view; its
-    /// hosts read [`LeaseStore::membership`] instead. A group never written to reads as a
+    /// hosts read [`MembershipStore::membership`] instead. A group never written to reads as a
     /// counter of 0 and no view.
     ///
     /// The counter and the view must be read atomically (one row, or one snapshot): a host
@@ -195,7 +220,7 @@ pub trait LeaseStore: Send + Sync + std::fmt::Debug {
         Ok(None)
     }
 
-    /// The most [`LeaseStore::head`] reads per second a whole fleet should make of one group,
+    /// The most [`MembershipStore::head`] reads per second a whole fleet should make of one group,
     /// for a store whose head is one item under a per-key limit (DynamoDB: about 3,000 read
     /// units per second on one partition key). Hosts then stretch their acquire cycle to
     /// `live hosts ÷ this` when that is longer, up to a bound the hand-off protocol allows
@@ -208,7 +233,7 @@ pub trait LeaseStore: Send + Sync + std::fmt::Debug {
     /// view yet); returns it as stored, at version `expected + 1` (`view.version` is ignored).
     /// The change counter does not move.
     ///
-    /// The default refuses: a store that answers [`LeaseStore::head`] must implement it.
+    /// The default refuses: a store that answers [`MembershipStore::head`] must implement it.
     ///
     /// # Errors
     /// [`LeaseError::ViewConflict`] with the current view if the version moved;
@@ -226,23 +251,5 @@ pub trait LeaseStore: Send + Sync + std::fmt::Debug {
             false,
             "this lease store keeps no membership view",
         ))
-    }
-
-    /// What changed hands in `group` after its change counter was `since`: a read that grows
-    /// with the changes, not with the number of leases. `None` when the store cannot tell (it
-    /// does not track changes, or no longer remembers that far back); the caller then lists.
-    /// Rows whose only change was a checkpoint are not included.
-    ///
-    /// The default returns `None`.
-    ///
-    /// # Errors
-    /// [`LeaseError::Store`].
-    async fn list_changes(
-        &self,
-        group: &GroupName,
-        since: u64,
-    ) -> Result<Option<Changes>, LeaseError> {
-        let _ = (group, since);
-        Ok(None)
     }
 }

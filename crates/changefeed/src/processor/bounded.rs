@@ -21,7 +21,7 @@
 //! The bound runs on the processor's clock, so a stalled process (whose timers do not run)
 //! does not give up a call that was answered while it stood still.
 
-use crate::lease::HeartbeatRole;
+use crate::lease::{HeartbeatRole, MembershipStore};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -131,6 +131,18 @@ impl LeaseStore for BoundedStore {
             .await
     }
 
+    async fn list_changes(
+        &self,
+        group: &GroupName,
+        since: u64,
+    ) -> Result<Option<Changes>, LeaseError> {
+        self.within("list_changes", self.inner.list_changes(group, since))
+            .await
+    }
+}
+
+#[async_trait]
+impl MembershipStore for BoundedStore {
     async fn heartbeat(
         &self,
         group: &GroupName,
@@ -183,15 +195,6 @@ impl LeaseStore for BoundedStore {
         expected: u64,
     ) -> Result<MembershipView, LeaseError> {
         self.within("write_view", self.inner.write_view(group, view, expected))
-            .await
-    }
-
-    async fn list_changes(
-        &self,
-        group: &GroupName,
-        since: u64,
-    ) -> Result<Option<Changes>, LeaseError> {
-        self.within("list_changes", self.inner.list_changes(group, since))
             .await
     }
 }

@@ -52,7 +52,7 @@ pub struct FleetConfig {
     /// Keep the delivery ledger and write history (needed by the checker and the timeline).
     pub history: bool,
     /// The store's limit on the fleet's head reads per second (see
-    /// [`LeaseStore::head_reads_per_second`]): hosts pace their cycles to it. `None`: no limit.
+    /// [`MembershipStore::head_reads_per_second`]): hosts pace their cycles to it. `None`: no limit.
     pub head_reads_per_second: Option<f64>,
     /// Whether the hosts share their lease tables (see [`super::SimConfig::share_tables`]).
     pub share_tables: bool,

@@ -318,7 +318,7 @@ mod tests {
     use rand::SeedableRng;
 
     use super::*;
-    use crate::lease::{LeaseStore, MemoryLeaseStore};
+    use crate::lease::{MembershipStore, MemoryLeaseStore};
     use crate::model::GroupName;
     use crate::sim::seams::SimStore;
     use crate::sim::world::World;

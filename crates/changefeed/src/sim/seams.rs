@@ -2,7 +2,7 @@
 //! host, each wrapping the shared in-memory one and injecting that host's faults (switched by
 //! its [`HostCtl`]), and logging what it does to the shared [`World`].
 
-use crate::lease::HeartbeatRole;
+use crate::lease::{HeartbeatRole, MembershipStore};
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -1,4 +1,4 @@
-//! Lease store conformance: the membership view (`LeaseStore::head`, `write_view`,
+//! Lease store conformance: the membership view (`MembershipStore::head`, `write_view`,
 //! `lead_heartbeat`). A store whose `head` answers `None` keeps no view: its checks pass
 //! vacuously (its `lead_heartbeat` must still renew like `heartbeat`), unless its fixture says
 //! it keeps one ([`LeaseStoreFixture::keeps_view`]), and then they fail.

@@ -2,7 +2,7 @@
 //! deliver (fence, lease loss, timeout, stop), fencing tokens grow with every owner, a stop
 //! always ends, and a failing batch backs off across hosts. Virtual time throughout.
 
-use changefeed::lease::HeartbeatRole;
+use changefeed::lease::{HeartbeatRole, MembershipStore};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

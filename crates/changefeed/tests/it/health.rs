@@ -4,7 +4,7 @@
 //! than `max_unhealthy`, and healthy again once it recovers. Virtual time throughout; every
 //! wait is bounded.
 
-use changefeed::lease::HeartbeatRole;
+use changefeed::lease::{HeartbeatRole, MembershipStore};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;

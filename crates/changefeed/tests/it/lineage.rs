@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use changefeed::error::LeaseError;
-use changefeed::lease::{LeaseStore, MemoryLeaseStore};
+use changefeed::lease::{LeaseStore, MembershipStore, MemoryLeaseStore};
 use changefeed::model::{
     GroupName, HostName, Lease, LeaseState, Membership, PartitionId, Position,
 };

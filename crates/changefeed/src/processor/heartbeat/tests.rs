@@ -1,6 +1,6 @@
 //! The heartbeat task's rules, each found by the simulator, on paused tokio time.
 
-use crate::lease::HeartbeatRole;
+use crate::lease::{HeartbeatRole, MembershipStore};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 

@@ -83,9 +83,9 @@ pub(crate) struct StateConfig {
     pub parents: ParentsRule,
     pub acquire_interval: Duration,
     pub safety_margin: Duration,
-    /// The store's limit on the fleet's head reads ([`LeaseStore::head_reads_per_second`]).
+    /// The store's limit on the fleet's head reads ([`MembershipStore::head_reads_per_second`]).
     ///
-    /// [`LeaseStore::head_reads_per_second`]: crate::lease::LeaseStore::head_reads_per_second
+    /// [`MembershipStore::head_reads_per_second`]: crate::lease::MembershipStore::head_reads_per_second
     pub head_reads_per_second: Option<f64>,
     /// The lease tables this host shares with the other hosts of its process, if any.
     pub share: Option<TableShare>,

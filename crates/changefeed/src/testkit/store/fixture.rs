@@ -50,7 +50,7 @@ pub trait LeaseStoreFixture: Send + Sync {
     async fn deletion_records(&self, _group: &GroupName) -> Option<u64> {
         None
     }
-    /// Whether the store keeps a membership view ([`LeaseStore::head`] answers `Some`). A
+    /// Whether the store keeps a membership view ([`MembershipStore::head`] answers `Some`). A
     /// store that says so fails the suite when `head` answers `None`; one that does not (the
     /// default) passes the view checks vacuously, and its hosts read every heartbeat.
     fn keeps_view(&self) -> bool {

@@ -36,8 +36,9 @@ use crate::clock::Clock;
 use crate::error::LeaseError;
 use crate::lease::LeaseStore;
 use crate::model::{
-    Continuation, GroupName, Heartbeat, HostName, Lease, LeaseKey, LeaseState, Position,
+    Continuation, GroupName, Heartbeat, HostName, Lease, LeaseKey, LeaseState, Membership, Position,
 };
+use crate::processor::GroupObserver;
 
 /// What watching a host's heartbeat showed ([`watch_heartbeat`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,7 +70,8 @@ impl Watched {
 }
 
 /// Reads `host`'s heartbeat row, and again after `wait` on `clock`: a row that moved means
-/// the host lives. A host judges another dead the same way, on its own clock.
+/// the host lives. The reads are judged by the [`GroupObserver`] the hosts judge each other
+/// by, with `wait` as the expiry, so an operator cannot call dead a host the fleet sees alive.
 ///
 /// # Errors
 /// The store's.
@@ -80,19 +82,23 @@ pub async fn watch_heartbeat(
     wait: Duration,
     clock: &dyn Clock,
 ) -> Result<Watched, LeaseError> {
-    let find = |hosts: Vec<Heartbeat>| hosts.into_iter().find(|h| &h.host == host);
-    let Some(first) = find(store.membership(group).await?.hosts) else {
+    let find = |read: &Membership| read.hosts.iter().find(|h| &h.host == host).cloned();
+    let read = store.membership(group).await?;
+    let Some(first) = find(&read) else {
         return Ok(Watched::NoRow);
     };
     if wait.is_zero() {
         return Ok(Watched::Unchecked(first));
     }
+    let mut observer = GroupObserver::default();
+    observer.observe_heartbeats(&read, clock.now());
     clock.sleep(wait).await;
-    let again = find(store.membership(group).await?.hosts);
-    Ok(match again {
-        Some(row) if row.version == first.version && row.incarnation == first.incarnation => {
-            Watched::StoodStill(row)
-        }
+    let read = store.membership(group).await?;
+    let now = clock.now();
+    observer.observe_heartbeats(&read, now);
+    let live = observer.live_by_heartbeats(now, wait).contains(host);
+    Ok(match find(&read) {
+        Some(row) if !live => Watched::StoodStill(row),
         to => Watched::Moved { from: first, to },
     })
 }

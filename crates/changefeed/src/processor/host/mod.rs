@@ -37,6 +37,9 @@ pub(super) struct Host {
     /// Every decision, and the state they are made on (pure).
     state: HostState,
     workers: HashMap<PartitionId, WorkerSlot>,
+    /// The worker tasks. A `JoinSet` rather than a `TaskTracker`: dropping the host (a stop
+    /// that gave up, a killed processor) aborts them, so no worker outlives its host and
+    /// delivers on a lease nobody renews.
     worker_tasks: JoinSet<()>,
     worker_cancel: CancellationToken,
     exits_tx: mpsc::UnboundedSender<worker::WorkerExit>,

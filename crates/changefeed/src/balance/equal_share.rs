@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, HashMap};
 use super::census::CensusSnapshot;
 use super::limits::{share, LeaseLimits};
 use super::{BalanceStrategy, HandoffRequest, LeaseView, Plan, Snapshot};
-use crate::model::{HostName, Lease, LeaseState};
+use crate::model::{HostName, LeaseState};
 
 mod from_census;
 
@@ -358,14 +358,6 @@ fn by_handoff_order(leases: &[LeaseView<'_>], x: usize, y: usize) -> Ordering {
     unasked(x)
         .cmp(&unasked(y))
         .then_with(|| by_partition(leases, x, y))
-}
-
-/// [`by_handoff_order`] for leases known to have distinct partitions.
-fn handoff_order(x: &Lease, y: &Lease) -> Ordering {
-    x.next_owner
-        .is_none()
-        .cmp(&y.next_owner.is_none())
-        .then_with(|| x.key.partition.cmp(&y.key.partition))
 }
 
 /// Orders leases by partition id, then by position in the snapshot (a total order even if a

@@ -538,8 +538,11 @@ impl Shares {
         let requestable = (0..hosts).map(|h| owned[h] - outgoing[h]).collect();
         // Ties go to the hosts holding most (counting the free leases they asked for), then
         // by name: see `super::quotas`.
-        let mut rank: Vec<usize> = (0..hosts).collect();
-        rank.sort_unstable_by_key(|&h| (Reverse(effective[h] + claimed[h]), h));
+        let mut keyed: Vec<(Reverse<usize>, usize)> = (0..hosts)
+            .map(|h| (Reverse(effective[h] + claimed[h]), h))
+            .collect();
+        keyed.sort_unstable();
+        let rank: Vec<usize> = keyed.into_iter().map(|(_, h)| h).collect();
         let quota = share(eligible, &rank, &fleet.bounds);
         Self {
             effective,

@@ -128,7 +128,7 @@ impl EqualShare {
         live_hosts: &[HostName],
         leases: &[LeaseView<'_>],
     ) -> BTreeMap<HostName, usize> {
-        let fleet = Fleet::new(live_hosts, self);
+        let fleet = Fleet::new(live_hosts, self).indexed();
         let tally = Tally::new(&fleet, leases);
         fleet
             .hosts
@@ -141,7 +141,7 @@ impl EqualShare {
 
 impl BalanceStrategy for EqualShare {
     fn plan(&self, snapshot: &Snapshot<'_>) -> Plan {
-        let fleet = Fleet::new(snapshot.live_hosts, self);
+        let fleet = Fleet::new(snapshot.live_hosts, self).indexed();
         let Some(me) = fleet.index_of(snapshot.me) else {
             return Plan::default();
         };
@@ -397,11 +397,13 @@ fn select_range<T>(
     range
 }
 
-/// The live hosts, sorted and deduplicated, with a name → index map and their limits.
+/// The live hosts, sorted and deduplicated, with their limits, and a name → index map when
+/// names are looked up one per lease.
 struct Fleet<'s> {
     /// Live hosts in name order.
     hosts: Vec<&'s HostName>,
-    index: HashMap<&'s str, usize>,
+    /// Built by [`Fleet::indexed`]; without it a name is found by binary search.
+    index: Option<HashMap<&'s str, usize>>,
     /// Per host: its `(min, max)` eligible leases (`(0, usize::MAX)` without limits).
     bounds: Vec<(usize, usize)>,
 }
@@ -411,24 +413,59 @@ impl<'s> Fleet<'s> {
         let mut hosts: Vec<&HostName> = live_hosts.iter().collect();
         hosts.sort_unstable();
         hosts.dedup();
-        let index = hosts
-            .iter()
-            .enumerate()
-            .map(|(i, h)| (h.as_str(), i))
-            .collect();
         let bounds = hosts
             .iter()
             .map(|h| strategy.limits_of(h).bounds())
             .collect();
         Self {
             hosts,
-            index,
+            index: None,
             bounds,
         }
     }
 
+    /// With a name → index map, for callers that look up a name per lease.
+    fn indexed(mut self) -> Self {
+        self.index = Some(
+            self.hosts
+                .iter()
+                .enumerate()
+                .map(|(i, h)| (h.as_str(), i))
+                .collect(),
+        );
+        self
+    }
+
     fn index_of(&self, host: &HostName) -> Option<usize> {
-        self.index.get(host.as_str()).copied()
+        match &self.index {
+            Some(index) => index.get(host.as_str()).copied(),
+            None => self.hosts.binary_search(&host).ok(),
+        }
+    }
+
+    /// Looks up names given in ascending order (an `OrdMap`'s keys) in one pass over the
+    /// hosts, instead of a search each.
+    fn in_order(&self) -> InOrder<'_, 's> {
+        InOrder {
+            hosts: &self.hosts,
+            at: 0,
+        }
+    }
+}
+
+/// [`Fleet::in_order`]: a cursor over the fleet's hosts.
+struct InOrder<'f, 's> {
+    hosts: &'f [&'s HostName],
+    at: usize,
+}
+
+impl InOrder<'_, '_> {
+    /// `host`'s index, for a `host` not below any name asked before.
+    fn index_of(&mut self, host: &HostName) -> Option<usize> {
+        while self.hosts.get(self.at).is_some_and(|h| *h < host) {
+            self.at += 1;
+        }
+        (self.hosts.get(self.at) == Some(&host)).then_some(self.at)
     }
 }
 

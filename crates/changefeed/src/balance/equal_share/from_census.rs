@@ -28,23 +28,26 @@ impl EqualShare {
         };
         let hosts = fleet.hosts.len();
         let census = s.census;
-        let class = |owner: &HostName| match fleet.index_of(owner) {
+        // A holder, given its index in the fleet if it has one.
+        let class_of = |owner: &HostName, index: Option<usize>| match index {
             Some(h) => Holder::Live(h),
             None if s.dead_hosts.is_none_or(|dead| dead.contains(owner)) => Holder::Dead,
             None => Holder::Unknown,
         };
+        let class = |owner: &HostName| class_of(owner, fleet.index_of(owner));
         let mut owned = vec![0usize; hosts];
         let mut eligible = census.len();
         let mut free_sets: Vec<&OrdSet<Row>> = vec![&census.unheld];
+        let mut holders = fleet.in_order();
         for (owner, set) in &census.held {
-            match class(owner) {
+            match class_of(owner, holders.index_of(owner)) {
                 Holder::Live(h) => owned[h] = set.len(),
                 Holder::Dead => free_sets.push(set),
                 Holder::Unknown => eligible -= set.len(),
             }
         }
         let free: usize = free_sets.iter().map(|set| set.len()).sum();
-        let asks = Asks::count(census, &fleet, class);
+        let asks = Asks::count(census, &fleet, class_of);
         let shares = Shares::new(
             &fleet,
             eligible,
@@ -141,27 +144,33 @@ struct Asks<'c> {
     outgoing: Vec<usize>,
     incoming: Vec<usize>,
     claimed: Vec<usize>,
-    /// Per live asker: the leases it asked for that are free because their holder is dead
-    /// (the unheld ones it asked for are the census's `asked_unheld`).
-    claimed_of_dead: Vec<Vec<&'c Lease>>,
+    /// The leases a live asker (by index) asked for that are free because their holder is
+    /// dead, by asker then partition (the unheld ones it asked for are the census's
+    /// `asked_unheld`).
+    claimed_of_dead: Vec<(usize, &'c Lease)>,
 }
 
 impl<'c> Asks<'c> {
     /// Counts every lease a live host asked for as if its holder were live, then takes back
     /// the leases of holders that are not live and the requests of askers that are not live,
-    /// walking only those.
-    fn count(census: &'c Census, fleet: &Fleet<'_>, class: impl Fn(&HostName) -> Holder) -> Self {
+    /// walking only those. `class_of` classifies a holder given its index in the fleet.
+    fn count(
+        census: &'c Census,
+        fleet: &Fleet<'_>,
+        class_of: impl Fn(&HostName, Option<usize>) -> Holder,
+    ) -> Self {
         let hosts = fleet.hosts.len();
         let mut asks = Asks {
             outgoing: vec![0; hosts],
             incoming: vec![0; hosts],
             claimed: vec![0; hosts],
-            claimed_of_dead: vec![Vec::new(); hosts],
+            claimed_of_dead: Vec::new(),
         };
         let self_asked = |host: &HostName| census.self_asked.get(host).copied().unwrap_or(0);
         let mut gone_askers: Vec<&OrdSet<Row>> = Vec::new();
+        let mut askers = fleet.in_order();
         for (asker, set) in &census.asked {
-            match fleet.index_of(asker) {
+            match askers.index_of(asker) {
                 Some(a) => {
                     let unheld = census.asked_unheld.get(asker).map_or(0, OrdSet::len);
                     asks.claimed[a] = unheld;
@@ -170,8 +179,9 @@ impl<'c> Asks<'c> {
                 None => gone_askers.push(set),
             }
         }
+        let mut holders = fleet.in_order();
         for (owner, set) in &census.held_asked {
-            let class = class(owner);
+            let class = class_of(owner, holders.index_of(owner));
             if let Holder::Live(o) = class {
                 asks.outgoing[o] = set.len() - self_asked(owner);
                 continue;
@@ -183,15 +193,20 @@ impl<'c> Asks<'c> {
                 asks.incoming[a] -= 1;
                 if let Holder::Dead = class {
                     asks.claimed[a] += 1;
-                    asks.claimed_of_dead[a].push(lease);
+                    asks.claimed_of_dead.push((a, lease));
                 }
             }
         }
         for Row(lease) in gone_askers.into_iter().flatten() {
-            if let Some(Holder::Live(o)) = holder(lease).map(&class) {
-                asks.outgoing[o] -= 1;
+            if let Some(owner) = holder(lease) {
+                if let Holder::Live(o) = class_of(owner, fleet.index_of(owner)) {
+                    asks.outgoing[o] -= 1;
+                }
             }
         }
+        asks.claimed_of_dead.sort_unstable_by(|(a, x), (b, y)| {
+            a.cmp(b).then_with(|| x.key.partition.cmp(&y.key.partition))
+        });
         asks
     }
 
@@ -203,7 +218,9 @@ impl<'c> Asks<'c> {
         a: usize,
         n: usize,
     ) -> Vec<&'c Lease> {
-        let of_dead = &self.claimed_of_dead[a];
+        let start = self.claimed_of_dead.partition_point(|(x, _)| *x < a);
+        let end = self.claimed_of_dead.partition_point(|(x, _)| *x <= a);
+        let of_dead = &self.claimed_of_dead[start..end];
         let mut rows: Vec<&Lease> = census
             .asked_unheld
             .get(asker)
@@ -211,7 +228,7 @@ impl<'c> Asks<'c> {
             .flatten()
             .take(n)
             .map(|row| &*row.0)
-            .chain(of_dead.iter().copied())
+            .chain(of_dead.iter().map(|(_, lease)| *lease))
             .collect();
         if !of_dead.is_empty() {
             rows.sort_unstable_by(|x, y| x.key.partition.cmp(&y.key.partition));

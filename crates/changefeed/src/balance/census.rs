@@ -76,6 +76,14 @@ pub struct Census {
     pub(super) unheld: OrdSet<Row>,
     /// Per host named as `next_owner`: the counted leases naming it (few: pending hand-offs).
     pub(super) asked: OrdMap<HostName, OrdSet<Row>>,
+    /// Per asker: the part of its `asked` leases with no holder. With `held_asked` and
+    /// `self_asked` it lets a plan count the hand-offs pending between live hosts from the
+    /// sizes of these sets, walking only the leases of hosts that are not live.
+    pub(super) asked_unheld: OrdMap<HostName, OrdSet<Row>>,
+    /// Per holder: its counted leases that name a `next_owner` (itself included).
+    pub(super) held_asked: OrdMap<HostName, OrdSet<Row>>,
+    /// Per holder: how many of its counted leases name itself as `next_owner`.
+    pub(super) self_asked: OrdMap<HostName, usize>,
 }
 
 impl Census {
@@ -105,6 +113,25 @@ impl Census {
                 .entry(asker.clone())
                 .or_default()
                 .insert(Row(lease.clone()));
+            match holder(&lease) {
+                Some(owner) => {
+                    let added = self
+                        .held_asked
+                        .entry(owner.clone())
+                        .or_default()
+                        .insert(Row(lease.clone()))
+                        .is_none();
+                    if added && owner == asker {
+                        *self.self_asked.entry(owner.clone()).or_default() += 1;
+                    }
+                }
+                None => {
+                    self.asked_unheld
+                        .entry(asker.clone())
+                        .or_default()
+                        .insert(Row(lease.clone()));
+                }
+            }
         }
         let added = match holder(&lease) {
             Some(owner) => {
@@ -123,6 +150,22 @@ impl Census {
         let partition = &lease.key.partition;
         if let Some(asker) = &lease.next_owner {
             remove_from(&mut self.asked, asker, partition);
+            match holder(lease) {
+                Some(owner) => {
+                    let removed = remove_from(&mut self.held_asked, owner, partition);
+                    if removed && owner == asker {
+                        if let Some(n) = self.self_asked.get_mut(owner) {
+                            *n -= 1;
+                            if *n == 0 {
+                                self.self_asked.remove(owner);
+                            }
+                        }
+                    }
+                }
+                None => {
+                    remove_from(&mut self.asked_unheld, asker, partition);
+                }
+            }
         }
         let removed = match holder(lease) {
             Some(owner) => remove_from(&mut self.held, owner, partition),
@@ -160,6 +203,9 @@ impl PartialEq for Census {
             && same(&self.unheld, &other.unheld)
             && same_by_host(&self.held, &other.held)
             && same_by_host(&self.asked, &other.asked)
+            && same_by_host(&self.asked_unheld, &other.asked_unheld)
+            && same_by_host(&self.held_asked, &other.held_asked)
+            && self.self_asked == other.self_asked
     }
 }
 

@@ -10,12 +10,14 @@
 //! decides, and the loser plans again next cycle.
 
 use std::cmp::{Ordering, Reverse};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 
-use super::census::{holder, CensusSnapshot, Row};
+use super::census::CensusSnapshot;
 use super::limits::{share, LeaseLimits};
 use super::{BalanceStrategy, HandoffRequest, LeaseView, Plan, Snapshot};
-use crate::model::{HostName, Lease, LeaseState, PartitionId};
+use crate::model::{HostName, LeaseState};
+
+mod from_census;
 
 /// Equal share of the eligible leases for every live host (`DESIGN.md`, "Balancing"), within
 /// optional [`LeaseLimits`].
@@ -126,7 +128,7 @@ impl EqualShare {
         live_hosts: &[HostName],
         leases: &[LeaseView<'_>],
     ) -> BTreeMap<HostName, usize> {
-        let fleet = Fleet::new(live_hosts, self);
+        let fleet = Fleet::new(live_hosts, self).indexed();
         let tally = Tally::new(&fleet, leases);
         fleet
             .hosts
@@ -139,7 +141,7 @@ impl EqualShare {
 
 impl BalanceStrategy for EqualShare {
     fn plan(&self, snapshot: &Snapshot<'_>) -> Plan {
-        let fleet = Fleet::new(snapshot.live_hosts, self);
+        let fleet = Fleet::new(snapshot.live_hosts, self).indexed();
         let Some(me) = fleet.index_of(snapshot.me) else {
             return Plan::default();
         };
@@ -259,151 +261,6 @@ impl BalanceStrategy for EqualShare {
     }
 }
 
-impl EqualShare {
-    /// [`BalanceStrategy::plan`] from a census: the same steps, the same plan, but each step
-    /// reads only the leases it can hand out (the free ones, the donors' own, this host's own
-    /// and the hand-offs asked for), never every lease.
-    fn plan_from_census(&self, s: &CensusSnapshot<'_>) -> Plan {
-        let fleet = Fleet::new(s.live_hosts, self);
-        let Some(me) = fleet.index_of(s.me) else {
-            return Plan::default();
-        };
-        let hosts = fleet.hosts.len();
-        let census = s.census;
-        let class = |owner: &HostName| match fleet.index_of(owner) {
-            Some(h) => Holder::Live(h),
-            None if s.dead_hosts.is_none_or(|dead| dead.contains(owner)) => Holder::Dead,
-            None => Holder::Unknown,
-        };
-        let mut owned = vec![0usize; hosts];
-        let mut eligible = census.len();
-        let mut free_sets: Vec<&imbl::OrdSet<Row>> = vec![&census.unheld];
-        for (owner, set) in &census.held {
-            match class(owner) {
-                Holder::Live(h) => owned[h] = set.len(),
-                Holder::Dead => free_sets.push(set),
-                Holder::Unknown => eligible -= set.len(),
-            }
-        }
-        let free: usize = free_sets.iter().map(|set| set.len()).sum();
-        // The leases a live host asked for: free ones it claims (by partition), held ones
-        // pending to it.
-        let mut claimed_rows: Vec<Vec<&Lease>> = vec![Vec::new(); hosts];
-        let mut outgoing = vec![0usize; hosts];
-        let mut incoming = vec![0usize; hosts];
-        for (asker, set) in &census.asked {
-            let Some(a) = fleet.index_of(asker) else {
-                continue;
-            };
-            for Row(lease) in set {
-                match holder(lease).map(class) {
-                    None | Some(Holder::Dead) => claimed_rows[a].push(lease),
-                    Some(Holder::Live(o)) if o != a => {
-                        outgoing[o] += 1;
-                        incoming[a] += 1;
-                    }
-                    Some(_) => {}
-                }
-            }
-        }
-        let claimed: Vec<usize> = claimed_rows.iter().map(Vec::len).collect();
-        let shares = Shares::new(&fleet, eligible, &owned, &outgoing, &incoming, &claimed);
-        let mut plan = Plan::default();
-        let partition = |lease: &Lease| lease.key.partition.clone();
-
-        // 1. Steal overdue hand-offs to me.
-        for Row(lease) in census.asked.get(s.me).into_iter().flatten() {
-            if let Some(Holder::Live(o)) = holder(lease).map(class) {
-                if o != me && (s.handoff_overdue)(&lease.key.partition) {
-                    plan.steal.push(partition(lease));
-                }
-            }
-        }
-
-        let mut need = shares.need();
-
-        // 2a. Each live asker takes the first of the free leases it asked for, by partition,
-        // while it is under quota; the others join the rest.
-        let mut taken_by_askers = 0usize;
-        let mut asked_and_taken: HashSet<&PartitionId> = HashSet::new();
-        for (a, rows) in claimed_rows.iter().enumerate() {
-            let n = need[a].min(rows.len());
-            need[a] -= n;
-            taken_by_askers += n;
-            asked_and_taken.extend(rows[..n].iter().map(|l| &l.key.partition));
-            if a == me {
-                plan.take.extend(rows[..n].iter().map(|l| partition(l)));
-            }
-        }
-
-        // 2b. The rest of the free leases, in partition order, to hosts under quota in name
-        // order.
-        let (before, got) = free_slice(&mut need, free - taken_by_askers, me);
-        if got > 0 {
-            let mut rest: Vec<&Lease> = free_sets
-                .iter()
-                .flat_map(|set| set.iter())
-                .map(|row| &*row.0)
-                .filter(|l| !asked_and_taken.contains(&l.key.partition))
-                .collect();
-            let slice = select_range(&mut rest, before, before + got, |x, y| {
-                x.key.partition.cmp(&y.key.partition)
-            });
-            plan.take.extend(slice.iter().map(|l| partition(l)));
-        }
-
-        // The leases `host` holds that no other live host asked for.
-        let requestable = |host: usize| -> Vec<&Lease> {
-            census
-                .held
-                .get(fleet.hosts[host])
-                .into_iter()
-                .flatten()
-                .map(|row| &*row.0)
-                .filter(|l| {
-                    l.next_owner
-                        .as_ref()
-                        .and_then(|n| fleet.index_of(n))
-                        .is_none_or(|a| a == host)
-                })
-                .collect()
-        };
-
-        // 3. Hand-offs, as in `plan`.
-        let donors = donors(&shares);
-        for (donor, offset, n) in draws(&need, &donors, me) {
-            let mut offered = requestable(donor);
-            let slice = select_range(&mut offered, offset, offset + n, |x, y| handoff_order(x, y));
-            plan.request_handoff
-                .extend(slice.iter().map(|l| HandoffRequest {
-                    partition: partition(l),
-                    from: fleet.hosts[donor].clone(),
-                }));
-        }
-
-        // 4. Above its maximum, give up what no host under quota asks for in step 3.
-        if let Some((from, to)) = release_range(me, &shares, &fleet, &need, &donors) {
-            let mut mine = requestable(me);
-            let slice = select_range(&mut mine, from, to, |x, y| handoff_order(x, y));
-            plan.release.extend(slice.iter().map(|l| partition(l)));
-        }
-
-        plan.sort();
-        plan
-    }
-}
-
-/// How the census path classifies a lease's holder.
-#[derive(Debug, Clone, Copy)]
-enum Holder {
-    /// A live host (its index in the fleet).
-    Live(usize),
-    /// A host judged dead: its leases are free.
-    Dead,
-    /// Neither live nor judged dead: its leases count for nobody.
-    Unknown,
-}
-
 /// Step 2b for the whole fleet: `free` leases, in partition order, go to the hosts under quota
 /// in name order, each taking its shortfall; `need` drops by what each gets. Returns where
 /// `me`'s slice starts in that order and how long it is.
@@ -503,14 +360,6 @@ fn by_handoff_order(leases: &[LeaseView<'_>], x: usize, y: usize) -> Ordering {
         .then_with(|| by_partition(leases, x, y))
 }
 
-/// [`by_handoff_order`] for leases known to have distinct partitions.
-fn handoff_order(x: &Lease, y: &Lease) -> Ordering {
-    x.next_owner
-        .is_none()
-        .cmp(&y.next_owner.is_none())
-        .then_with(|| x.key.partition.cmp(&y.key.partition))
-}
-
 /// Orders leases by partition id, then by position in the snapshot (a total order even if a
 /// snapshot repeats a partition).
 fn by_partition(leases: &[LeaseView<'_>], x: usize, y: usize) -> Ordering {
@@ -548,11 +397,13 @@ fn select_range<T>(
     range
 }
 
-/// The live hosts, sorted and deduplicated, with a name → index map and their limits.
+/// The live hosts, sorted and deduplicated, with their limits, and a name → index map when
+/// names are looked up one per lease.
 struct Fleet<'s> {
     /// Live hosts in name order.
     hosts: Vec<&'s HostName>,
-    index: HashMap<&'s str, usize>,
+    /// Built by [`Fleet::indexed`]; without it a name is found by binary search.
+    index: Option<HashMap<&'s str, usize>>,
     /// Per host: its `(min, max)` eligible leases (`(0, usize::MAX)` without limits).
     bounds: Vec<(usize, usize)>,
 }
@@ -562,24 +413,59 @@ impl<'s> Fleet<'s> {
         let mut hosts: Vec<&HostName> = live_hosts.iter().collect();
         hosts.sort_unstable();
         hosts.dedup();
-        let index = hosts
-            .iter()
-            .enumerate()
-            .map(|(i, h)| (h.as_str(), i))
-            .collect();
         let bounds = hosts
             .iter()
             .map(|h| strategy.limits_of(h).bounds())
             .collect();
         Self {
             hosts,
-            index,
+            index: None,
             bounds,
         }
     }
 
+    /// With a name → index map, for callers that look up a name per lease.
+    fn indexed(mut self) -> Self {
+        self.index = Some(
+            self.hosts
+                .iter()
+                .enumerate()
+                .map(|(i, h)| (h.as_str(), i))
+                .collect(),
+        );
+        self
+    }
+
     fn index_of(&self, host: &HostName) -> Option<usize> {
-        self.index.get(host.as_str()).copied()
+        match &self.index {
+            Some(index) => index.get(host.as_str()).copied(),
+            None => self.hosts.binary_search(&host).ok(),
+        }
+    }
+
+    /// Looks up names given in ascending order (an `OrdMap`'s keys) in one pass over the
+    /// hosts, instead of a search each.
+    fn in_order(&self) -> InOrder<'_, 's> {
+        InOrder {
+            hosts: &self.hosts,
+            at: 0,
+        }
+    }
+}
+
+/// [`Fleet::in_order`]: a cursor over the fleet's hosts.
+struct InOrder<'f, 's> {
+    hosts: &'f [&'s HostName],
+    at: usize,
+}
+
+impl InOrder<'_, '_> {
+    /// `host`'s index, for a `host` not below any name asked before.
+    fn index_of(&mut self, host: &HostName) -> Option<usize> {
+        while self.hosts.get(self.at).is_some_and(|h| *h < host) {
+            self.at += 1;
+        }
+        (self.hosts.get(self.at) == Some(&host)).then_some(self.at)
     }
 }
 
@@ -689,8 +575,11 @@ impl Shares {
         let requestable = (0..hosts).map(|h| owned[h] - outgoing[h]).collect();
         // Ties go to the hosts holding most (counting the free leases they asked for), then
         // by name: see `super::quotas`.
-        let mut rank: Vec<usize> = (0..hosts).collect();
-        rank.sort_unstable_by_key(|&h| (Reverse(effective[h] + claimed[h]), h));
+        let mut keyed: Vec<(Reverse<usize>, usize)> = (0..hosts)
+            .map(|h| (Reverse(effective[h] + claimed[h]), h))
+            .collect();
+        keyed.sort_unstable();
+        let rank: Vec<usize> = keyed.into_iter().map(|(_, h)| h).collect();
         let quota = share(eligible, &rank, &fleet.bounds);
         Self {
             effective,

@@ -116,16 +116,22 @@ pub(super) fn share(eligible: usize, rank: &[usize], bounds: &[(usize, usize)]) 
     // The quotas at `level` add up to `at(level)`, which grows with the level: at(0) = sum(min)
     // fits and at(eligible + 1) does not (it is sum(max), or counts some host's eligible + 1).
     let at = |level: usize| total(&|min, max| level.clamp(min, max));
-    let (mut fits, mut over) = (0usize, eligible.saturating_add(1));
-    while over - fits > 1 {
-        let mid = fits + (over - fits) / 2;
-        if at(mid) <= eligible {
-            fits = mid;
-        } else {
-            over = mid;
+    let level = if bounds.iter().all(|&b| b == (0, usize::MAX)) {
+        // No limits: at(level) is hosts × level, so the highest level that fits is known.
+        // (`bounds` is not empty: with no hosts, the minimums or the maximums covered it.)
+        eligible / bounds.len()
+    } else {
+        let (mut fits, mut over) = (0usize, eligible.saturating_add(1));
+        while over - fits > 1 {
+            let mid = fits + (over - fits) / 2;
+            if at(mid) <= eligible {
+                fits = mid;
+            } else {
+                over = mid;
+            }
         }
-    }
-    let level = fits;
+        fits
+    };
     // Fewer than the hosts that may take one more: at(level + 1) does not fit.
     let mut left = eligible - at(level);
     for (q, &(min, max)) in quota.iter_mut().zip(bounds) {

@@ -3,13 +3,15 @@
 //! from the equivalent [`Snapshot`], and a census kept up to date one change at a time equals
 //! a fresh count.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use imbl::{OrdMap, OrdSet};
 use proptest::prelude::*;
 
 use super::limits::gen_limits;
 use super::*;
+use crate::balance::census::{holder, Row};
 
 /// One generated row: state (0 available, 1 owned, 2 finished), owner and next owner (hosts
 /// by index), eligible, hand-off overdue.
@@ -159,6 +161,51 @@ impl Case {
     }
 }
 
+/// Partitions per host, as a census index holds them.
+type ByHost<'c> = BTreeMap<&'c HostName, BTreeSet<&'c PartitionId>>;
+
+fn by_host(index: &OrdMap<HostName, OrdSet<Row>>) -> ByHost<'_> {
+    index
+        .iter()
+        .map(|(h, set)| (h, set.iter().map(|row| &row.0.key.partition).collect()))
+        .collect()
+}
+
+/// The census's hand-off indexes agree with its counted leases: each lease naming a next
+/// owner is under that host in `asked`, and under it in `asked_unheld` when it has no holder
+/// or under its holder in `held_asked` when it has one; `self_asked` counts, per holder, the
+/// leases naming the holder itself.
+fn indexes_agree(census: &Census) -> Result<(), TestCaseError> {
+    let (mut asked, mut asked_unheld, mut held_asked) =
+        (ByHost::new(), ByHost::new(), ByHost::new());
+    let mut self_asked: BTreeMap<&HostName, usize> = BTreeMap::new();
+    for lease in census.leases() {
+        let Some(asker) = &lease.next_owner else {
+            continue;
+        };
+        let partition = &lease.key.partition;
+        asked.entry(asker).or_default().insert(partition);
+        match holder(lease) {
+            Some(owner) => {
+                held_asked.entry(owner).or_default().insert(partition);
+                if owner == asker {
+                    *self_asked.entry(owner).or_default() += 1;
+                }
+            }
+            None => {
+                asked_unheld.entry(asker).or_default().insert(partition);
+            }
+        }
+    }
+    prop_assert_eq!(by_host(&census.asked), asked);
+    prop_assert_eq!(by_host(&census.asked_unheld), asked_unheld);
+    prop_assert_eq!(by_host(&census.held_asked), held_asked);
+    let counted: BTreeMap<&HostName, usize> =
+        census.self_asked.iter().map(|(h, n)| (h, *n)).collect();
+    prop_assert_eq!(counted, self_asked);
+    Ok(())
+}
+
 #[test]
 fn an_unknown_holders_leases_are_neither_free_nor_counted() {
     // A membership view names "gone" dead and says nothing of "lost": gone's leases are free,
@@ -205,13 +252,15 @@ proptest! {
     }
 
     /// (a) A census kept up to date through changed rows (owner, next owner, state,
-    /// eligibility) and removals equals a fresh count of the resulting table, and plans alike.
+    /// eligibility) and removals equals a fresh count of the resulting table, its hand-off
+    /// indexes agree with its leases after every change, and it plans alike.
     #[test]
     fn census_kept_by_changes_equals_a_fresh_count(
         mut case in gen_case(),
         changes in proptest::collection::vec((any::<prop::sample::Index>(), proptest::option::weighted(0.9, gen_row(8))), 0..40),
     ) {
         let mut census = case.census();
+        indexes_agree(&census)?;
         for (at, change) in changes {
             if case.rows.is_empty() {
                 break;
@@ -240,6 +289,7 @@ proptest! {
                     case.rows.remove(i);
                 }
             }
+            indexes_agree(&census)?;
         }
         prop_assert_eq!(&census, &case.census());
         for (by_census, by_snapshot) in case.plans(&census) {

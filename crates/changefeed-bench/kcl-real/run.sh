@@ -4,6 +4,7 @@
 #
 #   bash crates/changefeed-bench/kcl-real/run.sh        # 8 shards, 2 -> 3 workers: about 9 minutes
 #   bash crates/changefeed-bench/kcl-real/run.sh --shards 32 --write-interval 2   # about 16 minutes
+#   bash crates/changefeed-bench/kcl-real/run.sh --latency   # record latency, both sides, polling and fan-out
 #
 # Flags go to bench.py (`--help` there): --shards, --initial (workers before one joins),
 # --write-interval, --flow-window and --idle-window (seconds counting DynamoDB requests),
@@ -97,7 +98,14 @@ fi
 # In the background, so that a signal to this script runs its trap at once (bash defers traps
 # while a foreground command runs): the trap passes the signal on, bench.py stops what it
 # started, then kill_marked catches anything left.
-"$venv/bin/python" "$here/bench.py" \
+script=bench.py
+if [ "${1:-}" = --latency ]; then
+  # Record latency instead (latency.py): the KCL and `changefeed run --properties` with the
+  # same record processor, polling and fan-out.
+  script=latency.py
+  shift
+fi
+"$venv/bin/python" "$here/$script" \
   --changefeed "$bin" --jars "$jars" \
   --dynamodb "$CHANGEFEED_TEST_DYNAMODB_URL" --kinesis "$CHANGEFEED_TEST_KINESIS_URL" \
   --work "$work/run-$run_id" "$@" &

@@ -43,6 +43,46 @@ pub struct Args {
     /// A short run for CI: 15 records per reader.
     #[arg(long)]
     quick: bool,
+    /// Also time the real Java KCL 2.5.8 (MultiLangDaemon and a Python record processor, by
+    /// `kcl-real/run.sh --latency`; needs Java 17 and Python 3), polling and fan-out, on its
+    /// own kinesis-mock and DynamoDB Local: adds `kcl_p50_ms`/`kcl_p99_ms` (the KCL's default
+    /// retrieval, fan-out) and `kcl_polling_p50_ms`/`kcl_polling_p99_ms` to the RESULT line.
+    #[arg(long)]
+    kcl: bool,
+}
+
+/// Runs the real KCL's side of `kcl-real/run.sh --latency` and returns its RESULT fields.
+fn kcl_side(records: u64) -> anyhow::Result<HashMap<String, String>> {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kcl-real/run.sh");
+    let mut cmd = std::process::Command::new("bash");
+    cmd.arg(&script)
+        .args(["--latency", "--sides", "kcl", "--records"])
+        .arg(records.to_string())
+        .stderr(std::process::Stdio::inherit());
+    if let Ok(me) = std::env::current_exe() {
+        let cli = me.with_file_name("changefeed");
+        if cli.exists() {
+            cmd.env("CHANGEFEED_BIN", cli);
+        }
+    }
+    let out = cmd.output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    print!("{stdout}");
+    anyhow::ensure!(
+        out.status.success(),
+        "{} --latency exited with {}",
+        script.display(),
+        out.status
+    );
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("RESULT "))
+        .ok_or_else(|| anyhow::anyhow!("{} printed no RESULT line", script.display()))?;
+    Ok(line
+        .split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect())
 }
 
 /// The put times of the records not yet seen, and the latencies of those seen.
@@ -210,10 +250,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         println!("{:<10} {:>8} {:>8}", "reader", "p50 ms", "p99 ms");
         println!("{:<10} {:>8.0} {:>8.0}", "polling", polling.0, polling.1);
         println!("{:<10} {:>8.0} {:>8.0}", "fan-out", fanout.0, fanout.1);
-        println!(
+        let mut result = format!(
             "RESULT polling_p50_ms={:.0} polling_p99_ms={:.0} fanout_p50_ms={:.0} fanout_p99_ms={:.0}",
             polling.0, polling.1, fanout.0, fanout.1
         );
+        if args.kcl {
+            let kcl = kcl_side(records)?;
+            let get = |k: &str| kcl.get(k).map_or("NA", String::as_str).to_string();
+            result.push_str(&format!(
+                " kcl_p50_ms={} kcl_p99_ms={} kcl_polling_p50_ms={} kcl_polling_p99_ms={}",
+                get("kcl_fanout_p50_ms"),
+                get("kcl_fanout_p99_ms"),
+                get("kcl_polling_p50_ms"),
+                get("kcl_polling_p99_ms"),
+            ));
+        }
+        println!("{result}");
         Ok(())
     })
 }

@@ -181,7 +181,10 @@ impl Host {
                 .processor
                 .clock
                 .sleep(workers_by.saturating_duration_since(self.processor.clock.now()));
+            // Biased, as every select of the host: an unbiased one picks among ready branches
+            // by a random draw the simulator's seed does not govern, and a run would not repeat.
             tokio::select! {
+                biased;
                 _ = wait => true,
                 _ = limit => false,
             }
@@ -206,6 +209,7 @@ impl Host {
                 self.remove_own_heartbeat(row, rng).await;
             };
             tokio::select! {
+                biased;
                 _ = remove => {}
                 _ = self.processor.clock.sleep(left.max(Duration::from_millis(100))) => {
                     warn!("removing the heartbeat row took longer than shutdown_timeout; it will expire");

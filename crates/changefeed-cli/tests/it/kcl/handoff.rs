@@ -113,7 +113,17 @@ fn a_host_joining_takes_its_lease_by_a_graceful_hand_off_with_nothing_delivered_
 #[test]
 fn on_kinesis_a_host_joining_a_properties_file_fleet_delivers_nothing_again() {
     // The same, as a KCL application runs: the properties file (sample keys, local endpoints),
-    // a kinesis-mock stream of two shards, the leases in DynamoDB Local.
+    // a kinesis-mock stream of two shards, the leases in DynamoDB Local; polling.
+    joining_a_properties_file_fleet("retrievalMode = POLLING\n");
+}
+
+#[test]
+fn on_kinesis_with_fan_out_a_host_joining_a_properties_file_fleet_delivers_nothing_again() {
+    // As the KCL reads by default: enhanced fan-out, each host subscribing to its shards.
+    joining_a_properties_file_fleet("retrievalMode = FANOUT\n");
+}
+
+fn joining_a_properties_file_fleet(retrieval: &str) {
     let python = kclpy_python();
     let kinesis = super::endpoint("CHANGEFEED_TEST_KINESIS_URL");
     let dynamodb = super::endpoint("CHANGEFEED_TEST_DYNAMODB_URL");
@@ -126,7 +136,7 @@ fn on_kinesis_a_host_joining_a_properties_file_fleet_delivers_nothing_again() {
         &app,
         &kinesis,
         &dynamodb,
-        "AWSCredentialsProvider = DefaultCredentialsProvider\n",
+        &format!("AWSCredentialsProvider = DefaultCredentialsProvider\n{retrieval}"),
     );
     let feed = super::stream(&kinesis, &app);
     let put = |range: std::ops::Range<usize>| -> Vec<usize> {
@@ -176,6 +186,35 @@ fn on_kinesis_a_host_joining_a_properties_file_fleet_delivers_nothing_again() {
     };
     assert_eq!(said("a", "shutdown_requested"), 1, "{entries:?}");
     assert_eq!(said("a", "lost"), 0, "no leaseLost for a planned move");
+    // Fan-out reads through one consumer named after the application; polling registers none.
+    let consumers: Vec<String> = crate::support::rt().block_on(async {
+        let arn = feed
+            .client()
+            .describe_stream_summary()
+            .stream_name(&app)
+            .send()
+            .await
+            .expect("DescribeStreamSummary")
+            .stream_description_summary()
+            .map(|d| d.stream_arn().to_string())
+            .expect("a stream description");
+        feed.client()
+            .list_stream_consumers()
+            .stream_arn(arn)
+            .send()
+            .await
+            .expect("ListStreamConsumers")
+            .consumers()
+            .iter()
+            .map(|c| c.consumer_name().to_string())
+            .collect()
+    });
+    let want = if retrieval.contains("FANOUT") {
+        vec![app.clone()]
+    } else {
+        Vec::new()
+    };
+    assert_eq!(consumers, want);
     crate::support::rt()
         .block_on(feed.delete_stream())
         .expect("delete stream");

@@ -186,6 +186,17 @@ fn write_properties(
 
 #[test]
 fn an_amazon_kclpy_processor_runs_unchanged_through_a_split_and_a_killed_host() {
+    split_and_killed_host("");
+}
+
+#[test]
+fn with_fan_out_an_amazon_kclpy_processor_runs_unchanged_through_a_split_and_a_killed_host() {
+    split_and_killed_host("retrievalMode = FANOUT\n");
+}
+
+/// The sample's processor through a split, a SIGTERM and a SIGKILL, polling (no
+/// `retrievalMode`, our default) or with `retrieval` set.
+fn split_and_killed_host(retrieval: &str) {
     let python = kclpy_python();
     let kinesis = endpoint("CHANGEFEED_TEST_KINESIS_URL");
     let dynamodb = endpoint("CHANGEFEED_TEST_DYNAMODB_URL");
@@ -199,7 +210,9 @@ fn an_amazon_kclpy_processor_runs_unchanged_through_a_split_and_a_killed_host() 
         &unique,
         &kinesis,
         &dynamodb,
-        "AWSCredentialsProvider = DefaultCredentialsProvider\nmaxRecords = 4\n",
+        &format!(
+            "AWSCredentialsProvider = DefaultCredentialsProvider\nmaxRecords = 4\n{retrieval}"
+        ),
     );
     let feed = stream(&kinesis, &unique);
     let seen = |n: usize| {

@@ -58,7 +58,7 @@ use crate::usage::UsageError;
 mod aws;
 
 use aws::check_endpoint;
-pub use aws::AwsUrl;
+pub use aws::{consumer_name_ok, AwsUrl};
 
 /// Schemes this build understands, for error messages.
 const SUPPORTED: &str =

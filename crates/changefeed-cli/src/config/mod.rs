@@ -177,6 +177,12 @@ pub struct RunArgs {
     /// dropping the aggregated record whole as the KCL does: true or false. Default false.
     #[arg(long, value_name = "BOOL", env = "CHANGEFEED_KINESIS_DELIVER_OUTSIDE_SHARD", num_args = 0..=1, default_missing_value = "true")]
     pub kinesis_deliver_outside_shard: Option<String>,
+    /// Kinesis source only: how it reads, polling (GetRecords) or fanout (enhanced fan-out,
+    /// SubscribeToShard, through a stream consumer named after the group; fanout:NAME names
+    /// it). Wins over the source URL's retrieval= and a properties file's retrievalMode.
+    /// Default: the URL's, else polling.
+    #[arg(long, value_name = "MODE", env = "CHANGEFEED_KINESIS_RETRIEVAL")]
+    pub kinesis_retrieval: Option<String>,
     /// A KCL MultiLangDaemon properties file (executableName, streamName, applicationName,
     /// initialPositionInStream, endpoints, regionName …) to take the handler, source, store and
     /// group from; implies --protocol kcl. Flags and variables win over it.
@@ -231,6 +237,7 @@ const KEYS: &[&str] = &[
     "log_format",
     "protocol",
     "kinesis_deliver_outside_shard",
+    "kinesis_retrieval",
 ];
 
 /// A fully resolved and validated `run` configuration.
@@ -306,6 +313,7 @@ impl RunArgs {
             "log_format" => &mut self.log_format,
             "protocol" => &mut self.protocol,
             "kinesis_deliver_outside_shard" => &mut self.kinesis_deliver_outside_shard,
+            "kinesis_retrieval" => &mut self.kinesis_retrieval,
             _ => return None,
         })
     }
@@ -396,7 +404,7 @@ impl RunArgs {
             })
         };
         let store = BackendUrl::store("store", &required(self.store, "store", "store")?)?;
-        let source = BackendUrl::source("source", &required(self.source, "source", "source")?)?;
+        let mut source = BackendUrl::source("source", &required(self.source, "source", "source")?)?;
         let handler = required(self.handler, "handler", "handler")?;
         if handler.trim().is_empty() {
             return Err(UsageError("handler: must not be empty".into()));
@@ -574,6 +582,15 @@ impl RunArgs {
                 ));
             }
         }
+        let group = self.group.unwrap_or_else(|| "default".into());
+        if let Some(v) = &self.kinesis_retrieval {
+            let BackendUrl::Kinesis(aws) = &mut source else {
+                return Err(UsageError(
+                    "kinesis_retrieval: only a kinesis:// source reads by polling or fan-out; the source is not one".into(),
+                ));
+            };
+            aws.retrieval = kinesis_retrieval(v, &group)?;
+        }
         let host = match self.host {
             Some(h) => h,
             None => default_host(),
@@ -584,7 +601,7 @@ impl RunArgs {
             source,
             handler,
             host,
-            group: self.group.unwrap_or_else(|| "default".into()),
+            group,
             settings,
             http_addrs,
             log_format,
@@ -683,3 +700,30 @@ fn parse_checkpoint(value: &str) -> Result<CheckpointMode, UsageError> {
 
 #[cfg(test)]
 mod tests;
+
+/// The `kinesis_retrieval` setting: polling, fanout (a consumer named after `group`) or
+/// fanout:NAME.
+fn kinesis_retrieval(v: &str, group: &str) -> Result<changefeed_kinesis::Retrieval, UsageError> {
+    let fanout = |name: &str| {
+        if crate::url::consumer_name_ok(name) {
+            Ok(changefeed_kinesis::Retrieval::FanOut {
+                consumer_name: name.to_string(),
+            })
+        } else {
+            Err(UsageError(format!(
+                "kinesis_retrieval: the consumer name \"{}\" must be 1 to 128 characters of A-Z, a-z, 0-9, '_', '-' and '.'{}",
+                name.escape_debug(),
+                if name == group { " (it is the group's name: give one with fanout:NAME)" } else { "" }
+            )))
+        }
+    };
+    match v.split_once(':') {
+        None if v == "polling" => Ok(changefeed_kinesis::Retrieval::Polling),
+        None if v == "fanout" => fanout(group),
+        Some(("fanout", name)) => fanout(name),
+        _ => Err(UsageError(format!(
+            "kinesis_retrieval: \"{}\" must be polling, fanout or fanout:CONSUMER",
+            v.escape_debug()
+        ))),
+    }
+}

@@ -245,6 +245,67 @@ fn deliver_outside_shard_is_read_for_a_kinesis_source_only() {
 }
 
 #[test]
+fn kinesis_retrieval_chooses_polling_or_fan_out_and_wins_over_the_url() {
+    // --kinesis-retrieval: polling, fanout (a consumer named after the group) or
+    // fanout:NAME, from the flag or the file, over the URL's retrieval=; refused by name for
+    // a bad value, a bad consumer name or a source that is not Kinesis.
+    use changefeed_kinesis::Retrieval;
+    let resolved = |retrieval: &str, url: &str| {
+        let mut a = RunArgs {
+            source: Some(format!("kinesis://orders?endpoint=http://127.0.0.1:1{url}")),
+            group: Some("billing".into()),
+            ..args()
+        };
+        if !retrieval.is_empty() {
+            a.kinesis_retrieval = Some(retrieval.into());
+        }
+        a.resolve().map(|c| match c.source {
+            BackendUrl::Kinesis(aws) => aws.retrieval,
+            other => panic!("a kinesis source: {other:?}"),
+        })
+    };
+    let fan = |name: &str| Retrieval::FanOut {
+        consumer_name: name.into(),
+    };
+    assert_eq!(resolved("", ""), Ok(Retrieval::Polling));
+    assert_eq!(resolved("fanout", ""), Ok(fan("billing")));
+    assert_eq!(resolved("fanout:app-1", ""), Ok(fan("app-1")));
+    assert_eq!(
+        resolved("polling", "&retrieval=fanout&consumer=c"),
+        Ok(Retrieval::Polling)
+    );
+    assert_eq!(resolved("", "&retrieval=fanout&consumer=c"), Ok(fan("c")));
+    let mut a = RunArgs {
+        source: Some("kinesis://orders?endpoint=http://127.0.0.1:1".into()),
+        ..args()
+    };
+    a.merge_file("f.toml", "kinesis_retrieval = \"fanout:from-file\"\n")
+        .expect("valid file");
+    match a.resolve().expect("valid").source {
+        BackendUrl::Kinesis(aws) => assert_eq!(aws.retrieval, fan("from-file")),
+        other => panic!("a kinesis source: {other:?}"),
+    }
+    for (bad, says) in [
+        (
+            "push",
+            "kinesis_retrieval: \"push\" must be polling, fanout or fanout:CONSUMER",
+        ),
+        ("fanout:a/b", "kinesis_retrieval: the consumer name \"a/b\""),
+    ] {
+        let err = resolved(bad, "").expect_err(bad);
+        assert!(err.0.starts_with(says), "{err}");
+    }
+    let mut a = args();
+    a.kinesis_retrieval = Some("fanout".into());
+    let err = a.resolve().expect_err("not a kinesis source");
+    assert!(
+        err.0
+            .starts_with("kinesis_retrieval: only a kinesis:// source"),
+        "{err}"
+    );
+}
+
+#[test]
 fn max_unhealthy_and_start_timeout_are_read_and_checked_by_name() {
     // --max-unhealthy reaches the library (default none: 3 × lease_expiry) and is checked
     // by it; --start-timeout is the CLI's own, 60s by default, and may be zero.

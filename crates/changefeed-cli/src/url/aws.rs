@@ -116,11 +116,7 @@ impl AwsUrl {
                     retrieval = Some(v);
                 }
                 Some(("consumer", v)) if scheme == "kinesis" => {
-                    // Kinesis's rule for a stream consumer's name.
-                    let ok = (1..=128).contains(&v.len())
-                        && v.bytes()
-                            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
-                    if !ok {
+                    if !consumer_name_ok(v) {
                         return Err(bad(format!(
                             "kinesis:// parameter consumer: \"{}\" must be 1 to 128 characters of A-Z, a-z, 0-9, '_', '-' and '.'",
                             v.escape_debug()
@@ -243,4 +239,12 @@ pub(super) fn check_endpoint(v: &str) -> Result<(), &'static str> {
         return Err(RULE);
     }
     Ok(())
+}
+
+/// Kinesis's rule for a stream consumer's name: 1 to 128 of A-Z, a-z, 0-9, '_', '-' and '.'.
+pub fn consumer_name_ok(name: &str) -> bool {
+    (1..=128).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
 }

@@ -233,3 +233,74 @@ time.sleep(300)
     assert!(left.is_empty(), "processes left: {left:?}");
     assert_eq!(fx.lease("g", "0").and_then(|l| l.owner), None, "released");
 }
+
+#[test]
+fn a_move_hands_a_lines_lease_over_at_the_last_acknowledged_batch_even_between_interval_checkpoints(
+) {
+    // With --checkpoint interval:1h no checkpoint falls due while the test runs: the hand-off
+    // itself writes the position of the last batch the process acknowledged, so the host
+    // joining delivers nothing again.
+    let fx = Fixture::new();
+    feed(&fx, 30);
+    let script = fx.path("orders_handler.py");
+    std::fs::write(&script, example_handler()).expect("write handler");
+    let host = |name: &str| {
+        bin()
+            .args(["run", "--store", &fx.url(), "--source", &fx.url()])
+            .args(["--handler", &format!("python3 '{}'", script.display())])
+            .args(["--protocol", "lines", "--host", name, "--group", "g"])
+            .args(["--max-batch-size", "4", "--checkpoint", "interval:1h"])
+            .args(FAST)
+            .env("ORDERS_OUT", fx.path("out.txt"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(fx.path(&format!("{name}.stderr"))).expect("stderr"))
+            .spawn()
+            .map(crate::support::KillOnDrop)
+            .expect("start run")
+    };
+    let out = fx.path("out.txt");
+    let handled = || -> Vec<String> {
+        read(&out)
+            .lines()
+            .filter_map(|l| l.split(' ').nth(2).map(str::to_string))
+            .collect()
+    };
+    let _h1 = host("h1");
+    wait_for(Duration::from_secs(30), "h1 handled all 60 records", || {
+        (handled().len() >= 60).then_some(())
+    });
+    let _h2 = host("h2");
+    wait_for(Duration::from_secs(30), "h2 owns a partition", || {
+        ["0", "1"]
+            .iter()
+            .any(|p| {
+                fx.lease("g", p)
+                    .and_then(|l| l.owner)
+                    .is_some_and(|o| o.as_str() == "h2")
+            })
+            .then_some(())
+    });
+    fx.with_feed(async |feed| {
+        for p in ["0", "1"] {
+            let id = PartitionId::new(p).expect("id");
+            for i in 30..40 {
+                feed.append_to(&id, "k", format!("{p}:{i}"))
+                    .await
+                    .expect("append");
+            }
+        }
+    });
+    wait_for(Duration::from_secs(30), "all 80 records handled", || {
+        (handled().len() >= 80).then_some(())
+    });
+    let mut seen = BTreeMap::new();
+    for data in handled() {
+        *seen.entry(data).or_insert(0) += 1;
+    }
+    let again: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        again.is_empty(),
+        "delivered again after the move: {again:?}"
+    );
+    assert_eq!(seen.len(), 80, "every record once");
+}

@@ -124,6 +124,8 @@ fn start_host(properties: &Path, ledger: &Path, name: &str, extra: &[&str]) -> K
             .args(extra)
             .args(["--host", name, "--sync-interval", "1s"])
             .env("KCL_TEST_LEDGER", ledger)
+            // A JSON log line and a plain one on stdout among the protocol's messages.
+            .env("KCL_TEST_STDOUT_NOISE", "1")
             .env("AWS_REGION", "us-east-1")
             .stdin(Stdio::null())
             .spawn()
@@ -158,8 +160,9 @@ fn sqlite_kcl_host(
     )
 }
 
-/// Writes `dir/app.properties` for the test record processor run by `python` on stream and
-/// application `app` at the local servers, with the `extra` lines, and returns its path.
+/// Writes `dir/app.properties` as the KCL's sample has it (the stream named by `streamArn`
+/// alone) for the test record processor run by `python` on stream and application `app` at
+/// the local servers, with the `extra` lines, and returns its path.
 fn write_properties(
     dir: &Path,
     python: &str,
@@ -173,7 +176,8 @@ fn write_properties(
     std::fs::write(
         &properties,
         format!(
-            "executableName = {python} {processor}\nstreamName = {app}\napplicationName = {app}\n\
+            "executableName = {python} {processor}\n\
+             streamArn = arn:aws:kinesis:us-east-1:000000000000:stream/{app}\napplicationName = {app}\n\
              processingLanguage = python/3\ninitialPositionInStream = TRIM_HORIZON\n\
              regionName = us-east-1\nkinesisEndpoint = {kinesis}\ndynamoDBEndpoint = {dynamodb}\n\
              {extra}",

@@ -493,7 +493,7 @@ class Ours(Side):
             "cat >/dev/null",
             "--host",
             name,
-        ]
+        ] + self.args.ours_args.split()
         return spawn(argv, os.path.join(self.work, f"{name}.log"), cwd=self.work)
 
     def owners(self):
@@ -732,6 +732,7 @@ def main():
     ap.add_argument("--poll-error-limit", type=float, default=60, help="give up after ownership polls fail for this long")
     ap.add_argument("--java-heap", default="512m")
     ap.add_argument("--sides", default="kcl,ours", help="which sides, in order (kcl,ours)")
+    ap.add_argument("--ours-args", default="", help="extra flags for each `changefeed run` (e.g. \"--renew-interval 3.3s\")")
     args = ap.parse_args()
     if args.initial < 1 or args.shards < args.initial + 1:
         ap.error("need --initial >= 1 and --shards >= --initial + 1")

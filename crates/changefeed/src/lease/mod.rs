@@ -1,9 +1,10 @@
 //! The lease store seam: where leases and host heartbeats live.
 //!
-//! [`LeaseStore`] is deliberately small: list, create-if-absent, compare-and-swap, delete, and
-//! the membership row per host. Acquiring, renewing, checkpointing, handing off and releasing
-//! are built on top of it by the processor, so a backend only has to get these few operations
-//! atomic. [`MemoryLeaseStore`] is the in-memory implementation for tests and the simulator.
+//! Two small traits: [`LeaseStore`] for the lease rows (list, create-if-absent,
+//! compare-and-swap, delete) and its supertrait [`MembershipStore`] for the heartbeat row per
+//! host and the membership view. Acquiring, renewing, checkpointing, handing off and releasing
+//! are built on top of them by the processor, so a backend only has to get these few
+//! operations atomic. [`MemoryLeaseStore`] is the in-memory implementation for tests and the simulator.
 //!
 //! The trait is object-safe (`Arc<dyn LeaseStore>`): a host picks its store at run time from a
 //! URL, and the processor, CLI and simulator hold one type whatever the backend. The cost is

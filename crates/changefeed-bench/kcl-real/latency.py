@@ -94,7 +94,7 @@ def measure(args, side, mode, kinesis):
                 raise BenchError(f"{side} ({mode}) exited {p.returncode}; log: {bench.tail(p.logfile)}")
             if time.monotonic() > deadline:
                 raise BenchError(f"{side} ({mode}): {len(lines)} of {want} records within {args.deadline:.0f} s; log: {bench.tail(p.logfile)}")
-            time.sleep(0.5)
+            time.sleep(0.1)  # polls the file the processor appends to, within the deadline
             try:
                 with open(out) as f:
                     lines = [float(x) for x in f.read().split()]

@@ -187,28 +187,7 @@ fn joining_a_properties_file_fleet(retrieval: &str) {
     assert_eq!(said("a", "shutdown_requested"), 1, "{entries:?}");
     assert_eq!(said("a", "lost"), 0, "no leaseLost for a planned move");
     // Fan-out reads through one consumer named after the application; polling registers none.
-    let consumers: Vec<String> = crate::support::rt().block_on(async {
-        let arn = feed
-            .client()
-            .describe_stream_summary()
-            .stream_name(&app)
-            .send()
-            .await
-            .expect("DescribeStreamSummary")
-            .stream_description_summary()
-            .map(|d| d.stream_arn().to_string())
-            .expect("a stream description");
-        feed.client()
-            .list_stream_consumers()
-            .stream_arn(arn)
-            .send()
-            .await
-            .expect("ListStreamConsumers")
-            .consumers()
-            .iter()
-            .map(|c| c.consumer_name().to_string())
-            .collect()
-    });
+    let consumers = super::stream_consumers(&feed, &app);
     let want = if retrieval.contains("FANOUT") {
         vec![app.clone()]
     } else {

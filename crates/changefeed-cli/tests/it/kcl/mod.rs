@@ -103,6 +103,32 @@ fn stream(kinesis: &str, name: &str) -> KinesisFeed {
     })
 }
 
+/// The names of the stream `name`'s registered consumers (fan-out registers one).
+fn stream_consumers(feed: &KinesisFeed, name: &str) -> Vec<String> {
+    rt().block_on(async {
+        let arn = feed
+            .client()
+            .describe_stream_summary()
+            .stream_name(name)
+            .send()
+            .await
+            .expect("DescribeStreamSummary")
+            .stream_description_summary()
+            .map(|d| d.stream_arn().to_string())
+            .expect("a stream description");
+        feed.client()
+            .list_stream_consumers()
+            .stream_arn(arn)
+            .send()
+            .await
+            .expect("ListStreamConsumers")
+            .consumers()
+            .iter()
+            .map(|c| c.consumer_name().to_string())
+            .collect()
+    })
+}
+
 /// Writes records `r-{i}` for `i` in `range`, each with a key of its own (so that a split
 /// shard's records spread over both children).
 fn put(feed: &KinesisFeed, range: std::ops::Range<usize>) {

@@ -209,28 +209,7 @@ fn retrieval_mode_fanout_reads_through_a_consumer_named_after_the_application() 
                 .then_some(())
         });
         drop(host);
-        let consumers: Vec<String> = rt().block_on(async {
-            let arn = feed
-                .client()
-                .describe_stream_summary()
-                .stream_name(&unique)
-                .send()
-                .await
-                .expect("DescribeStreamSummary")
-                .stream_description_summary()
-                .map(|d| d.stream_arn().to_string())
-                .expect("a stream description");
-            feed.client()
-                .list_stream_consumers()
-                .stream_arn(arn)
-                .send()
-                .await
-                .expect("ListStreamConsumers")
-                .consumers()
-                .iter()
-                .map(|c| c.consumer_name().to_string())
-                .collect()
-        });
+        let consumers = super::stream_consumers(&feed, &unique);
         let log = read(&stderr);
         if fanout {
             assert_eq!(consumers, vec![unique.clone()], "{log}");

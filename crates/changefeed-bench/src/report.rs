@@ -55,7 +55,7 @@ const RUN_BY_DEFAULT: [&str; 7] = [
 const ROWS: &[Row] = &[
     Row {
         bench: "store-io",
-        figure: "store writes / host / 2 s interval, idle",
+        figure: "store writes / host / 3 s renew interval, idle",
         key: "writes_per_host_per_interval",
         against: Against::Key("KCL 2.x pattern", "kcl_writes_per_host_per_interval"),
         how: "measured; KCL computed",

@@ -27,7 +27,9 @@ pub struct Settings {
     /// How long a host's heartbeat must stay unchanged, on an observer's own clock, before the
     /// observer judges the host dead and takes its leases. Default 10 s.
     pub lease_expiry: Duration,
-    /// How often a host writes its heartbeat. Default 2 s.
+    /// How often a host writes its heartbeat. Default 3 s, as the KCL's lease renewal (a third
+    /// of its 10 s failover time): one write per host per interval is most of an idle fleet's
+    /// store bill. A try that fails is followed half an interval later.
     pub renew_interval: Duration,
     /// A host whose last successful heartbeat was sent `lease_expiry − safety_margin` ago stops
     /// its workers (fencing). Covers clock-rate drift and store latency. Default 2 s.
@@ -135,7 +137,7 @@ impl Default for Settings {
         Self {
             start_position: Position::Beginning,
             lease_expiry: Duration::from_secs(10),
-            renew_interval: Duration::from_secs(2),
+            renew_interval: Duration::from_secs(3),
             safety_margin: Duration::from_secs(2),
             acquire_interval: Duration::from_secs(2),
             full_list_interval: Duration::from_secs(300),

@@ -337,12 +337,21 @@ pub(crate) async fn run(
     // later: the host takes nothing until a view lists it, and no view can before its row
     // carries it.
     let mut renew_now = false;
+    // A try that did not count (failed, timed out, landed too late) is followed half an
+    // interval later: at the default cadence (3 s, as the KCL's) a host then has four tries,
+    // not two, before its fence, while a healthy host still writes once per interval.
+    let mut retry_soon = false;
     loop {
         let deadline = last_ok_sent + fence_after;
         let wait = if renew_now {
             Duration::ZERO
         } else {
-            (last_try + renew_interval).saturating_duration_since(clock.now())
+            let interval = if retry_soon {
+                renew_interval / 2
+            } else {
+                renew_interval
+            };
+            (last_try + interval).saturating_duration_since(clock.now())
         };
         let fence_in = deadline.saturating_duration_since(clock.now());
         tokio::select! {
@@ -500,6 +509,7 @@ pub(crate) async fn run(
                 });
             }
         }
+        retry_soon = last_ok_sent != sent;
         if clock.now() >= last_ok_sent + fence_after && !fence.is_raised() {
             warn!(host = %row.host, "no successful heartbeat for lease_expiry − safety_margin; fencing: workers stop");
             metrics::counter!("changefeed_fenced_total").increment(1);

@@ -374,3 +374,111 @@ async fn a_host_cut_off_by_a_black_hole_renews_within_the_write_timeout_of_the_h
     assert!(record.get() > healed);
     cancel.cancel();
 }
+
+/// A store that refuses every heartbeat at once while `down`, as a server that resets
+/// connections does, and records when each try was sent.
+#[derive(Debug)]
+struct Refusing {
+    inner: MemoryLeaseStore,
+    down: std::sync::atomic::AtomicBool,
+    sent: Mutex<Vec<Instant>>,
+}
+
+#[async_trait]
+impl ForwardingStore for Refusing {
+    fn inner(&self) -> &dyn LeaseStore {
+        &self.inner
+    }
+
+    async fn heartbeat(
+        &self,
+        group: &GroupName,
+        host: &HostName,
+        incarnation: &str,
+        written_at: Timestamp,
+        expected: Option<Version>,
+        role: HeartbeatRole,
+    ) -> Result<Heartbeat, LeaseError> {
+        self.sent.lock().expect("not poisoned").push(Instant::now());
+        if self.down.load(Ordering::SeqCst) {
+            return Err(LeaseError::store(
+                "heartbeat",
+                None,
+                true,
+                "connection reset".to_owned(),
+            ));
+        }
+        self.inner
+            .heartbeat(group, host, incarnation, written_at, expected, role)
+            .await
+    }
+}
+
+/// At the default cadence a healthy host writes once per renew interval, and a try that
+/// failed is followed half an interval later: four tries before the fence, not two.
+#[tokio::test(start_paused = true)]
+async fn a_failed_try_is_followed_half_a_renew_interval_later() {
+    let settings = crate::processor::Settings::default();
+    let renew = settings.renew_interval;
+    let fence_after = settings.fence_after();
+    let t0 = Instant::now();
+    let inner = MemoryLeaseStore::new();
+    let row = inner
+        .heartbeat(
+            &group(),
+            &host(),
+            "inc",
+            Timestamp(0),
+            None,
+            HeartbeatRole::Member,
+        )
+        .await
+        .expect("registered");
+    let store = Arc::new(Refusing {
+        inner,
+        down: std::sync::atomic::AtomicBool::new(false),
+        sent: Mutex::default(),
+    });
+    let cancel = CancellationToken::new();
+    let record = FenceDeadline::new(t0 + fence_after, fence_after * 4);
+    let (doorbell, raised) = watch::channel(false);
+    tokio::spawn(run(
+        store.clone(),
+        Arc::new(SystemClock),
+        row,
+        renew,
+        fence_after,
+        doorbell,
+        cancel.clone(),
+        settings.safety_margin.min(renew),
+        record,
+        Arc::default(),
+        ViewLink::new(Arc::from("inc")),
+    ));
+    // Healthy for three intervals: a try every interval.
+    tokio::time::sleep_until(t0 + renew * 3 + Duration::from_millis(1)).await;
+    store.down.store(true, Ordering::SeqCst);
+    let down_at = Instant::now();
+    // Down long enough to fence.
+    tokio::time::sleep_until(down_at + fence_after + renew).await;
+    assert!(*raised.borrow(), "fenced while every try failed");
+    let gaps: Vec<Duration> = {
+        let sent = store.sent.lock().expect("not poisoned");
+        sent.windows(2).map(|w| w[1] - w[0]).collect()
+    };
+    assert_eq!(&gaps[..2], &[renew, renew], "healthy: one try per interval");
+    // The try at 3 × renew succeeded; the one at 4 × renew is the first refused; after it,
+    // every gap is half an interval.
+    assert_eq!(gaps[2], renew, "{gaps:?}");
+    assert!(gaps[3..].iter().all(|g| *g == renew / 2), "{gaps:?}");
+    let before_fence = 1 + gaps[3..]
+        .iter()
+        .scan(renew, |at, g| {
+            *at += *g;
+            Some(*at)
+        })
+        .take_while(|at| *at < fence_after)
+        .count();
+    assert_eq!(before_fence, 4, "tries before the fence: {gaps:?}");
+    cancel.cancel();
+}

@@ -466,30 +466,6 @@ impl DynamoLeaseStore {
         put.build().map_err(build_error("heartbeat"))
     }
 
-    /// The transaction item of a heartbeat write that stays under its key, the version it
-    /// writes and the key; `None` if the row must move to another key first.
-    pub(crate) async fn heartbeat_writes(
-        &self,
-        group: &GroupName,
-        host: &HostName,
-        incarnation: &str,
-        written_at: Timestamp,
-        expected: Option<Version>,
-    ) -> Result<Option<(TransactWriteItem, Version, String)>, LeaseError> {
-        let (from, to) = self.heartbeat_keys(group, host).await?;
-        if from.is_some_and(|f| f != to) && expected.is_some() {
-            return Ok(None);
-        }
-        let version = expected.map_or(Version::FIRST, Version::next);
-        let put =
-            self.heartbeat_put(to.clone(), host, incarnation, written_at, version, expected)?;
-        Ok(Some((
-            TransactWriteItem::builder().put(put).build(),
-            version,
-            to,
-        )))
-    }
-
     /// [`MembershipStore::heartbeat`](changefeed::lease::MembershipStore::heartbeat): a conditional put
     /// under the row's key, or, if the group's layout moved it, one transaction of the delete
     /// at the old key and the put at the new one.

@@ -23,7 +23,6 @@ use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::{
     AttributeValue, ReturnConsumedCapacity, ReturnValue, ReturnValuesOnConditionCheckFailure,
-    TransactWriteItem, Update,
 };
 use changefeed::model::{
     GroupHead, GroupName, Heartbeat, HostName, MembershipView, Timestamp, Version, ViewHost,
@@ -34,8 +33,8 @@ use tracing::debug;
 
 use crate::error::{store_error, DynamoError};
 use crate::store::{
-    build_error, heartbeat_pk, lock, n, number, s, text, DynamoLeaseStore, Item, Kind, A_COUNTER,
-    COUNTER_SK, PK, SK, TRANSACTION_ATTEMPTS,
+    heartbeat_pk, lock, n, number, s, text, DynamoLeaseStore, Item, Kind, A_COUNTER, COUNTER_SK,
+    PK, SK, TRANSACTION_ATTEMPTS,
 };
 
 const A_VIEW_VERSION: &str = "view_version";
@@ -466,10 +465,14 @@ impl DynamoLeaseStore {
         }
     }
 
-    /// [`LeaseStore::lead_heartbeat`](changefeed::lease::LeaseStore::lead_heartbeat): one
-    /// transaction of the heartbeat write and the copy of its version into the view, the copy
-    /// conditioned on the view naming this host and incarnation as leader. If only that
-    /// condition fails, the heartbeat is written alone.
+    /// The leader's heartbeat: its row's renewal, as any host's, then the copy of the new
+    /// version into the view, conditioned on the view naming this host and incarnation as
+    /// leader. Two plain writes, not one transaction: DynamoDB bills a transactional write
+    /// twice, and a heartbeat is most of an idle fleet's bill. Nothing needs them atomic: the
+    /// copy is written after the row, so it never shows a version the row has not reached,
+    /// observers count a copy only when it is newer than what they saw, and a copy that fails
+    /// (not the leader any more, or conflicts that outlast the retries) leaves the view's copy
+    /// one renewal behind, which the next renewal makes good.
     pub(crate) async fn put_lead_heartbeat(
         &self,
         group: &GroupName,
@@ -478,16 +481,26 @@ impl DynamoLeaseStore {
         written_at: Timestamp,
         expected: Option<Version>,
     ) -> Result<Heartbeat, LeaseError> {
-        let Some((put, version, pk)) = self
-            .heartbeat_writes(group, host, incarnation, written_at, expected)
-            .await?
-        else {
-            // The row moves between layouts in this write: leadership is copied next time.
-            return self
-                .write_heartbeat(group, host, incarnation, written_at, expected)
-                .await;
-        };
-        let copy = Update::builder()
+        let row = self
+            .write_heartbeat(group, host, incarnation, written_at, expected)
+            .await?;
+        if let Err(err) = self.copy_lead_heartbeat(group, host, &row).await {
+            debug!(%group, %host, error = %err, "could not copy the leader's heartbeat into the view");
+        }
+        Ok(row)
+    }
+
+    /// Copies the leader's heartbeat `row` into the view's counter item, if the view names its
+    /// host and incarnation as leader.
+    async fn copy_lead_heartbeat(
+        &self,
+        group: &GroupName,
+        host: &HostName,
+        row: &Heartbeat,
+    ) -> Result<(), LeaseError> {
+        let req = self
+            .client()
+            .update_item()
             .table_name(self.table())
             .key(PK, s(heartbeat_pk(group)))
             .key(SK, s(COUNTER_SK))
@@ -496,23 +509,44 @@ impl DynamoLeaseStore {
             .expression_attribute_names("#vh", A_VIEW_LEADER_HEARTBEAT)
             .expression_attribute_names("#vl", A_VIEW_LEADER)
             .expression_attribute_names("#vi", A_VIEW_INCARNATION)
-            .expression_attribute_values(":vh", n(version.0))
+            .expression_attribute_values(":vh", n(row.version.0))
             .expression_attribute_values(":vl", s(host.as_str()))
-            .expression_attribute_values(":vi", s(incarnation))
-            .build()
-            .map_err(build_error("lead_heartbeat"))?;
-        let items = vec![put, TransactWriteItem::builder().update(copy).build()];
-        match self
-            .transact("lead_heartbeat", format!("{group}/{host}"), items)
-            .await?
-        {
-            None => Ok(self.heartbeat_written(pk, group, host, incarnation, written_at, version)),
-            Some((1, _)) => {
-                // Not (or no longer) the view's leader: a plain renewal.
-                self.write_heartbeat(group, host, incarnation, written_at, expected)
-                    .await
+            .expression_attribute_values(":vi", s(&*row.incarnation))
+            .return_consumed_capacity(ReturnConsumedCapacity::Total);
+        let mut attempt = 0;
+        let result = loop {
+            // An ownership transaction on the counter item at the same moment refuses a plain
+            // write with TransactionConflict: retry, as the transactions do.
+            match req.clone().send().await {
+                Err(err)
+                    if attempt + 1 < TRANSACTION_ATTEMPTS
+                        && err.as_service_error().is_some_and(|e| {
+                            e.meta().code() == Some("TransactionConflictException")
+                        }) =>
+                {
+                    attempt += 1;
+                    self.backoff(attempt).await;
+                }
+                result => break result,
             }
-            Some((_, refused)) => Err(self.heartbeat_refused(group, host, refused)),
+        };
+        match result {
+            Ok(out) => {
+                self.account(Kind::Write, out.consumed_capacity());
+                Ok(())
+            }
+            Err(err) => match err.as_service_error() {
+                // Not (or no longer) the view's leader: the renewal alone was due.
+                Some(UpdateItemError::ConditionalCheckFailedException(_)) => {
+                    self.account_failed_write();
+                    Ok(())
+                }
+                _ => Err(store_error(
+                    "lead_heartbeat",
+                    Some(format!("{group}/{host}")),
+                    err,
+                )),
+            },
         }
     }
 }

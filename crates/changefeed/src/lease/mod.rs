@@ -160,9 +160,11 @@ pub trait MembershipStore: Send + Sync + std::fmt::Debug {
     ///
     /// Written as the membership view's leader ([`HeartbeatRole::Leader`]), a store that keeps
     /// a view ([`MembershipStore::head`]) also copies the new version into the view's
-    /// [`MembershipView::leader_heartbeat`], in the same atomic step, when the view names this
-    /// host and incarnation as its leader: the others judge from the view alone that the leader
-    /// lives and keeps it. A store without a view writes the heartbeat only, whatever the role.
+    /// [`MembershipView::leader_heartbeat`] when the view names this host and incarnation as
+    /// its leader: the others judge from the view alone that the leader lives and keeps it.
+    /// The copy is made in the same atomic step or once the row's write has landed, never
+    /// before: it may lag the row, which observers allow for, but never lead it. A store
+    /// without a view writes the heartbeat only, whatever the role.
     ///
     /// # Errors
     /// [`LeaseError::HeartbeatConflict`] with the current row if it exists when `expected` is

@@ -155,6 +155,7 @@ async fn heartbeat_ms(store: &dyn LeaseStore) -> anyhow::Result<f64> {
             Timestamp(0),
             None,
             HeartbeatRole::Member,
+            None,
         )
         .await
     {
@@ -175,6 +176,7 @@ async fn heartbeat_ms(store: &dyn LeaseStore) -> anyhow::Result<f64> {
                 Timestamp(i),
                 Some(row.version),
                 HeartbeatRole::Member,
+                None,
             )
             .await?;
         times.push(start.elapsed());

@@ -110,6 +110,7 @@ impl Script {
                 Timestamp(0),
                 last.map(|b| b.version),
                 HeartbeatRole::Member,
+                None,
             )
             .await
             .expect("heartbeat")
@@ -130,6 +131,7 @@ impl Script {
                 at,
                 Some(last.version),
                 HeartbeatRole::Leader,
+                None,
             )
             .await
             .expect("lead heartbeat")

@@ -172,15 +172,20 @@ pub fn heartbeat_doc(
     incarnation: &str,
     written_at: Timestamp,
     version: Version,
+    report: Option<&str>,
 ) -> Value {
-    json!({
+    let mut doc = json!({
         "id": host_id(host.as_str()),
         "group": group.as_str(),
         "host": host.as_str(),
         "incarnation": incarnation,
         "version": version.0,
         "written_at": written_at.millis(),
-    })
+    });
+    if let (Some(report), Some(fields)) = (report, doc.as_object_mut()) {
+        fields.insert("report".into(), Value::from(report));
+    }
+    doc
 }
 
 /// Reads a heartbeat document of `group`.
@@ -208,6 +213,7 @@ pub fn parse_heartbeat(group: &GroupName, doc: &Value) -> Result<Heartbeat, Leas
             .into(),
         version: Version(number(doc, "version").map_err(bad)?),
         written_at: Timestamp(doc.get("written_at").and_then(Value::as_i64).unwrap_or(0)),
+        report: text(doc, "report").map_err(bad)?.map(Into::into),
     })
 }
 

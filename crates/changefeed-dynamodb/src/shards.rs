@@ -41,7 +41,7 @@ use tracing::{info, warn};
 use crate::error::{store_error, DynamoError};
 use crate::store::{
     build_error, heartbeat_pk, lock, n, number, parse_heartbeat, s, DynamoLeaseStore, Item, Kind,
-    Refused, A_COUNTER, A_INCARNATION, A_VERSION, COUNTER_SK, HOST_PREFIX, PK, SK,
+    Refused, A_COUNTER, A_INCARNATION, A_REPORT, A_VERSION, COUNTER_SK, HOST_PREFIX, PK, SK,
 };
 use crate::view::counter_of;
 
@@ -433,6 +433,7 @@ impl DynamoLeaseStore {
         Ok(from.unwrap_or(to))
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn heartbeat_put(
         &self,
         pk: String,
@@ -441,6 +442,7 @@ impl DynamoLeaseStore {
         written_at: Timestamp,
         version: Version,
         expected: Option<Version>,
+        report: Option<&str>,
     ) -> Result<Put, LeaseError> {
         let mut put = Put::builder()
             .table_name(self.table())
@@ -454,6 +456,9 @@ impl DynamoLeaseStore {
             )
             .item(A_LAYOUT, n(LAYOUT))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
+        if let Some(report) = report {
+            put = put.item(A_REPORT, s(report));
+        }
         put = match expected {
             None => put
                 .condition_expression("attribute_not_exists(#pk)")
@@ -476,6 +481,7 @@ impl DynamoLeaseStore {
         incarnation: &str,
         written_at: Timestamp,
         expected: Option<Version>,
+        report: Option<&str>,
     ) -> Result<Heartbeat, LeaseError> {
         let (from, to) = self.heartbeat_keys(group, host).await?;
         let version = expected.map_or(Version::FIRST, Version::next);
@@ -495,7 +501,8 @@ impl DynamoLeaseStore {
                     )
                     .build()
                     .map_err(build_error("heartbeat"))?;
-                let put = self.heartbeat_put(to, host, incarnation, written_at, version, None)?;
+                let put =
+                    self.heartbeat_put(to, host, incarnation, written_at, version, None, report)?;
                 let items = vec![
                     TransactWriteItem::builder().delete(delete).build(),
                     TransactWriteItem::builder().put(put).build(),
@@ -505,14 +512,24 @@ impl DynamoLeaseStore {
                     .map(|(_, r)| r)
             }
             _ => {
-                let put =
-                    self.heartbeat_put(to, host, incarnation, written_at, version, expected)?;
+                let put = self.heartbeat_put(
+                    to,
+                    host,
+                    incarnation,
+                    written_at,
+                    version,
+                    expected,
+                    report,
+                )?;
                 self.put_item(put, "heartbeat", key).await?
             }
         };
         match refused {
             None => {
-                Ok(self.heartbeat_written(to_pk, group, host, incarnation, written_at, version))
+                let mut row =
+                    self.heartbeat_written(to_pk, group, host, incarnation, written_at, version);
+                row.report = report.map(Into::into);
+                Ok(row)
             }
             Some(refused) => Err(self.heartbeat_refused(group, host, refused)),
         }
@@ -535,6 +552,7 @@ impl DynamoLeaseStore {
             incarnation: incarnation.into(),
             version,
             written_at,
+            report: None,
         }
     }
 

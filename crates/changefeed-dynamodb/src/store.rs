@@ -52,6 +52,8 @@ const A_PARENTS: &str = "parents";
 const A_PROPERTIES: &str = "properties";
 pub(crate) const A_INCARNATION: &str = "incarnation";
 const A_WRITTEN_AT: &str = "written_at";
+/// What the host published with its heartbeat ([`changefeed::model::HostReport`], JSON).
+pub(crate) const A_REPORT: &str = "report";
 pub(crate) const A_COUNTER: &str = "change_counter";
 
 /// How many times a write is retried when a DynamoDB transaction conflicts with another one
@@ -683,6 +685,7 @@ pub(crate) fn parse_heartbeat(group: &GroupName, item: &Item) -> Result<Heartbea
             .into(),
         version: Version(number(item, A_VERSION).map_err(bad)?),
         written_at: Timestamp(number(item, A_WRITTEN_AT).unwrap_or(0) as i64),
+        report: text(item, A_REPORT).map_err(bad)?.map(Into::into),
     })
 }
 

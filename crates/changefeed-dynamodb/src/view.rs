@@ -480,9 +480,10 @@ impl DynamoLeaseStore {
         incarnation: &str,
         written_at: Timestamp,
         expected: Option<Version>,
+        report: Option<&str>,
     ) -> Result<Heartbeat, LeaseError> {
         let row = self
-            .write_heartbeat(group, host, incarnation, written_at, expected)
+            .write_heartbeat(group, host, incarnation, written_at, expected, report)
             .await?;
         if let Err(err) = self.copy_lead_heartbeat(group, host, &row).await {
             debug!(%group, %host, error = %err, "could not copy the leader's heartbeat into the view");

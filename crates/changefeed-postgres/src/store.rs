@@ -143,11 +143,18 @@ fn migrations(prefix: &str) -> Vec<String> {
         ALTER TABLE {groups} ADD COLUMN view_leader_heartbeat bigint NOT NULL DEFAULT 0;
         "#
         ),
+        // 4: what a host publishes with its heartbeat (its capacity, limits and loads, JSON),
+        // written by each renewal. Rows from before have none.
+        format!(
+            r#"
+        ALTER TABLE {heartbeats} ADD COLUMN report text;
+        "#
+        ),
     ]
 }
 
 /// The schema version of the lease store tables this build creates and understands.
-pub const LEASE_SCHEMA_VERSION: i32 = 3;
+pub const LEASE_SCHEMA_VERSION: i32 = 4;
 
 /// How many change-counter moves back a group's deletions are remembered for
 /// [`LeaseStore::list_changes`] by default (see [`PostgresLeaseStore::changes_kept`]): the
@@ -201,7 +208,7 @@ impl Sql {
                  RETURNING change_counter, changes_from"
             )
         };
-        let hb_cols = "host, incarnation, version, written_at";
+        let hb_cols = "host, incarnation, version, written_at, report";
         Sql {
             list: format!("SELECT {COLS} FROM {leases} WHERE grp = $1 ORDER BY partition"),
             get: format!("SELECT {COLS} FROM {leases} WHERE grp = $1 AND partition = $2"),
@@ -272,8 +279,8 @@ impl Sql {
             ),
             hb_create: format!(
                 "WITH ins AS (
-                    INSERT INTO {heartbeats} (grp, host, incarnation, version, written_at)
-                    VALUES ($1, $2, $3, 1, $4)
+                    INSERT INTO {heartbeats} (grp, host, incarnation, version, written_at, report)
+                    VALUES ($1, $2, $3, 1, $4, $5)
                     ON CONFLICT DO NOTHING
                     RETURNING {hb_cols}
                  ), cur AS (
@@ -287,7 +294,7 @@ impl Sql {
             hb_renew: format!(
                 "WITH upd AS (
                     UPDATE {heartbeats} SET incarnation = $3, written_at = $4,
-                        version = version + 1
+                        version = version + 1, report = $6
                     WHERE grp = $1 AND host = $2 AND version = $5
                     RETURNING {hb_cols}
                  ), cur AS (
@@ -303,7 +310,7 @@ impl Sql {
             hb_lead: format!(
                 "WITH upd AS (
                     UPDATE {heartbeats} SET incarnation = $3, written_at = $4,
-                        version = version + 1
+                        version = version + 1, report = $6
                     WHERE grp = $1 AND host = $2 AND version = $5
                     RETURNING {hb_cols}
                  ), lead AS (
@@ -354,10 +361,10 @@ impl Sql {
                  SELECT {hb_cols} FROM cur"
             ),
             membership: format!(
-                "SELECT host, incarnation, version, written_at, NULL::bigint AS counter
+                "SELECT host, incarnation, version, written_at, report, NULL::bigint AS counter
                  FROM {heartbeats} WHERE grp = $1
                  UNION ALL
-                 SELECT NULL, NULL, NULL, NULL, change_counter FROM {groups} WHERE grp = $1"
+                 SELECT NULL, NULL, NULL, NULL, NULL, change_counter FROM {groups} WHERE grp = $1"
             ),
             // One statement, so one snapshot: the counter row and the rows stamped up to it.
             // The first row (kind 0) is the group's counters; then (kind 1) the leases stamped
@@ -496,6 +503,7 @@ impl PostgresLeaseStore {
 
     /// A heartbeat write; with `lead`, a renewal also copies its version into the view this
     /// host leads, in the same statement.
+    #[allow(clippy::too_many_arguments)]
     async fn write_heartbeat(
         &self,
         group: &GroupName,
@@ -504,6 +512,7 @@ impl PostgresLeaseStore {
         written_at: Timestamp,
         expected: Option<Version>,
         lead: bool,
+        report: Option<&str>,
     ) -> Result<Heartbeat, LeaseError> {
         let (g, h) = (group.to_string(), host.to_string());
         let at = written_at.millis();
@@ -511,8 +520,13 @@ impl PostgresLeaseStore {
         let key = format!("{group}/{host}");
         let rows = match expected {
             None => {
-                self.query("heartbeat", key, &self.sql.hb_create, &[&g, &h, &inc, &at])
-                    .await?
+                self.query(
+                    "heartbeat",
+                    key,
+                    &self.sql.hb_create,
+                    &[&g, &h, &inc, &at, &report],
+                )
+                .await?
             }
             Some(v) => {
                 let v = i64::try_from(v.0).unwrap_or(i64::MAX);
@@ -521,7 +535,7 @@ impl PostgresLeaseStore {
                 } else {
                     &self.sql.hb_renew
                 };
-                self.query("heartbeat", key, sql, &[&g, &h, &inc, &at, &v])
+                self.query("heartbeat", key, sql, &[&g, &h, &inc, &at, &v, &report])
                     .await?
             }
         };
@@ -641,6 +655,7 @@ fn parse_heartbeat(group: &GroupName, row: &Row, offset: usize) -> Result<Heartb
         incarnation: col::<String>(row, offset + 1, "incarnation")?.into(),
         version: Version(version as u64),
         written_at: Timestamp(col(row, offset + 3, "written_at")?),
+        report: col::<Option<String>>(row, offset + 4, "report")?.map(Into::into),
     })
 }
 

@@ -94,6 +94,11 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE changefeed_groups ADD COLUMN view_leader_incarnation TEXT;
     ALTER TABLE changefeed_groups ADD COLUMN view_leader_heartbeat INTEGER NOT NULL DEFAULT 0;
     "#,
+    // 4: what a host publishes with its heartbeat (its capacity, limits and loads, JSON),
+    // written by each renewal. Rows from before have none.
+    r#"
+    ALTER TABLE changefeed_heartbeats ADD COLUMN report TEXT;
+    "#,
 ];
 
 /// The schema version this build creates and understands.

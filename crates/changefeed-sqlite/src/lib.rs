@@ -11,6 +11,9 @@
 //! counter value on each lease row, a bounded table of recent deletions (see
 //! [`CHANGE_HORIZON`]) and, per group, the oldest counter value it can answer from. A file of
 //! version 1 is migrated on open; its groups answer from their counter as of the migration on.
+//! Version 3 adds the membership view to each group's row, version 4 the `report` of each
+//! heartbeat row (the host's capacity, limits and measured loads, JSON); an older file is
+//! migrated on open, its rows reading as having none.
 //! [`SqliteLeaseStore`] says what it answers.
 //!
 //! # Why rusqlite on the blocking pool

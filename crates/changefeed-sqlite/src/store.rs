@@ -170,6 +170,7 @@ impl SqliteLeaseStore {
 
     /// A heartbeat write; with `lead`, also the copy of its version into the view this host
     /// leads, in the same transaction.
+    #[allow(clippy::too_many_arguments)]
     async fn write_heartbeat(
         &self,
         group: &GroupName,
@@ -178,8 +179,10 @@ impl SqliteLeaseStore {
         written_at: Timestamp,
         expected: Option<Version>,
         lead: bool,
+        report: Option<&str>,
     ) -> Result<Heartbeat, LeaseError> {
         let (group, host, incarnation) = (group.clone(), host.clone(), incarnation.to_string());
+        let report: Option<Arc<str>> = report.map(Into::into);
         self.run("heartbeat", format!("{group}/{host}"), move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let current = read_heartbeat(&tx, &group, &host)?;
@@ -197,9 +200,11 @@ impl SqliteLeaseStore {
             };
             tx.prepare_cached(
                 "INSERT INTO changefeed_heartbeats
-                 (group_name, host, incarnation, version, written_at) VALUES (?1, ?2, ?3, ?4, ?5)
+                 (group_name, host, incarnation, version, written_at, report)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
                  ON CONFLICT (group_name, host) DO UPDATE SET incarnation = excluded.incarnation,
-                 version = excluded.version, written_at = excluded.written_at",
+                 version = excluded.version, written_at = excluded.written_at,
+                 report = excluded.report",
             )?
             .execute(params![
                 group.as_str(),
@@ -207,6 +212,7 @@ impl SqliteLeaseStore {
                 incarnation,
                 to_sql_version(version)?,
                 written_at.millis(),
+                report.as_deref(),
             ])?;
             if lead {
                 tx.prepare_cached(
@@ -227,6 +233,7 @@ impl SqliteLeaseStore {
                 incarnation: incarnation.into(),
                 version,
                 written_at,
+                report,
             })
         })
         .await
@@ -553,7 +560,7 @@ fn read_heartbeat(
     host: &HostName,
 ) -> Result<Option<Heartbeat>, Fail> {
     let mut stmt = conn.prepare_cached(
-        "SELECT host, incarnation, version, written_at FROM changefeed_heartbeats
+        "SELECT host, incarnation, version, written_at, report FROM changefeed_heartbeats
          WHERE group_name = ?1 AND host = ?2",
     )?;
     let mut rows = stmt.query(params![group.as_str(), host.as_str()])?;
@@ -572,12 +579,22 @@ fn parse_heartbeat(group: &GroupName, row: &Row<'_>) -> Result<Heartbeat, Sqlite
             ValueRef::Integer(ms) => Timestamp(ms),
             other => return Err(format!("written_at is not an integer: {other:?}")),
         };
+        let report = match row.get_ref(4).map_err(|e| e.to_string())? {
+            ValueRef::Null => None,
+            ValueRef::Text(t) => Some(
+                std::str::from_utf8(t)
+                    .map_err(|e| format!("report is not UTF-8: {e}"))?
+                    .into(),
+            ),
+            other => return Err(format!("report is not text: {other:?}")),
+        };
         Ok(Heartbeat {
             group: group.clone(),
             host,
             incarnation: incarnation.into(),
             version,
             written_at,
+            report,
         })
     };
     parse().map_err(|reason| SqliteError::MalformedRow {

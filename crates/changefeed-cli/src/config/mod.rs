@@ -145,6 +145,15 @@ pub struct RunArgs {
     /// Give every host of the group the same value. Default none.
     #[arg(long, value_name = "N", env = "CHANGEFEED_MAX_LEASES")]
     pub max_leases: Option<String>,
+    /// This host's capacity weight, published with its heartbeat for balancing by measured
+    /// load: how much load it takes relative to the others. Default its available cores.
+    #[arg(long, value_name = "WEIGHT", env = "CHANGEFEED_CAPACITY")]
+    pub capacity: Option<String>,
+    /// Also publish each held partition's measured load (records/s, bytes/s, handler busy
+    /// time) with the heartbeat: true or false. Default false (about 45 bytes per partition
+    /// in the heartbeat row).
+    #[arg(long, value_name = "BOOL", env = "CHANGEFEED_PUBLISH_LOAD", num_args = 0..=1, default_missing_value = "true")]
+    pub publish_load: Option<String>,
     /// The idle tick: when a partition has had no records for this long, run the handler
     /// command with an empty batch (empty stdin), for time-window flushes. Default none.
     #[arg(long, value_name = "DURATION", env = "CHANGEFEED_MAX_WAIT_TIME")]
@@ -230,6 +239,8 @@ const KEYS: &[&str] = &[
     "checkpoint",
     "min_leases",
     "max_leases",
+    "capacity",
+    "publish_load",
     "max_wait_time",
     "lag_per_partition",
     "http",
@@ -306,6 +317,8 @@ impl RunArgs {
             "checkpoint" => &mut self.checkpoint,
             "min_leases" => &mut self.min_leases,
             "max_leases" => &mut self.max_leases,
+            "capacity" => &mut self.capacity,
+            "publish_load" => &mut self.publish_load,
             "max_wait_time" => &mut self.max_wait_time,
             "lag_per_partition" => &mut self.lag_per_partition,
             "http" => &mut self.http,
@@ -482,6 +495,17 @@ impl RunArgs {
         }
         if let Some(v) = &self.max_leases {
             settings.max_leases = Some(parse_number("max_leases", v)?);
+        }
+        if let Some(v) = &self.capacity {
+            let weight = v.trim().parse::<f64>().map_err(|_| {
+                UsageError(format!(
+                    "capacity: {v:?} is not a number (a weight, e.g. 2 or 0.5)"
+                ))
+            })?;
+            settings.capacity = Some(weight);
+        }
+        if let Some(v) = &self.publish_load {
+            settings.publish_load = parse_bool("publish_load", v)?;
         }
         if let Some(v) = &self.handler_timeout {
             settings.handler_timeout = Some(parse_duration("handler_timeout", v)?);

@@ -380,6 +380,32 @@ fn lease_limits_are_read_and_checked_by_name() {
     }
 }
 
+#[test]
+fn capacity_and_publish_load_are_read_and_checked_by_name() {
+    let mut a = args();
+    a.merge_file("f.toml", "capacity = \"2.5\"\npublish_load = \"true\"\n")
+        .expect("valid file");
+    let c = a.resolve().expect("valid");
+    assert_eq!(c.settings.capacity, Some(2.5));
+    assert!(c.settings.publish_load);
+    let c = args().resolve().expect("valid");
+    assert_eq!(
+        (c.settings.capacity, c.settings.publish_load),
+        (None, false)
+    );
+    for (value, message) in [
+        ("lots", "capacity: \"lots\" is not a number"),
+        ("0", "capacity: 0 must be above 0 and finite"),
+        ("-1", "capacity: -1 must be above 0 and finite"),
+        ("inf", "capacity: inf must be above 0 and finite"),
+    ] {
+        let mut a = args();
+        a.capacity = Some(value.into());
+        let err = a.resolve().expect_err(message);
+        assert!(err.0.starts_with(message), "{err}");
+    }
+}
+
 proptest::proptest! {
     #[test]
     fn parsing_any_duration_never_panics(text in "\\PC{0,30}", digits in "[0-9]{1,30}",

@@ -106,6 +106,7 @@ fn readyz_is_503_until_the_host_registers_then_200_with_healthz_and_metrics() {
                 Timestamp(0),
                 None,
                 HeartbeatRole::Member,
+                None,
             )
             .await
             .expect("the previous incarnation's row")

@@ -156,6 +156,7 @@ fn release_frees_a_dead_hosts_leases_and_removes_its_heartbeat() {
             Timestamp(0),
             None,
             HeartbeatRole::Member,
+            None,
         )
         .await
         .expect("heartbeat");

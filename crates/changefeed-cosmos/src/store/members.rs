@@ -14,17 +14,19 @@ impl MembershipStore for CosmosLeaseStore {
         written_at: Timestamp,
         expected: Option<Version>,
         role: HeartbeatRole,
+        report: Option<&str>,
     ) -> Result<Heartbeat, LeaseError> {
         match role {
             HeartbeatRole::Member => {
                 let version = expected.map_or(Version::FIRST, Version::next);
-                let doc = heartbeat_doc(group, host, incarnation, written_at, version);
+                let doc = heartbeat_doc(group, host, incarnation, written_at, version, report);
                 let stored = Heartbeat {
                     group: group.clone(),
                     host: host.clone(),
                     incarnation: incarnation.into(),
                     version,
                     written_at,
+                    report: report.map(Into::into),
                 };
                 let name = || Some(format!("{group}/{host}"));
                 let slot = (group.clone(), host.clone());
@@ -100,7 +102,7 @@ impl MembershipStore for CosmosLeaseStore {
                 ))
             }
             HeartbeatRole::Leader => {
-                self.put_lead_heartbeat(group, host, incarnation, written_at, expected)
+                self.put_lead_heartbeat(group, host, incarnation, written_at, expected, report)
                     .await
             }
         }

@@ -390,6 +390,7 @@ impl CosmosLeaseStore {
         incarnation: &str,
         written_at: Timestamp,
         expected: Option<Version>,
+        report: Option<&str>,
     ) -> Result<Heartbeat, LeaseError> {
         let name = || Some(format!("{group}/{host}"));
         let leads = |c: &CounterDoc| {
@@ -428,6 +429,7 @@ impl CosmosLeaseStore {
                         written_at,
                         expected,
                         HeartbeatRole::Member,
+                        report,
                     )
                     .await;
             };
@@ -441,10 +443,11 @@ impl CosmosLeaseStore {
                         written_at,
                         expected,
                         HeartbeatRole::Member,
+                        report,
                     )
                     .await;
             }
-            let row = heartbeat_doc(group, host, incarnation, written_at, version);
+            let row = heartbeat_doc(group, host, incarnation, written_at, version, report);
             let write = match expected {
                 None => BatchOp::Create(row),
                 Some(expected) => BatchOp::Replace {
@@ -498,6 +501,7 @@ impl CosmosLeaseStore {
                     incarnation: incarnation.into(),
                     version,
                     written_at,
+                    report: report.map(Into::into),
                 });
             }
             let Some((index, failed)) = results

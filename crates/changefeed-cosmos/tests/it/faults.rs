@@ -86,6 +86,7 @@ async fn a_request_into_a_black_hole_fails_retryably_within_the_request_timeout(
             Timestamp(1),
             None,
             HeartbeatRole::Member,
+            None,
         )
         .await
         .expect("a heartbeat through the passing proxy");
@@ -104,6 +105,7 @@ async fn a_request_into_a_black_hole_fails_retryably_within_the_request_timeout(
             Timestamp(2),
             Some(hb.version),
             HeartbeatRole::Member,
+            None,
         )
         .await
         .map(|_| ());

@@ -115,6 +115,7 @@ async fn list_pages_through_a_prefix_query() {
             changefeed::model::Timestamp(1),
             None,
             HeartbeatRole::Member,
+            None,
         )
         .await
         .expect("heartbeat");
@@ -398,7 +399,15 @@ async fn head_is_one_read_and_a_leaders_renewal_one_batch() {
     let g = group("view-cost");
     let a = HostName::new("a").expect("valid");
     let hb = store
-        .heartbeat(&g, &a, "inc-a", Timestamp(1), None, HeartbeatRole::Member)
+        .heartbeat(
+            &g,
+            &a,
+            "inc-a",
+            Timestamp(1),
+            None,
+            HeartbeatRole::Member,
+            None,
+        )
         .await
         .expect("register");
     let v1 = store
@@ -425,6 +434,7 @@ async fn head_is_one_read_and_a_leaders_renewal_one_batch() {
             Timestamp(2),
             Some(hb.version),
             HeartbeatRole::Leader,
+            None,
         )
         .await
         .expect("lead renewal");

@@ -18,14 +18,15 @@ impl MembershipStore for DynamoLeaseStore {
         written_at: Timestamp,
         expected: Option<Version>,
         role: HeartbeatRole,
+        report: Option<&str>,
     ) -> Result<Heartbeat, LeaseError> {
         match role {
             HeartbeatRole::Member => {
-                self.write_heartbeat(group, host, incarnation, written_at, expected)
+                self.write_heartbeat(group, host, incarnation, written_at, expected, report)
                     .await
             }
             HeartbeatRole::Leader => {
-                self.put_lead_heartbeat(group, host, incarnation, written_at, expected)
+                self.put_lead_heartbeat(group, host, incarnation, written_at, expected, report)
                     .await
             }
         }

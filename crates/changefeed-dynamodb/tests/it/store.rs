@@ -153,7 +153,15 @@ async fn register(store: &DynamoLeaseStore, g: &GroupName, hosts: std::ops::Rang
     for i in hosts {
         let h = HostName::new(format!("h{i:02}")).expect("valid");
         store
-            .heartbeat(g, &h, "inc", Timestamp(1), None, HeartbeatRole::Member)
+            .heartbeat(
+                g,
+                &h,
+                "inc",
+                Timestamp(1),
+                None,
+                HeartbeatRole::Member,
+                None,
+            )
             .await
             .expect("register");
     }
@@ -191,6 +199,7 @@ async fn a_group_grows_from_one_heartbeat_key_to_its_shards_once_its_fleet_outgr
                 Timestamp(2),
                 Some(host.version),
                 HeartbeatRole::Member,
+                None,
             )
             .await
             .expect("a renewal moves the row to its shard");
@@ -266,6 +275,7 @@ async fn an_old_layout_group_is_sharded_only_once_no_old_process_heartbeats() {
             Timestamp(1),
             None,
             HeartbeatRole::Member,
+            None,
         )
         .await
         .expect("a new process joins");
@@ -302,6 +312,7 @@ async fn an_old_layout_group_is_sharded_only_once_no_old_process_heartbeats() {
             Timestamp(2),
             Some(row.version),
             HeartbeatRole::Member,
+            None,
         )
         .await
         .expect("renewal moves the row");

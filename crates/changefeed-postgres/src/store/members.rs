@@ -14,6 +14,7 @@ impl MembershipStore for PostgresLeaseStore {
         written_at: Timestamp,
         expected: Option<Version>,
         role: HeartbeatRole,
+        report: Option<&str>,
     ) -> Result<Heartbeat, LeaseError> {
         self.write_heartbeat(
             group,
@@ -22,6 +23,7 @@ impl MembershipStore for PostgresLeaseStore {
             written_at,
             expected,
             role == HeartbeatRole::Leader,
+            report,
         )
         .await
     }
@@ -140,7 +142,7 @@ impl MembershipStore for PostgresLeaseStore {
             .await?;
         let mut m = Membership::default();
         for row in &rows {
-            let counter: Option<i64> = row.try_get(4).unwrap_or(None);
+            let counter: Option<i64> = row.try_get(5).unwrap_or(None);
             if let Some(c) = counter {
                 m.change_counter = u64::try_from(c).unwrap_or(0);
                 continue;

@@ -81,6 +81,7 @@ impl Fixture {
             Timestamp(0),
             None,
             HeartbeatRole::Member,
+            None,
         );
         tokio::time::timeout(within, call)
             .await

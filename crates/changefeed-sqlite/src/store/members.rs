@@ -14,6 +14,7 @@ impl MembershipStore for SqliteLeaseStore {
         written_at: Timestamp,
         expected: Option<Version>,
         role: HeartbeatRole,
+        report: Option<&str>,
     ) -> Result<Heartbeat, LeaseError> {
         self.write_heartbeat(
             group,
@@ -22,6 +23,7 @@ impl MembershipStore for SqliteLeaseStore {
             written_at,
             expected,
             role == HeartbeatRole::Leader,
+            report,
         )
         .await
     }
@@ -67,7 +69,7 @@ impl MembershipStore for SqliteLeaseStore {
             let mut hosts = Vec::new();
             {
                 let mut stmt = tx.prepare_cached(
-                    "SELECT host, incarnation, version, written_at FROM changefeed_heartbeats
+                    "SELECT host, incarnation, version, written_at, report FROM changefeed_heartbeats
                      WHERE group_name = ?1 ORDER BY host",
                 )?;
                 let mut rows = stmt.query([group.as_str()])?;

@@ -9,5 +9,6 @@ mod change_stamps;
 mod dead_letter;
 mod feed;
 mod key_parallel;
+mod load_report;
 mod processor;
 mod store;

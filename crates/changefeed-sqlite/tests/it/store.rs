@@ -440,6 +440,7 @@ async fn heartbeats_are_compare_and_swap_and_read_with_the_counter() {
             Timestamp(10),
             None,
             HeartbeatRole::Member,
+            None,
         )
         .await
         .unwrap();
@@ -452,6 +453,7 @@ async fn heartbeats_are_compare_and_swap_and_read_with_the_counter() {
             Timestamp(11),
             None,
             HeartbeatRole::Member,
+            None,
         )
         .await
         .unwrap();
@@ -464,6 +466,7 @@ async fn heartbeats_are_compare_and_swap_and_read_with_the_counter() {
             Timestamp(12),
             None,
             HeartbeatRole::Member,
+            None,
         )
         .await
     {
@@ -480,6 +483,7 @@ async fn heartbeats_are_compare_and_swap_and_read_with_the_counter() {
             Timestamp(20),
             Some(hb.version),
             HeartbeatRole::Member,
+            None,
         )
         .await
         .unwrap();
@@ -492,7 +496,8 @@ async fn heartbeats_are_compare_and_swap_and_read_with_the_counter() {
             "inc-1",
             Timestamp(21),
             Some(hb.version),
-            HeartbeatRole::Member
+            HeartbeatRole::Member,
+            None,
         )
         .await
         .is_err());

@@ -48,6 +48,7 @@ async fn beat(store: &MemoryLeaseStore, name: &str, last: Option<&Heartbeat>) ->
             Timestamp(0),
             last.map(|h| h.version),
             HeartbeatRole::Member,
+            None,
         )
         .await
         .unwrap()

@@ -96,6 +96,8 @@ macro_rules! forwarding {
                     "after [`ForwardingStore::before`].\n\n# Errors\n",
                     "Those of [`ForwardingStore::before`] and of the inner store."
                 )]
+                // A heartbeat's fields are its arguments; a struct would only rename them.
+                #[allow(clippy::too_many_arguments)]
                 async fn $mname(&self, $($marg: $mty),*) -> Result<$mret, LeaseError> {
                     self.before(StoreOp::$mop).await?;
                     self.inner().$mname($($marg),*).await
@@ -143,7 +145,8 @@ forwarding! {
             incarnation: &str,
             written_at: Timestamp,
             expected: Option<Version>,
-            role: HeartbeatRole
+            role: HeartbeatRole,
+            report: Option<&str>
         ) -> Heartbeat;
         RemoveHeartbeat => remove_heartbeat(
             group: &GroupName,

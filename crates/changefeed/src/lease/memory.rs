@@ -105,6 +105,7 @@ impl MemoryLeaseStore {
     }
 
     /// A heartbeat write; with `lead`, also the copy into the view the host leads.
+    #[allow(clippy::too_many_arguments)]
     fn write_heartbeat(
         &self,
         group: &GroupName,
@@ -113,6 +114,7 @@ impl MemoryLeaseStore {
         written_at: Timestamp,
         expected: Option<Version>,
         lead: bool,
+        report: Option<&str>,
     ) -> Result<Heartbeat, LeaseError> {
         let mut groups = self.lock();
         let g = groups.entry(group.clone()).or_default();
@@ -134,6 +136,7 @@ impl MemoryLeaseStore {
             incarnation: incarnation.into(),
             version,
             written_at,
+            report: report.map(Into::into),
         };
         g.hosts.insert(host.clone(), row.clone());
         if let Some(view) = g.view.as_mut().filter(|_| lead) {
@@ -326,6 +329,7 @@ impl MembershipStore for MemoryLeaseStore {
         written_at: Timestamp,
         expected: Option<Version>,
         role: HeartbeatRole,
+        report: Option<&str>,
     ) -> Result<Heartbeat, LeaseError> {
         self.write_heartbeat(
             group,
@@ -334,6 +338,7 @@ impl MembershipStore for MemoryLeaseStore {
             written_at,
             expected,
             role == HeartbeatRole::Leader,
+            report,
         )
     }
 

@@ -156,7 +156,10 @@ pub trait LeaseStore: MembershipStore {
 pub trait MembershipStore: Send + Sync + std::fmt::Debug {
     /// Writes `host`'s heartbeat row in `group`: creates it when `expected` is `None` and no
     /// row exists, otherwise replaces it if it is at `expected`. `written_at` is stored for
-    /// display. Returns the row as stored.
+    /// display. `report` is what the host publishes about itself
+    /// ([`HostReport`](crate::model::HostReport) as JSON): stored as it is, replacing the
+    /// row's last one (`None` leaves the row without one), and read back by
+    /// [`MembershipStore::membership`]. Returns the row as stored.
     ///
     /// Written as the membership view's leader ([`HeartbeatRole::Leader`]), a store that keeps
     /// a view ([`MembershipStore::head`]) also copies the new version into the view's
@@ -169,6 +172,8 @@ pub trait MembershipStore: Send + Sync + std::fmt::Debug {
     /// # Errors
     /// [`LeaseError::HeartbeatConflict`] with the current row if it exists when `expected` is
     /// `None`, or is not at `expected`, or was removed; [`LeaseError::Store`].
+    // A heartbeat's fields are its arguments; a struct would only rename them.
+    #[allow(clippy::too_many_arguments)]
     async fn heartbeat(
         &self,
         group: &GroupName,
@@ -177,6 +182,7 @@ pub trait MembershipStore: Send + Sync + std::fmt::Debug {
         written_at: crate::model::Timestamp,
         expected: Option<Version>,
         role: HeartbeatRole,
+        report: Option<&str>,
     ) -> Result<Heartbeat, LeaseError>;
 
     /// Removes `host`'s heartbeat row if it is at `expected` and was written by `incarnation`

@@ -22,6 +22,12 @@ pub struct Heartbeat {
     pub version: Version,
     /// The writer's own wall clock at the write. For display only; never compared across hosts.
     pub written_at: Timestamp,
+    /// What the host published about itself with this renewal, if anything: a
+    /// [`HostReport`](super::HostReport) as JSON, kept as text by the stores (they neither
+    /// read nor check it) and parsed by its readers with
+    /// [`HostReport::parse`](super::HostReport::parse).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub report: Option<Arc<str>>,
 }
 
 /// What a host reads every acquire cycle: the live membership and the group's change counter,

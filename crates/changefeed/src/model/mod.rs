@@ -14,7 +14,9 @@ use serde::{Deserialize, Serialize};
 use crate::error::{ModelError, SourceError};
 
 mod membership;
+mod report;
 pub use membership::{GroupHead, Heartbeat, Membership, MembershipView, ViewHost};
+pub use report::{HostReport, LeaseLoad, ReportError, REPORT_VERSION};
 
 /// Longest accepted group name, in bytes.
 pub const MAX_GROUP_LEN: usize = 128;

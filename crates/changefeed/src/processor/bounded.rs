@@ -151,11 +151,12 @@ impl MembershipStore for BoundedStore {
         written_at: Timestamp,
         expected: Option<Version>,
         role: HeartbeatRole,
+        report: Option<&str>,
     ) -> Result<Heartbeat, LeaseError> {
         self.within(
             "heartbeat",
             self.inner
-                .heartbeat(group, host, incarnation, written_at, expected, role),
+                .heartbeat(group, host, incarnation, written_at, expected, role, report),
         )
         .await
     }

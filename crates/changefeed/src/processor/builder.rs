@@ -247,6 +247,15 @@ impl ProcessorBuilder {
         max_leases: Option<usize>
     );
     setting!(
+        /// See [`Settings::capacity`]: this host's weight, published with its heartbeat.
+        capacity: Option<f64>
+    );
+    setting!(
+        /// See [`Settings::publish_load`]: publish each held lease's measured load with the
+        /// heartbeat.
+        publish_load: bool
+    );
+    setting!(
         /// See [`Settings::max_wait_time`]: the idle tick.
         max_wait_time: Option<Duration>
     );

@@ -130,6 +130,16 @@ pub struct Settings {
     /// unregistered after this long is not recovering. Default none: 3 × `lease_expiry`
     /// ([`Settings::unhealthy_after`]). At least `lease_expiry`.
     pub max_unhealthy: Option<Duration>,
+    /// This host's capacity weight, published with its heartbeat for strategies that balance
+    /// measured load: how much load it should carry relative to the others. Default none: the
+    /// cores this process may use. Above 0 and finite.
+    pub capacity: Option<f64>,
+    /// Whether the heartbeat also publishes the load measured on each lease this host holds
+    /// (records/s, bytes/s, handler busy time per second, moving averages over about 30 s),
+    /// for strategies that balance measured load. Default off: the row then carries the
+    /// capacity and limits only (a few bytes); with loads it grows by about 45 bytes per lease
+    /// held, which DynamoDB bills by the KB ([`crate::model::HostReport`]).
+    pub publish_load: bool,
 }
 
 impl Default for Settings {
@@ -160,6 +170,8 @@ impl Default for Settings {
             max_wait_time: None,
             lag_per_partition: false,
             max_unhealthy: None,
+            capacity: None,
+            publish_load: false,
         }
     }
 }
@@ -241,6 +253,12 @@ impl Settings {
                     "{:?} must be below lease_expiry ({:?})",
                     self.safety_margin, self.lease_expiry
                 ),
+            );
+        }
+        if let Some(c) = self.capacity.filter(|c| !(c.is_finite() && *c > 0.0)) {
+            return bad(
+                "capacity",
+                format!("{c} must be above 0 and finite: it weighs this host against the others"),
             );
         }
         let fence_after = self.lease_expiry - self.safety_margin;

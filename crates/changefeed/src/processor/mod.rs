@@ -42,6 +42,7 @@ mod hooks;
 mod host;
 mod host_state;
 mod keyed;
+mod load;
 mod telemetry;
 
 mod retry;

@@ -459,6 +459,7 @@ impl crate::lease::ForwardingStore for SimStore {
         written_at: Timestamp,
         expected: Option<Version>,
         role: HeartbeatRole,
+        report: Option<&str>,
     ) -> Result<Heartbeat, LeaseError> {
         // The trace names the leader's renewals apart, as they also renew the view.
         let op = match role {
@@ -468,7 +469,7 @@ impl crate::lease::ForwardingStore for SimStore {
         self.call(op, async {
             let hb = self
                 .inner
-                .heartbeat(group, host, incarnation, written_at, expected, role)
+                .heartbeat(group, host, incarnation, written_at, expected, role, report)
                 .await?;
             self.world.heartbeat(&self.ctl.name);
             self.post(op, hb)

@@ -19,6 +19,9 @@ use crate::model::{
 };
 
 mod fixture;
+mod report;
+
+use report::heartbeat_reports_round_trip;
 
 pub use fixture::{Corruption, LeaseStoreFixture};
 
@@ -63,6 +66,7 @@ where
         view_is_compare_and_swap_and_leaves_the_counter,
         lead_heartbeat_copies_only_for_the_leaders_incarnation,
         a_view_of_ten_thousand_hosts_round_trips,
+        heartbeat_reports_round_trip,
     ];
     for (name, check) in all {
         let fixture = factory().await;
@@ -297,6 +301,7 @@ async fn groups_are_isolated(f: &dyn LeaseStoreFixture) {
             Timestamp(1),
             None,
             HeartbeatRole::Member,
+            None,
         )
         .await
         .expect("heartbeat");
@@ -424,6 +429,7 @@ async fn change_counter_moves_on_ownership_changes_only(f: &dyn LeaseStoreFixtur
             Timestamp(0),
             None,
             HeartbeatRole::Member,
+            None,
         )
         .await
         .expect("heartbeat");
@@ -435,6 +441,7 @@ async fn change_counter_moves_on_ownership_changes_only(f: &dyn LeaseStoreFixtur
             Timestamp(1),
             Some(hb.version),
             HeartbeatRole::Member,
+            None,
         )
         .await
         .expect("heartbeat");
@@ -521,14 +528,30 @@ async fn heartbeats_are_compare_and_swap(f: &dyn LeaseStoreFixture) {
     let g = group("hb");
     let a = host("a");
     let first = store
-        .heartbeat(&g, &a, "inc-1", Timestamp(10), None, HeartbeatRole::Member)
+        .heartbeat(
+            &g,
+            &a,
+            "inc-1",
+            Timestamp(10),
+            None,
+            HeartbeatRole::Member,
+            None,
+        )
         .await
         .expect("create");
     assert_eq!(first.version, Version::FIRST);
     assert_eq!(&*first.incarnation, "inc-1");
     // A second process with the same name sees the row and is refused.
     match store
-        .heartbeat(&g, &a, "inc-2", Timestamp(11), None, HeartbeatRole::Member)
+        .heartbeat(
+            &g,
+            &a,
+            "inc-2",
+            Timestamp(11),
+            None,
+            HeartbeatRole::Member,
+            None,
+        )
         .await
     {
         Err(LeaseError::HeartbeatConflict { host, current, .. }) => {
@@ -548,6 +571,7 @@ async fn heartbeats_are_compare_and_swap(f: &dyn LeaseStoreFixture) {
             Timestamp(12),
             Some(first.version),
             HeartbeatRole::Member,
+            None,
         )
         .await
         .expect("renew");
@@ -562,7 +586,8 @@ async fn heartbeats_are_compare_and_swap(f: &dyn LeaseStoreFixture) {
                     "inc-1",
                     Timestamp(13),
                     Some(first.version),
-                    HeartbeatRole::Member
+                    HeartbeatRole::Member,
+                    None,
                 )
                 .await,
             Err(LeaseError::HeartbeatConflict { .. })
@@ -577,6 +602,7 @@ async fn heartbeats_are_compare_and_swap(f: &dyn LeaseStoreFixture) {
             Timestamp(1),
             None,
             HeartbeatRole::Member,
+            None,
         )
         .await
         .expect("b");
@@ -622,6 +648,7 @@ async fn heartbeats_are_compare_and_swap(f: &dyn LeaseStoreFixture) {
             Timestamp(14),
             Some(second.version),
             HeartbeatRole::Member,
+            None,
         )
         .await
     {
@@ -630,7 +657,15 @@ async fn heartbeats_are_compare_and_swap(f: &dyn LeaseStoreFixture) {
     }
     // After removal, a restart creates it anew.
     store
-        .heartbeat(&g, &a, "inc-3", Timestamp(15), None, HeartbeatRole::Member)
+        .heartbeat(
+            &g,
+            &a,
+            "inc-3",
+            Timestamp(15),
+            None,
+            HeartbeatRole::Member,
+            None,
+        )
         .await
         .expect("re-create");
 }

@@ -77,6 +77,7 @@ pub(super) async fn head_of_an_empty_group_is_counter_zero_and_no_view(f: &dyn L
             Timestamp(1),
             None,
             HeartbeatRole::Member,
+            None,
         )
         .await
         .expect("heartbeat");
@@ -180,11 +181,27 @@ pub(super) async fn lead_heartbeat_copies_only_for_the_leaders_incarnation(
     let g = group("view-lead");
     let (a, b) = (host("a"), host("b"));
     let a1 = store
-        .heartbeat(&g, &a, "inc-a", Timestamp(1), None, HeartbeatRole::Member)
+        .heartbeat(
+            &g,
+            &a,
+            "inc-a",
+            Timestamp(1),
+            None,
+            HeartbeatRole::Member,
+            None,
+        )
         .await
         .expect("a registers");
     let b1 = store
-        .heartbeat(&g, &b, "inc-b", Timestamp(1), None, HeartbeatRole::Member)
+        .heartbeat(
+            &g,
+            &b,
+            "inc-b",
+            Timestamp(1),
+            None,
+            HeartbeatRole::Member,
+            None,
+        )
         .await
         .expect("b registers");
     if head(f, store.as_ref(), &g).await.is_none() {
@@ -197,6 +214,7 @@ pub(super) async fn lead_heartbeat_copies_only_for_the_leaders_incarnation(
                 Timestamp(2),
                 Some(a1.version),
                 HeartbeatRole::Leader,
+                None,
             )
             .await
             .expect("renew");
@@ -212,6 +230,7 @@ pub(super) async fn lead_heartbeat_copies_only_for_the_leaders_incarnation(
             Timestamp(2),
             Some(a1.version),
             HeartbeatRole::Leader,
+            None,
         )
         .await
         .expect("renew without a view");
@@ -230,6 +249,7 @@ pub(super) async fn lead_heartbeat_copies_only_for_the_leaders_incarnation(
             Timestamp(3),
             Some(a2.version),
             HeartbeatRole::Leader,
+            None,
         )
         .await
         .expect("lead renew");
@@ -255,6 +275,7 @@ pub(super) async fn lead_heartbeat_copies_only_for_the_leaders_incarnation(
             Timestamp(4),
             Some(a3.version),
             HeartbeatRole::Member,
+            None,
         )
         .await
         .expect("plain renew");
@@ -273,6 +294,7 @@ pub(super) async fn lead_heartbeat_copies_only_for_the_leaders_incarnation(
             Timestamp(4),
             Some(b1.version),
             HeartbeatRole::Leader,
+            None,
         )
         .await
         .expect("b renews as if it led");
@@ -297,7 +319,8 @@ pub(super) async fn lead_heartbeat_copies_only_for_the_leaders_incarnation(
                     "inc-a",
                     Timestamp(5),
                     Some(a3.version),
-                    HeartbeatRole::Leader
+                    HeartbeatRole::Leader,
+                    None,
                 )
                 .await,
             Err(LeaseError::HeartbeatConflict {
@@ -316,7 +339,15 @@ pub(super) async fn lead_heartbeat_copies_only_for_the_leaders_incarnation(
         .await
         .expect("a stops");
     let again = store
-        .heartbeat(&g, &a, "inc-a2", Timestamp(6), None, HeartbeatRole::Member)
+        .heartbeat(
+            &g,
+            &a,
+            "inc-a2",
+            Timestamp(6),
+            None,
+            HeartbeatRole::Member,
+            None,
+        )
         .await
         .expect("a restarts");
     let again = store
@@ -327,6 +358,7 @@ pub(super) async fn lead_heartbeat_copies_only_for_the_leaders_incarnation(
             Timestamp(7),
             Some(again.version),
             HeartbeatRole::Leader,
+            None,
         )
         .await
         .expect("renews");

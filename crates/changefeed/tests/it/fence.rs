@@ -333,10 +333,11 @@ impl changefeed::lease::ForwardingStore for SlowHeartbeatReplies {
         written_at: Timestamp,
         expected: Option<Version>,
         role: HeartbeatRole,
+        report: Option<&str>,
     ) -> Result<Heartbeat, changefeed::error::LeaseError> {
         let hb = self
             .0
-            .heartbeat(group, host, incarnation, written_at, expected, role)
+            .heartbeat(group, host, incarnation, written_at, expected, role, report)
             .await;
         tokio::time::sleep(Duration::from_millis(900)).await;
         hb

@@ -86,6 +86,7 @@ async fn host_is_ready_only_from_writing_its_heartbeat_row_until_it_stops() {
             Timestamp(0),
             None,
             HeartbeatRole::Member,
+            None,
         )
         .await
         .unwrap();
@@ -294,6 +295,7 @@ impl ForwardingStore for RefuseRegistration {
         written_at: Timestamp,
         expected: Option<Version>,
         role: HeartbeatRole,
+        report: Option<&str>,
     ) -> Result<Heartbeat, LeaseError> {
         if expected.is_none() && self.refuse.load(Ordering::SeqCst) {
             return Err(LeaseError::store(
@@ -304,7 +306,7 @@ impl ForwardingStore for RefuseRegistration {
             ));
         }
         self.inner
-            .heartbeat(group, host, incarnation, written_at, expected, role)
+            .heartbeat(group, host, incarnation, written_at, expected, role, report)
             .await
     }
 }

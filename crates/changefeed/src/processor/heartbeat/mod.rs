@@ -83,6 +83,7 @@ pub(crate) async fn register(
                     clock.wall(),
                     expected,
                     HeartbeatRole::Member,
+                    None,
                 )
                 .await
             {
@@ -310,6 +311,7 @@ pub(crate) async fn run(
     deadline_shared: FenceDeadline,
     callbacks: Arc<Callbacks>,
     link: ViewLink,
+    loads: Arc<super::load::LoadBook>,
 ) -> Result<Heartbeat, ProcessorError> {
     let fence = FenceWriter {
         record: deadline_shared,
@@ -373,6 +375,8 @@ pub(crate) async fn run(
         } else {
             HeartbeatRole::Member
         };
+        // The host's capacity, limits and (when it publishes them) loads ride the renewal.
+        let published = loads.report(sent).to_json();
         let write = store.heartbeat(
             &row.group,
             &row.host,
@@ -380,6 +384,7 @@ pub(crate) async fn run(
             clock.wall(),
             Some(row.version),
             role,
+            Some(&published),
         );
         // A hung store must not hold the loop past the fence deadline, which must still fire.
         // Once the fence is raised that deadline has passed, and the renewal gets the whole
@@ -458,6 +463,7 @@ pub(crate) async fn run(
                     clock.wall(),
                     None,
                     HeartbeatRole::Member,
+                    None,
                 );
                 let registered = tokio::select! {
                     biased;

@@ -11,6 +11,7 @@ use crate::clock::{Sleep, SystemClock};
 use crate::lease::{ForwardingStore, MemoryLeaseStore};
 use crate::model::{Timestamp, Version};
 use crate::processor::host_state::Liveness;
+use crate::processor::load::LoadBook;
 
 const RENEW: Duration = Duration::from_secs(2);
 const FENCE_AFTER: Duration = Duration::from_secs(8);
@@ -76,10 +77,11 @@ impl ForwardingStore for StallAfterWrite {
         written_at: Timestamp,
         expected: Option<Version>,
         role: HeartbeatRole,
+        report: Option<&str>,
     ) -> Result<Heartbeat, LeaseError> {
         let written = self
             .inner
-            .heartbeat(group, host, incarnation, written_at, expected, role)
+            .heartbeat(group, host, incarnation, written_at, expected, role, report)
             .await;
         if self.writes.fetch_add(1, Ordering::SeqCst) + 1 == self.stall_on {
             self.clock.stall(self.stall);
@@ -110,6 +112,7 @@ fn start(
         record.clone(),
         Arc::default(),
         ViewLink::new(Arc::clone(&row_incarnation)),
+        Arc::new(LoadBook::new(&crate::processor::Settings::default())),
     ));
     (record, raised)
 }
@@ -130,6 +133,7 @@ async fn late_renewal_does_not_extend_the_fence() {
             Timestamp(0),
             None,
             HeartbeatRole::Member,
+            None,
         )
         .await
         .expect("registered");
@@ -195,6 +199,7 @@ async fn reregistered_row_is_seen_to_change() {
             Timestamp(0),
             None,
             HeartbeatRole::Member,
+            None,
         )
         .await
         .expect("registered");
@@ -260,6 +265,7 @@ impl ForwardingStore for BlackHole {
         written_at: Timestamp,
         expected: Option<Version>,
         role: HeartbeatRole,
+        report: Option<&str>,
     ) -> Result<Heartbeat, LeaseError> {
         self.sent.lock().expect("not poisoned").push(Instant::now());
         if self.forget && self.cut.load(Ordering::SeqCst) {
@@ -270,7 +276,7 @@ impl ForwardingStore for BlackHole {
         }
         tokio::time::sleep(self.latency).await;
         self.inner
-            .heartbeat(group, host, incarnation, written_at, expected, role)
+            .heartbeat(group, host, incarnation, written_at, expected, role, report)
             .await
     }
 }
@@ -291,6 +297,7 @@ async fn a_fenced_host_renews_again_once_its_store_answers_within_the_write_time
             Timestamp(0),
             None,
             HeartbeatRole::Member,
+            None,
         )
         .await
         .expect("registered");
@@ -334,6 +341,7 @@ async fn a_host_cut_off_by_a_black_hole_renews_within_the_write_timeout_of_the_h
             Timestamp(0),
             None,
             HeartbeatRole::Member,
+            None,
         )
         .await
         .expect("registered");
@@ -398,6 +406,7 @@ impl ForwardingStore for Refusing {
         written_at: Timestamp,
         expected: Option<Version>,
         role: HeartbeatRole,
+        report: Option<&str>,
     ) -> Result<Heartbeat, LeaseError> {
         self.sent.lock().expect("not poisoned").push(Instant::now());
         if self.down.load(Ordering::SeqCst) {
@@ -409,7 +418,7 @@ impl ForwardingStore for Refusing {
             ));
         }
         self.inner
-            .heartbeat(group, host, incarnation, written_at, expected, role)
+            .heartbeat(group, host, incarnation, written_at, expected, role, report)
             .await
     }
 }
@@ -431,6 +440,7 @@ async fn a_failed_try_is_followed_half_a_renew_interval_later() {
             Timestamp(0),
             None,
             HeartbeatRole::Member,
+            None,
         )
         .await
         .expect("registered");
@@ -454,6 +464,7 @@ async fn a_failed_try_is_followed_half_a_renew_interval_later() {
         record,
         Arc::default(),
         ViewLink::new(Arc::from("inc")),
+        Arc::new(LoadBook::new(&settings)),
     ));
     // Healthy for three intervals: a try every interval.
     tokio::time::sleep_until(t0 + renew * 3 + Duration::from_millis(1)).await;

@@ -260,6 +260,7 @@ impl Host {
             group_label: self.group_label.clone(),
             hooks: self.processor.hooks,
             lag: self.lag.clone(),
+            loads: self.loads.clone(),
             dead_letter: self.processor.dead_letter.clone(),
             callbacks: self.processor.callbacks.clone(),
         };

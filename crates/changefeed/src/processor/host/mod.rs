@@ -55,6 +55,8 @@ pub(super) struct Host {
     syncer: sync::Syncer,
     /// Lag per owned partition, for the `changefeed_lag_records` gauge.
     lag: Arc<worker::LagBook>,
+    /// Load per owned lease, published with the heartbeat.
+    loads: Arc<super::load::LoadBook>,
 }
 
 impl Host {
@@ -88,6 +90,7 @@ impl Host {
             state: HostState::new(p.host.clone(), config, p_now),
             syncer: sync::Syncer::new(p.callbacks.clone()),
             lag: Arc::new(worker::LagBook::new(p.settings.lag_per_partition)),
+            loads: Arc::new(super::load::LoadBook::new(&p.settings)),
             processor: p,
             workers: HashMap::new(),
             worker_tasks: JoinSet::new(),
@@ -128,6 +131,7 @@ impl Host {
                 self.fence_deadline.clone(),
                 self.processor.callbacks.clone(),
                 self.heartbeat_link.clone(),
+                self.loads.clone(),
             )
             .in_current_span(),
         );

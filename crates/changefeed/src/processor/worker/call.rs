@@ -90,7 +90,10 @@ impl Worker {
             }
         }
         loop {
-            let error = match self.call(batch).await {
+            let started = self.args.clock.now();
+            let end = self.call(batch).await;
+            self.measure(batch, &end, started);
+            let error = match end {
                 CallEnd::Returned(Ok(())) if batch.records.is_empty() => {
                     // An idle tick: not a batch.
                     self.failures = 0;
@@ -137,6 +140,26 @@ impl Worker {
                 }
             }
         }
+    }
+
+    /// Adds a call that started at `started` to the lease's load: its time whatever its end,
+    /// its records and bytes when it succeeded.
+    fn measure<E>(&self, batch: &Batch, end: &CallEnd<Result<(), E>>, started: Instant) {
+        let now = self.args.clock.now();
+        let (records, bytes) = match end {
+            CallEnd::Returned(Ok(())) => (
+                batch.records.len(),
+                batch.records.iter().map(|r| r.data.len()).sum(),
+            ),
+            _ => (0, 0),
+        };
+        self.args.loads.record(
+            &self.ctx.partition,
+            records,
+            bytes,
+            now.saturating_duration_since(started),
+            now,
+        );
     }
 
     /// Calls [`Handler::stopping`](crate::processor::Handler::stopping) between batches, once

@@ -74,6 +74,7 @@ pub(crate) struct WorkerArgs {
     pub group_label: String,
     pub hooks: Hooks,
     pub lag: Arc<LagBook>,
+    pub loads: Arc<super::load::LoadBook>,
     pub dead_letter: Option<Arc<dyn DeadLetterSink>>,
     pub callbacks: Arc<Callbacks>,
 }
@@ -214,6 +215,7 @@ pub(crate) async fn run(args: WorkerArgs) {
         };
         worker.args.callbacks.lease_acquired(&worker.ctx.partition);
         let reason = worker.run().await;
+        worker.args.loads.forget(&worker.ctx.partition);
         worker.args.lag.remove(
             &worker.args.group_label,
             &worker.ctx.partition,

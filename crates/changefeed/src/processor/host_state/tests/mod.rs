@@ -51,6 +51,7 @@ fn heartbeat(host: &str) -> Heartbeat {
         incarnation: "i".into(),
         version: Version(1),
         written_at: Timestamp(0),
+        report: None,
     }
 }
 

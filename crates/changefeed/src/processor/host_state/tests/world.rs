@@ -66,6 +66,7 @@ impl World {
                     incarnation: "i".into(),
                     version: Version(version),
                     written_at: Timestamp(0),
+                    report: None,
                 })
             })
             .collect();

@@ -827,6 +827,8 @@ impl SimHandler {
                 });
             }
         }
+        drop(log);
+        self.world.meter().applied(c.partition, records.len(), at);
         Ok((first, last))
     }
 }

@@ -66,11 +66,11 @@ enum Cadence {
 }
 
 fn settings(strategy: StrategyKind, cadence: Cadence) -> Settings {
-    let anchor = strategy != StrategyKind::EqualShare;
+    let anchor = !matches!(strategy, StrategyKind::EqualShare | StrategyKind::Load);
     let ms = Duration::from_millis;
     let (renew, acquire, expiry, poll) = match (cadence, strategy) {
         (Cadence::Same, _) => (ms(2_000), ms(2_000), ms(10_000), ms(5_000)),
-        (Cadence::Own, StrategyKind::EqualShare) => {
+        (Cadence::Own, StrategyKind::EqualShare | StrategyKind::Load) => {
             let d = Settings::default();
             (
                 d.renew_interval,
@@ -133,7 +133,7 @@ async fn fleet(
     leases: u32,
     conditions: Conditions,
 ) -> SimFleet {
-    let anchor = strategy != StrategyKind::EqualShare;
+    let anchor = !matches!(strategy, StrategyKind::EqualShare | StrategyKind::Load);
     let fleet = SimFleet::simulated(FleetConfig {
         seed: 1,
         partitions: leases,

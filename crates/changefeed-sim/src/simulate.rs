@@ -38,9 +38,14 @@ pub struct Args {
     /// Records written per virtual second.
     #[arg(long, default_value_t = DEFAULT_RECORDS_PER_SEC)]
     records_per_sec: u64,
-    /// Balancing strategy: ours, kcl, kcl3 or cosmos.
+    /// Balancing strategy: ours (or equal: EqualShare), load (LoadShare, planning by the
+    /// records each lease delivered per second in the run), kcl, kcl3 or cosmos.
     #[arg(long, default_value = "ours")]
     strategy: String,
+    /// Handler calls at once per lease, one key per call (1 to 64; 1: each batch in one
+    /// call); above 1 order is checked per key.
+    #[arg(long, default_value_t = 1)]
+    key_concurrency: usize,
     /// Run a deliberately broken processor: no-fencing, checkpoint-without-cas,
     /// child-before-parent, no-handler-fence, no-admission or no-timeouts (the checker should
     /// catch it).
@@ -93,6 +98,13 @@ fn validate(args: &Args) -> anyhow::Result<()> {
     if args.partitions == 0 {
         anyhow::bail!("--partitions: must be at least 1 (got 0)");
     }
+    if !(1..=changefeed::processor::MAX_KEY_CONCURRENCY).contains(&args.key_concurrency) {
+        anyhow::bail!(
+            "--key-concurrency: must be from 1 to {} (got {})",
+            changefeed::processor::MAX_KEY_CONCURRENCY,
+            args.key_concurrency
+        );
+    }
     Ok(())
 }
 
@@ -108,6 +120,7 @@ fn config(args: &Args, seed: u64) -> anyhow::Result<SimConfig> {
     cfg.partitions = args.partitions;
     cfg.duration = args.duration;
     cfg.records_per_sec = args.records_per_sec;
+    cfg.key_concurrency = args.key_concurrency;
     cfg.strategy = args
         .strategy
         .parse::<StrategyKind>()
@@ -171,6 +184,9 @@ fn rerun_line(cfg: &SimConfig, large: bool) -> String {
     }
     if cfg.strategy != StrategyKind::EqualShare {
         line.push_str(&format!(" --strategy {}", cfg.strategy.name()));
+    }
+    if cfg.key_concurrency != 1 {
+        line.push_str(&format!(" --key-concurrency {}", cfg.key_concurrency));
     }
     #[cfg(feature = "sim-broken")]
     if cfg.broken != sim::Broken::None {
@@ -413,14 +429,16 @@ mod tests {
         cfg.duration = Duration::from_millis(1500);
         cfg.faults.rate = 0.5;
         cfg.records_per_sec = 3;
-        cfg.strategy = StrategyKind::Kcl;
+        cfg.strategy = StrategyKind::Load;
+        cfg.key_concurrency = 4;
         let line = rerun_line(&cfg, true);
         for part in [
+            " --strategy load",
+            " --key-concurrency 4",
             "--duration 1500ms",
             "--fault-rate 0.5",
             "--records-per-sec 3",
             " --large",
-            " --strategy kcl",
         ] {
             assert!(line.contains(part), "{line} lacks {part}");
         }

@@ -167,6 +167,8 @@ pub struct Fleet<K: HostKit> {
     origin: Instant,
     /// The partition of every record written, by record id (a record's payload is its id).
     pub(crate) written: Vec<PartitionId>,
+    /// The key of every record written, by record id.
+    pub(crate) written_keys: Vec<String>,
 }
 
 impl<K: HostKit> std::fmt::Debug for Fleet<K> {
@@ -197,6 +199,7 @@ impl<K: HostKit> Fleet<K> {
             hosts: BTreeMap::new(),
             origin: Instant::now(),
             written: Vec::new(),
+            written_keys: Vec::new(),
         }
     }
 
@@ -433,10 +436,10 @@ impl<K: HostKit> Fleet<K> {
     pub fn write(&mut self, n: u64) {
         for _ in 0..n {
             let id = self.written();
-            let (p, _) = self
-                .feed
-                .append(&format!("key-{}", id % KEYS), id.to_string());
+            let key = format!("key-{}", id % KEYS);
+            let (p, _) = self.feed.append(&key, id.to_string());
             self.written.push(p);
+            self.written_keys.push(key);
         }
     }
 

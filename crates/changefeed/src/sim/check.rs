@@ -3,7 +3,10 @@
 //!
 //! - **lost**: every record written is delivered at least once (rule 4).
 //! - **order**: per partition, a record is delivered only after every earlier record of its
-//!   partition (rule 4).
+//!   partition (rule 4); with key concurrency ([`CheckInput::keys`]), per key of a partition:
+//!   after every earlier record of its partition with the same key, since keys of one batch
+//!   are handled at once. Every other rule is unchanged, except that a key's redelivered
+//!   records may follow another key's new ones within an epoch.
 //! - **parents-first**: no record of a child is delivered before every record of each parent
 //!   (rule 5).
 //! - **continuation-backwards**: no write moves a lease's continuation backwards (rule 4).
@@ -64,15 +67,20 @@ pub struct CheckInput<'a> {
     /// Most duplicate records allowed per epoch (one batch), or `None` when checkpoints are
     /// not written after every batch (then only their place is checked).
     pub max_duplicates: Option<usize>,
+    /// The key of every record written, by record id, when a partition's records are handled
+    /// several keys at once (key concurrency): order is then checked per key. `None`: per
+    /// partition.
+    pub keys: Option<&'a [String]>,
 }
 
 #[derive(Default)]
 struct PartState {
-    /// Records of the partition delivered in order so far (a prefix).
-    prefix: usize,
+    /// Records of the partition delivered in order so far (the sum of its streams' prefixes).
+    in_order: usize,
     /// Total records written to the partition.
     len: usize,
-    /// Delivery sequence number at which the prefix became complete.
+    /// Delivery sequence number at which every record of the partition was delivered in
+    /// order.
     complete_seq: Option<u64>,
     current: Option<u64>,
     current_host: String,
@@ -81,10 +89,15 @@ struct PartState {
     started: bool,
 }
 
+/// What order is checked in: a partition, or one key of it (see [`CheckInput::keys`]).
+type Stream<'a> = (&'a PartitionId, Option<&'a str>);
+
 #[derive(Default)]
-struct EpochState {
-    fresh_seen: bool,
-    duplicates: usize,
+struct StreamState {
+    /// Records of the stream delivered in order so far (a prefix).
+    prefix: usize,
+    /// Total records written to the stream.
+    len: usize,
 }
 
 /// Checks every rule; returns the violations found (at most a few per rule).
@@ -99,18 +112,32 @@ pub fn check(input: &CheckInput<'_>) -> Vec<Violation> {
             out.push(Violation { rule, detail });
         }
     };
+    let stream_of = |record: usize| -> Stream<'_> {
+        (
+            &input.written[record],
+            input.keys.and_then(|k| k.get(record)).map(String::as_str),
+        )
+    };
+    let name = |(p, key): Stream<'_>| match key {
+        Some(k) => format!("partition {p} key {k}"),
+        None => format!("partition {p}"),
+    };
 
-    // Index of each record in its partition.
+    // Index of each record in its stream.
     let mut parts: BTreeMap<&PartitionId, PartState> = BTreeMap::new();
+    let mut streams: BTreeMap<Stream<'_>, StreamState> = BTreeMap::new();
     let mut index: Vec<usize> = Vec::with_capacity(input.written.len());
-    for p in input.written {
-        let st = parts.entry(p).or_default();
+    for (r, p) in input.written.iter().enumerate() {
+        parts.entry(p).or_default().len += 1;
+        let st = streams.entry(stream_of(r)).or_default();
         index.push(st.len);
         st.len += 1;
     }
     let mut order: Vec<&Delivery> = input.deliveries.iter().collect();
     order.sort_by_key(|d| d.seq);
-    let mut epochs: BTreeMap<u64, EpochState> = BTreeMap::new();
+    // Per epoch, duplicates so far; per epoch and stream, whether a new record was seen.
+    let mut duplicates: BTreeMap<u64, usize> = BTreeMap::new();
+    let mut fresh_seen: BTreeSet<(u64, Stream<'_>)> = BTreeSet::new();
     for d in order {
         let Some(&i) = usize::try_from(d.record).ok().and_then(|r| index.get(r)) else {
             report("order", format!("record {} was never written", d.record));
@@ -126,6 +153,7 @@ pub fn check(input: &CheckInput<'_>) -> Vec<Violation> {
             );
             continue;
         }
+        let stream = stream_of(d.record as usize);
         // Parents first: checked at the partition's first delivery.
         let first = parts.get(&d.partition).is_none_or(|s| !s.started);
         if first {
@@ -138,7 +166,7 @@ pub fn check(input: &CheckInput<'_>) -> Vec<Violation> {
                 if done.is_none_or(|s| s >= d.seq) {
                     let (have, len) = parts
                         .get(parent)
-                        .map(|p| (p.prefix, p.len))
+                        .map(|p| (p.in_order, p.len))
                         .unwrap_or((0, 0));
                     report(
                         "parents-first",
@@ -171,63 +199,71 @@ pub fn check(input: &CheckInput<'_>) -> Vec<Violation> {
                 st.current_since = d.at;
             }
         }
-        let ep = epochs.entry(d.epoch).or_default();
-        if i < st.prefix {
-            if ep.fresh_seen {
+        let ss = streams.entry(stream).or_default();
+        if i < ss.prefix {
+            if fresh_seen.contains(&(d.epoch, stream)) {
                 report(
                     "duplicate",
                     format!(
-                        "partition {}: {} delivered record {} again in the middle of its ownership (epoch {}) at {:?}",
-                        d.partition, d.host, d.record, d.epoch, d.at
+                        "{}: {} delivered record {} again in the middle of its ownership (epoch {}) at {:?}",
+                        name(stream), d.host, d.record, d.epoch, d.at
                     ),
                 );
             }
-            ep.duplicates += 1;
-            if input.max_duplicates.is_some_and(|m| ep.duplicates == m + 1) {
+            let dups = duplicates.entry(d.epoch).or_default();
+            *dups += 1;
+            if input.max_duplicates.is_some_and(|m| *dups == m + 1) {
                 report(
                     "duplicate",
                     format!(
                         "partition {}: {} redelivered more than one batch ({} records) after taking over (epoch {}) at {:?}",
                         d.partition,
                         d.host,
-                        ep.duplicates,
+                        *dups,
                         d.epoch,
                         d.at
                     ),
                 );
             }
-        } else if i == st.prefix {
-            ep.fresh_seen = true;
-            st.prefix += 1;
-            if st.prefix == st.len {
+        } else if i == ss.prefix {
+            fresh_seen.insert((d.epoch, stream));
+            ss.prefix += 1;
+            st.in_order += 1;
+            if st.in_order == st.len {
                 st.complete_seq = Some(d.seq);
             }
         } else {
+            let of = if stream.1.is_some() {
+                "key"
+            } else {
+                "partition"
+            };
             report(
                 "order",
                 format!(
-                    "partition {}: {} delivered record {} (#{i}) at {:?} before #{} of the partition",
-                    d.partition, d.host, d.record, d.at, st.prefix
+                    "{}: {} delivered record {} (#{i}) at {:?} before #{} of the {of}",
+                    name(stream),
+                    d.host,
+                    d.record,
+                    d.at,
+                    ss.prefix
                 ),
             );
         }
     }
-    for (p, st) in &parts {
-        if st.prefix < st.len {
-            let missing = input
-                .written
-                .iter()
-                .enumerate()
-                .filter(|(_, q)| q == p)
-                .nth(st.prefix)
-                .map(|(id, _)| id)
+    for (&stream, ss) in &streams {
+        if ss.prefix < ss.len {
+            let missing = (0..input.written.len())
+                .filter(|&r| stream_of(r) == stream)
+                .nth(ss.prefix)
                 .unwrap_or_default();
             report(
                 "lost",
                 format!(
-                    "partition {p}: {} of {} records never delivered in order, first missing record {missing}",
-                    st.len - st.prefix,
-                    st.len
+                    "{}: {} of {} records never delivered in order, first missing record {missing}",
+                    name(stream),
+                    ss.len - ss.prefix,
+                    ss.len
                 ),
             );
         }

@@ -17,10 +17,12 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use super::check::LivenessWindows;
+use super::load::MeasuredLoadShare;
 use super::pool::{Net, Pool, PoolConfig, PoolCounts};
 use super::seams::{Cut, HostCtl, SimClock, SimHandler, SimSource, SimStore};
 use super::world::{World, WriteOp, DRIVER};
 use super::StrategyKind;
+use crate::balance::{BalanceStrategy, LoadShare};
 use crate::clock::VirtualClock;
 use crate::fleet::{Companion, Fleet, HostKit, HostStart, StoreFactory, Timing, WALL_ORIGIN};
 use crate::lease::{CountingStore, LeaseStore, MemoryLeaseStore, StoreCounts, StoreStats};
@@ -80,6 +82,8 @@ pub struct SimKit {
     pool: Option<PoolConfig>,
     /// Every host's switches, by name, for the fleet's events.
     ctls: BTreeMap<String, Arc<HostCtl>>,
+    /// Every host's key concurrency (1: none).
+    key_concurrency: usize,
     #[cfg(feature = "sim-broken")]
     broken: Broken,
 }
@@ -132,6 +136,13 @@ impl HostKit for SimKit {
         builder: ProcessorBuilder,
     ) -> (ProcessorBuilder, Option<Companion>) {
         let ctl = host.ctl.clone();
+        let strategy: Arc<dyn BalanceStrategy> = match self.strategy {
+            StrategyKind::Load => Arc::new(MeasuredLoadShare {
+                world: self.world.clone(),
+                inner: LoadShare::default(),
+            }),
+            other => other.strategy(),
+        };
         // A new process: new pools.
         host.pools = self.pool.map(|cfg| {
             (
@@ -164,8 +175,13 @@ impl HostKit for SimKit {
                 world: self.world.clone(),
                 epochs: Default::default(),
             })
-            .strategy(self.strategy.strategy())
+            .strategy(strategy)
             .clock(Arc::new(clock));
+        let builder = if self.key_concurrency > 1 {
+            builder.key_concurrency(self.key_concurrency)
+        } else {
+            builder
+        };
         let builder = match &self.tables {
             Some(tables) => builder.share_tables(tables.clone()),
             None => builder,
@@ -230,6 +246,7 @@ impl Fleet<SimKit> {
             tables: cfg.share_tables.then(TableShare::new),
             pool: cfg.pool,
             ctls: BTreeMap::new(),
+            key_concurrency: 1,
             #[cfg(feature = "sim-broken")]
             broken: Broken::None,
         };
@@ -247,6 +264,12 @@ impl Fleet<SimKit> {
     #[cfg(feature = "sim-broken")]
     pub fn set_broken(&mut self, broken: Broken) {
         self.kit.broken = broken;
+    }
+
+    /// Runs every host started from now on with `n` handler calls at once per lease, one key
+    /// per call (1: none), and checks order per key when above 1.
+    pub fn set_key_concurrency(&mut self, n: usize) {
+        self.kit.key_concurrency = n;
     }
 
     async fn reroute(&mut self) {
@@ -457,6 +480,7 @@ impl Fleet<SimKit> {
             };
             self.kit.world.appended(&p);
             self.written.push(p);
+            self.written_keys.push(key);
         }
     }
 
@@ -518,6 +542,7 @@ impl Fleet<SimKit> {
             writes: &log.writes,
             parents: &parents,
             max_duplicates,
+            keys: (self.kit.key_concurrency > 1).then_some(&self.written_keys[..]),
         });
         violations.extend(super::check::liveness(&super::check::LivenessInput {
             health: &log.health,

@@ -27,6 +27,7 @@
 pub mod check;
 pub mod children;
 mod fleet;
+mod load;
 mod pool;
 mod seams;
 mod world;
@@ -46,7 +47,7 @@ pub use pool::{PoolConfig, PoolCounts};
 pub use seams::Cut;
 pub use world::{Delivery, Event, HealthMark, HeartbeatRec, TraceMode, WriteOp, WriteRec};
 
-use crate::balance::{BalanceStrategy, CosmosLike, EqualShare, Kcl3Like, KclLike};
+use crate::balance::{BalanceStrategy, CosmosLike, EqualShare, Kcl3Like, KclLike, LoadShare};
 use crate::model::{Partition, PartitionId};
 #[cfg(feature = "sim-broken")]
 pub use crate::processor::Broken;
@@ -217,6 +218,10 @@ pub enum StrategyKind {
     Cosmos,
     /// [`Kcl3Like`], KCL 3.x's leader-driven assignment (`kcl3` on the command line).
     Kcl3,
+    /// [`LoadShare`] (`load` on the command line). In a [`SimFleet`] its hosts plan by the
+    /// records each lease delivered per second in the run (a moving average), as a stand-in
+    /// for loads the processor does not yet publish; elsewhere, by counts.
+    Load,
     /// [`KclLike`] stealing at most this many leases per cycle (`usize::MAX`: no cap), for the
     /// benchmark's sweep of `maxLeasesToStealAtOneTime`. Not accepted on the command line;
     /// [`StrategyKind::Kcl`] is the default cap of 1.
@@ -231,6 +236,7 @@ impl StrategyKind {
             StrategyKind::Kcl => Arc::new(KclLike::default()),
             StrategyKind::Cosmos => Arc::new(CosmosLike),
             StrategyKind::Kcl3 => Arc::new(Kcl3Like),
+            StrategyKind::Load => Arc::new(LoadShare::default()),
             StrategyKind::KclSteal(cap) => Arc::new(KclLike {
                 max_leases_to_steal: cap,
             }),
@@ -244,6 +250,7 @@ impl StrategyKind {
             StrategyKind::Kcl => "kcl",
             StrategyKind::Cosmos => "cosmos",
             StrategyKind::Kcl3 => "kcl3",
+            StrategyKind::Load => "load",
             StrategyKind::KclSteal(_) => "kcl-steal",
         }
     }
@@ -253,12 +260,13 @@ impl FromStr for StrategyKind {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
-            "ours" | "equal-share" => Ok(Self::EqualShare),
+            "ours" | "equal" | "equal-share" => Ok(Self::EqualShare),
+            "load" => Ok(Self::Load),
             "kcl" => Ok(Self::Kcl),
             "cosmos" => Ok(Self::Cosmos),
             "kcl3" => Ok(Self::Kcl3),
             other => Err(format!(
-                "unknown strategy {other:?}; expected ours, kcl, kcl3 or cosmos"
+                "unknown strategy {other:?}; expected ours (or equal), load, kcl, kcl3 or cosmos"
             )),
         }
     }
@@ -313,6 +321,10 @@ pub struct SimConfig {
     pub faults: Faults,
     /// The balancing strategy.
     pub strategy: StrategyKind,
+    /// How many handler calls each lease's batch may be split into, one key per call
+    /// ([`crate::processor::ProcessorBuilder::key_concurrency`]); 1: the whole batch in one
+    /// call. Above 1 the checker checks order per key.
+    pub key_concurrency: usize,
     /// A deliberately broken processor variant.
     #[cfg(feature = "sim-broken")]
     pub broken: Broken,
@@ -348,6 +360,7 @@ impl SimConfig {
             duration: Duration::from_secs(180),
             faults: Faults::none(),
             strategy: StrategyKind::EqualShare,
+            key_concurrency: 1,
             #[cfg(feature = "sim-broken")]
             broken: Broken::None,
             records_per_sec: 20,
@@ -515,6 +528,7 @@ async fn scenario(mut cfg: SimConfig) -> SimOutcome {
     .await;
     #[cfg(feature = "sim-broken")]
     fleet.set_broken(cfg.broken);
+    fleet.set_key_concurrency(cfg.key_concurrency);
     fleet.kit.world.set_rates(world::Rates {
         store_error: if on(Fault::StoreError) {
             rate::STORE_ERROR * scale

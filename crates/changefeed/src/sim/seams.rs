@@ -828,6 +828,8 @@ impl SimHandler {
                 });
             }
         }
+        drop(log);
+        self.world.meter().applied(c.partition, records.len(), at);
         Ok((first, last))
     }
 }

@@ -11,6 +11,7 @@ use rand::rngs::SmallRng;
 use rand::Rng;
 use tokio::time::Instant;
 
+use super::load::LoadMeter;
 use crate::model::{HostName, Lease, PartitionId};
 
 /// How much of the event trace a run keeps.
@@ -228,6 +229,7 @@ pub(crate) struct World {
     rates: Mutex<Rates>,
     conditions: Mutex<StoreConditions>,
     counter: Mutex<CounterItem>,
+    meter: Mutex<LoadMeter>,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -257,6 +259,7 @@ impl World {
             rates: Mutex::new(Rates::default()),
             conditions: Mutex::new(StoreConditions::default()),
             counter: Mutex::new(CounterItem::default()),
+            meter: Mutex::new(LoadMeter::default()),
         }
     }
 
@@ -286,6 +289,11 @@ impl World {
 
     pub(crate) fn counter(&self) -> MutexGuard<'_, CounterItem> {
         lock(&self.counter)
+    }
+
+    /// The leases' measured loads (see [`LoadMeter`]).
+    pub(crate) fn meter(&self) -> MutexGuard<'_, LoadMeter> {
+        lock(&self.meter)
     }
 
     /// A duration drawn uniformly from `min` to `max` (whole milliseconds).
@@ -382,6 +390,10 @@ impl World {
         before: Option<&Lease>,
     ) {
         let at = self.now();
+        let owner_after = after.and_then(|l| l.owner.as_ref());
+        if owner_after.is_some() && owner_after != before.and_then(|b| b.owner.as_ref()) {
+            self.meter().moved(partition, at);
+        }
         let mut log = self.log();
         if log.trace.on() {
             match after {

@@ -21,11 +21,13 @@ fn all_faults(seed: u64) -> SimConfig {
 /// How to rerun `cfg` from the command line (the settings these tests change).
 fn rerun(cfg: &SimConfig) -> String {
     format!(
-        "changefeed simulate --seed {} --faults {} --duration {}s --broken {}",
+        "changefeed simulate --seed {} --faults {} --duration {}s --broken {} --strategy {} --key-concurrency {}",
         cfg.seed,
         cfg.faults,
         cfg.duration.as_secs(),
-        broken_name(cfg.broken)
+        broken_name(cfg.broken),
+        cfg.strategy.name(),
+        cfg.key_concurrency
     )
 }
 
@@ -51,6 +53,22 @@ fn seeds_of_find_no_violation(seeds: std::ops::Range<u64>, config: impl Fn(u64) 
         }
     }
     assert!(failures.is_empty(), "violations:\n{}", failures.join("\n"));
+}
+
+#[test]
+fn key_concurrency_and_load_share_seeds_break_no_rule() {
+    // DESIGN.md rules 1-6 with every fault, each batch split into up to 4 calls by key (order
+    // checked per key), and with hosts placing leases by their measured load.
+    seeds_of_find_no_violation(0..15, |seed| {
+        let mut cfg = all_faults(seed);
+        cfg.key_concurrency = 4;
+        cfg
+    });
+    seeds_of_find_no_violation(0..15, |seed| {
+        let mut cfg = all_faults(seed);
+        cfg.strategy = StrategyKind::Load;
+        cfg
+    });
 }
 
 // 200 seeds with every fault, in four tests so they run in parallel.
@@ -297,6 +315,12 @@ fn applied(seq: u64, call: u64, epoch: u64, record: u64) -> Delivery {
 }
 
 fn rules(deliveries: &[Delivery]) -> Vec<&'static str> {
+    rules_with_keys(deliveries, None)
+}
+
+/// The rules broken by `deliveries` of records 0..4 of `p0`, order checked per key when
+/// `keys` gives each record's key.
+fn rules_with_keys(deliveries: &[Delivery], keys: Option<&[String]>) -> Vec<&'static str> {
     let p = PartitionId::new("p0").expect("a valid partition id");
     let written = vec![p.clone(); 4];
     let parents = BTreeMap::from([(p, Vec::new())]);
@@ -306,10 +330,61 @@ fn rules(deliveries: &[Delivery]) -> Vec<&'static str> {
         writes: &[],
         parents: &parents,
         max_duplicates: Some(4),
+        keys,
     })
     .into_iter()
     .map(|v| v.rule)
     .collect()
+}
+
+/// Records 0 and 2 have key `a`, 1 and 3 key `b`.
+fn two_keys() -> Vec<String> {
+    ["a", "b", "a", "b"].map(String::from).to_vec()
+}
+
+#[test]
+fn keys_handled_at_once_may_interleave_but_each_key_stays_in_order() {
+    // Rule 4 with key concurrency: two calls of one epoch, one per key, interleave; each
+    // key's records are in order, the partition's are not.
+    let interleaved = [
+        applied(2, 1, 1, 1),
+        applied(3, 1, 1, 3),
+        applied(5, 4, 1, 0),
+        applied(6, 4, 1, 2),
+    ];
+    assert_eq!(
+        rules_with_keys(&interleaved, Some(&two_keys())),
+        Vec::<&str>::new()
+    );
+    assert!(rules(&interleaved).contains(&"order"));
+}
+
+#[test]
+fn a_key_delivered_out_of_order_is_caught() {
+    // Rule 4 per key: record 2 (key a) before record 0 (key a) is an order violation, and
+    // record 0 never delivered after it is lost.
+    let bad = [
+        applied(2, 1, 1, 1),
+        applied(3, 1, 1, 3),
+        applied(5, 4, 1, 2),
+    ];
+    let found = rules_with_keys(&bad, Some(&two_keys()));
+    assert!(found.contains(&"order"), "{found:?}");
+    assert!(found.contains(&"lost"), "{found:?}");
+}
+
+#[test]
+fn a_key_redelivered_after_its_new_records_within_an_epoch_is_a_duplicate() {
+    // Rule 4 per key: within one epoch, key a's new record 2 and then record 0 again.
+    let bad = [
+        applied(2, 1, 1, 0),
+        applied(5, 4, 2, 2),
+        applied(6, 4, 2, 0),
+        applied(8, 7, 2, 1),
+        applied(9, 7, 2, 3),
+    ];
+    let found = rules_with_keys(&bad, Some(&two_keys()));
+    assert!(found.contains(&"duplicate"), "{found:?}");
 }
 
 #[test]

@@ -2,9 +2,9 @@
 //! from the one-key layout.
 //!
 //! DynamoDB gives one partition key about 1,000 write units a second. Every host renews its
-//! heartbeat every few seconds: 10,000 hosts renewing every 2 s write 5,000 items a second,
+//! heartbeat every few seconds: 10,000 hosts renewing every 3 s write 3,333 items a second,
 //! which one key (`H#<group>`) cannot take. With `S` shards, host `h`'s row lives under
-//! `H#<group>#<crc32(h) mod S>`; 16 shards take 10,000 hosts at about 310 writes a second
+//! `H#<group>#<crc32(h) mod S>`; 16 shards take 10,000 hosts at about 210 writes a second
 //! each.
 //!
 //! Shards are not free: the leader reads every one of them each cycle, one query apiece,
@@ -53,11 +53,11 @@ const A_LAYOUT: &str = "layout";
 const LAYOUT: u64 = 2;
 const A_WRITTEN_AT: &str = "written_at";
 
-/// Heartbeat shards a group grows to: 10,000 hosts renewing every 2 s write about 310 items a
-/// second per key, a third of DynamoDB's per-partition limit.
+/// Heartbeat shards a group grows to: 10,000 hosts renewing every 3 s (the default) write about
+/// 210 items a second per key, a fifth of DynamoDB's per-partition limit.
 pub const DEFAULT_HEARTBEAT_SHARDS: u32 = 16;
-/// Hosts at which a group on one key grows to its shards: 256 hosts renewing every 2 s write
-/// 128 items a second, an eighth of one key's limit, beside the head reads of the counter item
+/// Hosts at which a group on one key grows to its shards: 256 hosts renewing every 3 s write
+/// 85 items a second, a twelfth of one key's limit, beside the head reads of the counter item
 /// on the same key. Below it a fleet pays for one heartbeat query per leader cycle, not 17.
 pub const DEFAULT_SHARDS_AT_HOSTS: usize = 256;
 /// The most heartbeat shards a group may have (`membership` reads every one of them).

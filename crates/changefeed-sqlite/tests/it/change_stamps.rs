@@ -211,6 +211,8 @@ const SCHEMA_1: &str = r#"
         ('old', 'c', 'available', NULL, 'beginning', '[]', '{}', 1),
         ('other', 'z', 'available', NULL, 'beginning', '[]', '{}', 1);
     INSERT INTO changefeed_groups (group_name, change_counter) VALUES ('old', 7), ('other', 1);
+    INSERT INTO changefeed_heartbeats (group_name, host, incarnation, version, written_at)
+        VALUES ('old', 'h1', 'i1', 4, 1000);
 "#;
 
 #[tokio::test]
@@ -220,12 +222,16 @@ async fn a_schema_1_database_answers_from_its_counter_at_migration_on() {
     let fx = Fixture::new();
     batch(&fx.path, SCHEMA_1).await;
     let store = fx.store().await;
-    assert_eq!(SCHEMA_VERSION, 3);
+    assert_eq!(SCHEMA_VERSION, 4);
     assert_eq!(
         count(&fx.path, "SELECT version FROM changefeed_schema_version").await,
         SCHEMA_VERSION
     );
     let g = group("old");
+    // A heartbeat row from before the report column reads as having none, and renews.
+    let m = store.membership(&g).await.unwrap();
+    assert_eq!(m.hosts.len(), 1);
+    assert_eq!((m.hosts[0].version.0, m.hosts[0].report.clone()), (4, None));
     assert_eq!(store.list(&g).await.unwrap().leases.len(), 3);
     assert_eq!(counter(&store, &g).await, 7);
     let head = store

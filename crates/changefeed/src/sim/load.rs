@@ -2,10 +2,11 @@
 //! second, as an exponential moving average on virtual time, and when each lease last changed
 //! owner, both measured from the run's own deliveries and lease writes.
 //!
-//! The processor does not yet measure its leases' loads or publish them with its heartbeat,
-//! so a host given `LoadShare` plans by counts. The simulator stands in for that path: every
-//! host reads one meter ([`MeasuredLoadShare`]), as if each owner had published its leases'
-//! rates the moment it applied their records. What it leaves out is the delay and the loss of
+//! The processor measures its leases' loads and publishes them with its heartbeat, but its
+//! hosts do not yet read each other's reports to plan, so a host given `LoadShare` plans by
+//! counts. The simulator stands in for that path: every host reads one meter
+//! ([`MeasuredLoadShare`]), as if each owner had published its leases' rates the moment it
+//! applied their records. What it leaves out is the delay and the loss of
 //! publishing them; the rates themselves are what the run delivered.
 
 use std::collections::BTreeMap;

@@ -32,6 +32,7 @@ use std::process::ExitCode;
 use std::sync::{Arc, OnceLock};
 
 use anyhow::Context as _;
+use changefeed::balance::LoadShare;
 use changefeed::processor::{Handler, Processor};
 use changefeed_dynamodb::RecordShape;
 use changefeed_exec::batch::{CommandDeadLetters, CommandHandler};
@@ -40,7 +41,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::config::{Protocol, RunArgs, RunConfig};
+use crate::config::{Protocol, RunArgs, RunConfig, Strategy};
 use crate::url::BackendUrl;
 use crate::usage::{usage, UsageError};
 
@@ -141,6 +142,9 @@ async fn run_host(config: RunConfig) -> anyhow::Result<ExitCode> {
         .shared_handler(handler)
         .key_concurrency(config.key_concurrency)
         .settings(config.settings.clone());
+    if config.strategy == Strategy::Load {
+        builder = builder.strategy(Arc::new(LoadShare::default()));
+    }
     if let (Some(after), Some(command)) = (
         config.settings.dead_letter_after,
         config.dead_letter_command.clone(),

@@ -18,7 +18,10 @@ use changefeed::processor::{CheckpointMode, ConfigError, Settings};
 use changefeed_kinesis::ReadOptions;
 
 use crate::url::BackendUrl;
+
+mod strategy;
 pub(crate) use crate::usage::{parse_duration, UsageError};
+pub use strategy::Strategy;
 
 /// How logs are written to standard error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -154,6 +157,11 @@ pub struct RunArgs {
     /// in the heartbeat row).
     #[arg(long, value_name = "BOOL", env = "CHANGEFEED_PUBLISH_LOAD", num_args = 0..=1, default_missing_value = "true")]
     pub publish_load: Option<String>,
+    /// How the group's hosts balance: equal (the same number of leases per host, within
+    /// min/max leases) or load (measured load against each host's capacity; publishes loads).
+    /// Give every host of the group the same. Default equal.
+    #[arg(long, value_name = "equal|load", env = "CHANGEFEED_STRATEGY")]
+    pub strategy: Option<String>,
     /// The idle tick: when a partition has had no records for this long, run the handler
     /// command with an empty batch (empty stdin), for time-window flushes. Default none.
     #[arg(long, value_name = "DURATION", env = "CHANGEFEED_MAX_WAIT_TIME")]
@@ -241,6 +249,7 @@ const KEYS: &[&str] = &[
     "max_leases",
     "capacity",
     "publish_load",
+    "strategy",
     "max_wait_time",
     "lag_per_partition",
     "http",
@@ -276,6 +285,8 @@ pub struct RunConfig {
     pub protocol: Protocol,
     /// Handler calls at once per partition, split by key (`key_concurrency`); 1 by default.
     pub key_concurrency: usize,
+    /// How the hosts balance (`strategy`).
+    pub strategy: Strategy,
     /// How a Kinesis source reads (`kinesis_deliver_outside_shard`); the defaults otherwise.
     pub kinesis: ReadOptions,
     /// How long transient faults opening the store and the source are retried at start
@@ -319,6 +330,7 @@ impl RunArgs {
             "max_leases" => &mut self.max_leases,
             "capacity" => &mut self.capacity,
             "publish_load" => &mut self.publish_load,
+            "strategy" => &mut self.strategy,
             "max_wait_time" => &mut self.max_wait_time,
             "lag_per_partition" => &mut self.lag_per_partition,
             "http" => &mut self.http,
@@ -527,6 +539,7 @@ impl RunArgs {
         if let Some(v) = &self.dead_letter_after {
             settings.dead_letter_after = Some(parse_number("dead_letter_after", v)?);
         }
+        let strategy = strategy::resolve(self.strategy.as_deref(), &mut settings)?;
         let key_concurrency = match &self.key_concurrency {
             Some(v) => parse_number("key_concurrency", v)?,
             None => 1,
@@ -632,6 +645,7 @@ impl RunArgs {
             dead_letter_command,
             protocol,
             key_concurrency,
+            strategy,
             kinesis,
             start_timeout,
         })

@@ -406,6 +406,37 @@ fn capacity_and_publish_load_are_read_and_checked_by_name() {
     }
 }
 
+#[test]
+fn strategy_load_publishes_loads_and_refuses_lease_limits() {
+    use super::Strategy;
+    let mut a = args();
+    a.merge_file("f.toml", "strategy = \"load\"\n")
+        .expect("valid file");
+    let c = a.resolve().expect("valid");
+    assert_eq!(c.strategy, Strategy::Load);
+    assert!(c.settings.publish_load);
+    let c = args().resolve().expect("valid");
+    assert_eq!(
+        (c.strategy, c.settings.publish_load),
+        (Strategy::Equal, false)
+    );
+    let mut a = args();
+    a.strategy = Some("load".into());
+    a.max_leases = Some("3".into());
+    let err = a.resolve().expect_err("limits with load");
+    assert!(
+        err.0.starts_with("strategy: load balances measured load"),
+        "{err}"
+    );
+    let mut a = args();
+    a.strategy = Some("fast".into());
+    let err = a.resolve().expect_err("an unknown strategy");
+    assert!(
+        err.0.starts_with("strategy: \"fast\" is not a strategy"),
+        "{err}"
+    );
+}
+
 proptest::proptest! {
     #[test]
     fn parsing_any_duration_never_panics(text in "\\PC{0,30}", digits in "[0-9]{1,30}",

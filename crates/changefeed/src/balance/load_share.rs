@@ -371,4 +371,8 @@ impl BalanceStrategy for LoadShare {
     fn plan_with_load(&self, snapshot: &Snapshot<'_>, load: &LoadInput<'_>) -> Plan {
         self.decide(snapshot, load).0
     }
+
+    fn wants_load(&self) -> bool {
+        true
+    }
 }

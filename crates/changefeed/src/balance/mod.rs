@@ -206,6 +206,14 @@ pub trait BalanceStrategy: Send + Sync + std::fmt::Debug {
         let _ = load;
         self.plan(snapshot)
     }
+
+    /// Whether this strategy plans by measured load: the processor then reads every host's
+    /// heartbeat report each cycle (one membership read per host per cycle, where a count
+    /// strategy reads the membership view alone) and calls
+    /// [`BalanceStrategy::plan_with_load`]. Default `false`; [`LoadShare`] says `true`.
+    fn wants_load(&self) -> bool {
+        false
+    }
 }
 
 /// Every live host's share of the eligible leases under [`EqualShare`] without limits.

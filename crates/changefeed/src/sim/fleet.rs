@@ -17,7 +17,6 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use super::check::LivenessWindows;
-use super::load::MeasuredLoadShare;
 use super::pool::{Net, Pool, PoolConfig, PoolCounts};
 use super::seams::{Cut, HostCtl, SimClock, SimHandler, SimSource, SimStore};
 use super::world::{World, WriteOp, DRIVER};
@@ -136,11 +135,12 @@ impl HostKit for SimKit {
         builder: ProcessorBuilder,
     ) -> (ProcessorBuilder, Option<Companion>) {
         let ctl = host.ctl.clone();
+        // Planning by load runs the processor's own path: each host measures its leases,
+        // publishes them with its heartbeat and reads the others'. Every capacity is 1, as
+        // the cores of the machine running the simulator must not change a run.
+        let by_load = self.strategy == StrategyKind::Load;
         let strategy: Arc<dyn BalanceStrategy> = match self.strategy {
-            StrategyKind::Load => Arc::new(MeasuredLoadShare {
-                world: self.world.clone(),
-                inner: LoadShare::default(),
-            }),
+            StrategyKind::Load => Arc::new(LoadShare::default()),
             other => other.strategy(),
         };
         // A new process: new pools.
@@ -176,6 +176,8 @@ impl HostKit for SimKit {
                 epochs: Default::default(),
             })
             .strategy(strategy)
+            .publish_load(by_load)
+            .capacity(Some(1.0))
             .clock(Arc::new(clock));
         let builder = if self.key_concurrency > 1 {
             builder.key_concurrency(self.key_concurrency)

@@ -27,7 +27,6 @@
 pub mod check;
 pub mod children;
 mod fleet;
-mod load;
 mod pool;
 mod seams;
 mod world;

@@ -828,8 +828,6 @@ impl SimHandler {
                 });
             }
         }
-        drop(log);
-        self.world.meter().applied(c.partition, records.len(), at);
         Ok((first, last))
     }
 }

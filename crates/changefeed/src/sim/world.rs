@@ -11,7 +11,6 @@ use rand::rngs::SmallRng;
 use rand::Rng;
 use tokio::time::Instant;
 
-use super::load::LoadMeter;
 use crate::model::{HostName, Lease, PartitionId};
 
 /// How much of the event trace a run keeps.
@@ -229,7 +228,6 @@ pub(crate) struct World {
     rates: Mutex<Rates>,
     conditions: Mutex<StoreConditions>,
     counter: Mutex<CounterItem>,
-    meter: Mutex<LoadMeter>,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -259,7 +257,6 @@ impl World {
             rates: Mutex::new(Rates::default()),
             conditions: Mutex::new(StoreConditions::default()),
             counter: Mutex::new(CounterItem::default()),
-            meter: Mutex::new(LoadMeter::default()),
         }
     }
 
@@ -289,11 +286,6 @@ impl World {
 
     pub(crate) fn counter(&self) -> MutexGuard<'_, CounterItem> {
         lock(&self.counter)
-    }
-
-    /// The leases' measured loads (see [`LoadMeter`]).
-    pub(crate) fn meter(&self) -> MutexGuard<'_, LoadMeter> {
-        lock(&self.meter)
     }
 
     /// A duration drawn uniformly from `min` to `max` (whole milliseconds).
@@ -390,10 +382,6 @@ impl World {
         before: Option<&Lease>,
     ) {
         let at = self.now();
-        let owner_after = after.and_then(|l| l.owner.as_ref());
-        if owner_after.is_some() && owner_after != before.and_then(|b| b.owner.as_ref()) {
-            self.meter().moved(partition, at);
-        }
         let mut log = self.log();
         if log.trace.on() {
             match after {

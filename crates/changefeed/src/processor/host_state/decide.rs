@@ -5,7 +5,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Duration;
 
-use crate::balance::{holder, BalanceStrategy, CensusSnapshot, LeaseView, Plan, Snapshot};
+use crate::balance::{
+    holder, BalanceStrategy, CensusSnapshot, LeaseView, LoadInput, Plan, Snapshot,
+};
 use crate::clock::Instant;
 use crate::lineage::ParentsRule;
 use crate::model::{Heartbeat, HostName, Lease, PartitionId};
@@ -104,6 +106,9 @@ pub(crate) struct PlanInput<'a> {
     /// would ask for a share of a smaller fleet, and leases would move twice).
     pub grace: Duration,
     pub parents: ParentsRule,
+    /// The measured loads, for a strategy that plans by them
+    /// ([`BalanceStrategy::wants_load`]).
+    pub load: Option<&'a LoadInput<'a>>,
 }
 
 /// The strategy's plan over the table, with hand-offs marked overdue after the timeout and
@@ -126,9 +131,12 @@ pub(crate) fn plan(input: &PlanInput<'_>, strategy: &dyn BalanceStrategy) -> (Pl
         census: input.table.census(),
         handoff_overdue: &overdue,
     };
-    let mut plan = strategy
-        .plan_census(&census)
-        .unwrap_or_else(|| snapshot_plan(input, strategy));
+    let by_census = if input.load.is_some() {
+        None
+    } else {
+        strategy.plan_census(&census)
+    };
+    let mut plan = by_census.unwrap_or_else(|| snapshot_plan(input, strategy));
     let in_grace = input.now.saturating_duration_since(input.registered_at) < input.grace;
     let held = in_grace && !plan.request_handoff.is_empty();
     if held {
@@ -159,11 +167,15 @@ pub(crate) fn snapshot_plan(input: &PlanInput<'_>, strategy: &dyn BalanceStrateg
             ),
         })
         .collect();
-    strategy.plan(&Snapshot {
+    let snapshot = Snapshot {
         me: input.me,
         live_hosts: input.live,
         leases: &views,
-    })
+    };
+    match input.load {
+        Some(load) => strategy.plan_with_load(&snapshot, load),
+        None => strategy.plan(&snapshot),
+    }
 }
 
 /// Whether a hand-off request for `lease` from `owner` may be written now: the lease is still

@@ -16,6 +16,7 @@
 mod cycle;
 mod decide;
 mod liveness;
+mod loads;
 mod observer;
 mod plan;
 mod share;
@@ -151,6 +152,8 @@ pub(crate) struct HostState {
     /// The rows of the running workers' leases in the last full listing, as listed, until
     /// [`HostState::hint_all`] tells the workers of them.
     listed_rows: Vec<Arc<Lease>>,
+    /// The others' reports, for a strategy that plans by load.
+    loads: loads::LoadView,
 }
 
 impl HostState {
@@ -177,6 +180,7 @@ impl HostState {
             malformed: BTreeSet::new(),
             sync_at: None,
             unowned_lag_at: None,
+            loads: loads::LoadView::new(now),
         }
     }
 
@@ -203,6 +207,7 @@ impl HostState {
     /// fenced itself (its renewal was sent before its deadline).
     pub(crate) fn observe(&mut self, membership: &Membership, sent: Instant, returned: Instant) {
         self.observer.observe_heartbeats(membership, returned);
+        self.loads.observe(membership);
         let judged_at = sent.min(returned);
         self.judged = live_hosts(
             self.observer
@@ -252,6 +257,7 @@ impl HostState {
                 .leaderless(now, self.config.lease_expiry)
             || self.observer.members.led_by(&self.me, &self.incarnation)
             || !self.admitted()
+            || self.config.strategy.wants_load()
     }
 
     /// The view to write after a membership read at `now`, with the version to write it at,

@@ -67,6 +67,10 @@ impl HostState {
             return Actions::default();
         }
         let by_view = self.by_view(now);
+        let loads = strategy
+            .wants_load()
+            .then(|| self.loads.maps(&self.table, now));
+        let load = loads.as_ref().map(|m| m.input());
         let (plan, held) = plan(
             &PlanInput {
                 me: &self.me,
@@ -82,6 +86,7 @@ impl HostState {
                 handoff_timeout: self.config.handoff_timeout,
                 grace: self.config.grace,
                 parents: self.config.parents,
+                load: load.as_ref(),
             },
             strategy,
         );

@@ -141,10 +141,12 @@ impl HostState {
         c.call(Call::RemoveHeartbeat(hb), Stage::AwaitRemove(rows));
     }
 
-    /// Whether to plan: only if something changed hands, a request waits, or an outcome asked
-    /// for another look; never on reads a stall made stale.
+    /// Whether to plan: only if something changed hands, a request waits, an outcome asked
+    /// for another look, or the strategy plans by load (loads move without a lease changing
+    /// hands); never on reads a stall made stale.
     pub(super) fn decide_plan(&mut self, c: &mut Cycle, now: &Now) {
-        if !self.wants_plan(c.listed || c.synced || c.live_changed) {
+        let moved = c.listed || c.synced || c.live_changed || self.config.strategy.wants_load();
+        if !self.wants_plan(moved) {
             // Nothing changed hands and no request waits: the cached list is accurate.
             self.outbox.push(Effect::Gauges);
             return;

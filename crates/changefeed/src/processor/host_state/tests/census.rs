@@ -134,6 +134,7 @@ proptest! {
                     handoff_timeout: 10 * SECOND,
                     grace: 2 * SECOND,
                     parents: ParentsRule::Wait,
+                    load: None,
                 };
                 let (by_census, _) = plan(&input, &EqualShare::default());
                 let by_snapshot = snapshot_plan(&input, &EqualShare::default());
@@ -191,6 +192,7 @@ fn an_unknown_owners_leases_are_neither_taken_nor_counted_on_either_path() {
         handoff_timeout: 10 * SECOND,
         grace: 2 * SECOND,
         parents: ParentsRule::Wait,
+        load: None,
     };
     let with_view = input(Some(&dead));
     // Three eligible leases (0, 1, 2): quotas a 2, b 1; a takes the dead host's first
@@ -227,6 +229,7 @@ fn decisions(
                 handoff_timeout: 10 * SECOND,
                 grace: 2 * SECOND,
                 parents: ParentsRule::Wait,
+                load: None,
             };
             let adopt = t.to_adopt(|_| false);
             (

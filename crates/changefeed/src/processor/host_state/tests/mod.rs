@@ -87,6 +87,7 @@ fn plan_for(me: &str, live: &[&str], rows: Vec<Lease>) -> Plan {
             handoff_timeout: 10 * SECOND,
             grace: 2 * SECOND,
             parents: ParentsRule::Wait,
+            load: None,
         },
         &EqualShare::default(),
     )

@@ -364,6 +364,7 @@ fn requests_wait_out_the_start_up_grace() {
         handoff_timeout: 10 * SECOND,
         grace: 2 * SECOND,
         parents: ParentsRule::Wait,
+        load: None,
     };
     let (early, held) = plan(&input(start + SECOND), &EqualShare::default());
     assert!(held && early.request_handoff.is_empty());
@@ -394,6 +395,7 @@ fn an_unhonoured_request_is_stolen_after_the_hand_off_timeout() {
                 handoff_timeout: 10 * SECOND,
                 grace: 2 * SECOND,
                 parents: ParentsRule::Wait,
+                load: None,
             },
             &EqualShare::default(),
         )

@@ -213,7 +213,8 @@ pub fn parse_heartbeat(group: &GroupName, doc: &Value) -> Result<Heartbeat, Leas
             .into(),
         version: Version(number(doc, "version").map_err(bad)?),
         written_at: Timestamp(doc.get("written_at").and_then(Value::as_i64).unwrap_or(0)),
-        report: text(doc, "report").map_err(bad)?.map(Into::into),
+        // Advisory: a report that cannot be read leaves the row without one, never unreadable.
+        report: text(doc, "report").ok().flatten().map(Into::into),
     })
 }
 

@@ -685,7 +685,8 @@ pub(crate) fn parse_heartbeat(group: &GroupName, item: &Item) -> Result<Heartbea
             .into(),
         version: Version(number(item, A_VERSION).map_err(bad)?),
         written_at: Timestamp(number(item, A_WRITTEN_AT).unwrap_or(0) as i64),
-        report: text(item, A_REPORT).map_err(bad)?.map(Into::into),
+        // Advisory: a report that cannot be read leaves the row without one, never unreadable.
+        report: text(item, A_REPORT).ok().flatten().map(Into::into),
     })
 }
 

@@ -579,14 +579,10 @@ fn parse_heartbeat(group: &GroupName, row: &Row<'_>) -> Result<Heartbeat, Sqlite
             ValueRef::Integer(ms) => Timestamp(ms),
             other => return Err(format!("written_at is not an integer: {other:?}")),
         };
-        let report = match row.get_ref(4).map_err(|e| e.to_string())? {
-            ValueRef::Null => None,
-            ValueRef::Text(t) => Some(
-                std::str::from_utf8(t)
-                    .map_err(|e| format!("report is not UTF-8: {e}"))?
-                    .into(),
-            ),
-            other => return Err(format!("report is not text: {other:?}")),
+        // Advisory: a report that cannot be read leaves the row without one, never unreadable.
+        let report = match row.get_ref(4) {
+            Ok(ValueRef::Text(t)) => std::str::from_utf8(t).ok().map(Into::into),
+            _ => None,
         };
         Ok(Heartbeat {
             group: group.clone(),

@@ -19,7 +19,10 @@
 
 use std::collections::HashMap;
 
-use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+use aws_sdk_dynamodb::config::http::HttpResponse;
+use aws_sdk_dynamodb::error::SdkError;
+use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
+use aws_sdk_dynamodb::operation::update_item::{UpdateItemError, UpdateItemOutput};
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::{
     AttributeValue, ReturnConsumedCapacity, ReturnValue, ReturnValuesOnConditionCheckFailure,
@@ -356,23 +359,7 @@ impl DynamoLeaseStore {
             req.condition_expression("#vv = :exp")
                 .expression_attribute_values(":exp", n(expected))
         };
-        let mut attempt = 0;
-        let result = loop {
-            // An ownership transaction on the counter item at the same moment refuses a plain
-            // write with TransactionConflict: retry, as the transactions do.
-            match req.clone().send().await {
-                Err(err)
-                    if attempt + 1 < TRANSACTION_ATTEMPTS
-                        && err.as_service_error().is_some_and(|e| {
-                            e.meta().code() == Some("TransactionConflictException")
-                        }) =>
-                {
-                    attempt += 1;
-                    self.backoff(attempt).await;
-                }
-                result => break result,
-            }
-        };
+        let result = self.update_counter_item(req).await;
         match result {
             Ok(out) => {
                 self.account(Kind::Write, out.consumed_capacity());
@@ -465,6 +452,29 @@ impl DynamoLeaseStore {
         }
     }
 
+    /// Sends a plain update of a counter item. An ownership transaction on the same item at
+    /// the same moment refuses it with TransactionConflict: retried, as the transactions are.
+    async fn update_counter_item(
+        &self,
+        req: UpdateItemFluentBuilder,
+    ) -> Result<UpdateItemOutput, SdkError<UpdateItemError, HttpResponse>> {
+        let mut attempt = 0;
+        loop {
+            match req.clone().send().await {
+                Err(err)
+                    if attempt + 1 < TRANSACTION_ATTEMPTS
+                        && err.as_service_error().is_some_and(|e| {
+                            e.meta().code() == Some("TransactionConflictException")
+                        }) =>
+                {
+                    attempt += 1;
+                    self.backoff(attempt).await;
+                }
+                result => return result,
+            }
+        }
+    }
+
     /// The leader's heartbeat: its row's renewal, as any host's, then the copy of the new
     /// version into the view, conditioned on the view naming this host and incarnation as
     /// leader. Two plain writes, not one transaction: DynamoDB bills a transactional write
@@ -514,23 +524,7 @@ impl DynamoLeaseStore {
             .expression_attribute_values(":vl", s(host.as_str()))
             .expression_attribute_values(":vi", s(&*row.incarnation))
             .return_consumed_capacity(ReturnConsumedCapacity::Total);
-        let mut attempt = 0;
-        let result = loop {
-            // An ownership transaction on the counter item at the same moment refuses a plain
-            // write with TransactionConflict: retry, as the transactions do.
-            match req.clone().send().await {
-                Err(err)
-                    if attempt + 1 < TRANSACTION_ATTEMPTS
-                        && err.as_service_error().is_some_and(|e| {
-                            e.meta().code() == Some("TransactionConflictException")
-                        }) =>
-                {
-                    attempt += 1;
-                    self.backoff(attempt).await;
-                }
-                result => break result,
-            }
-        };
+        let result = self.update_counter_item(req).await;
         match result {
             Ok(out) => {
                 self.account(Kind::Write, out.consumed_capacity());

@@ -248,6 +248,9 @@ struct BlackHole {
     latency: Duration,
     cut: std::sync::atomic::AtomicBool,
     forget: bool,
+    /// While cut, refuse each try at once (a server resetting connections) instead of
+    /// holding it.
+    refuse: bool,
     sent: Mutex<Vec<Instant>>,
 }
 
@@ -268,6 +271,14 @@ impl ForwardingStore for BlackHole {
         report: Option<&str>,
     ) -> Result<Heartbeat, LeaseError> {
         self.sent.lock().expect("not poisoned").push(Instant::now());
+        if self.refuse && self.cut.load(Ordering::SeqCst) {
+            return Err(LeaseError::store(
+                "heartbeat",
+                None,
+                true,
+                "connection reset".to_owned(),
+            ));
+        }
         if self.forget && self.cut.load(Ordering::SeqCst) {
             std::future::pending::<()>().await;
         }
@@ -306,6 +317,7 @@ async fn a_fenced_host_renews_again_once_its_store_answers_within_the_write_time
         latency: Duration::from_millis(300),
         cut: std::sync::atomic::AtomicBool::new(true),
         forget: false,
+        refuse: false,
         sent: Mutex::default(),
     });
     let cancel = CancellationToken::new();
@@ -351,6 +363,7 @@ async fn a_host_cut_off_by_a_black_hole_renews_within_the_write_timeout_of_the_h
         latency,
         cut: std::sync::atomic::AtomicBool::new(true),
         forget: true,
+        refuse: false,
         sent: Mutex::default(),
     });
     let cancel = CancellationToken::new();
@@ -383,46 +396,6 @@ async fn a_host_cut_off_by_a_black_hole_renews_within_the_write_timeout_of_the_h
     cancel.cancel();
 }
 
-/// A store that refuses every heartbeat at once while `down`, as a server that resets
-/// connections does, and records when each try was sent.
-#[derive(Debug)]
-struct Refusing {
-    inner: MemoryLeaseStore,
-    down: std::sync::atomic::AtomicBool,
-    sent: Mutex<Vec<Instant>>,
-}
-
-#[async_trait]
-impl ForwardingStore for Refusing {
-    fn inner(&self) -> &dyn LeaseStore {
-        &self.inner
-    }
-
-    async fn heartbeat(
-        &self,
-        group: &GroupName,
-        host: &HostName,
-        incarnation: &str,
-        written_at: Timestamp,
-        expected: Option<Version>,
-        role: HeartbeatRole,
-        report: Option<&str>,
-    ) -> Result<Heartbeat, LeaseError> {
-        self.sent.lock().expect("not poisoned").push(Instant::now());
-        if self.down.load(Ordering::SeqCst) {
-            return Err(LeaseError::store(
-                "heartbeat",
-                None,
-                true,
-                "connection reset".to_owned(),
-            ));
-        }
-        self.inner
-            .heartbeat(group, host, incarnation, written_at, expected, role, report)
-            .await
-    }
-}
-
 /// At the default cadence a healthy host writes once per renew interval, and a try that
 /// failed is followed half an interval later: four tries before the fence, not two.
 #[tokio::test(start_paused = true)]
@@ -444,9 +417,12 @@ async fn a_failed_try_is_followed_half_a_renew_interval_later() {
         )
         .await
         .expect("registered");
-    let store = Arc::new(Refusing {
+    let store = Arc::new(BlackHole {
         inner,
-        down: std::sync::atomic::AtomicBool::new(false),
+        latency: Duration::ZERO,
+        cut: std::sync::atomic::AtomicBool::new(false),
+        forget: false,
+        refuse: true,
         sent: Mutex::default(),
     });
     let cancel = CancellationToken::new();
@@ -468,7 +444,7 @@ async fn a_failed_try_is_followed_half_a_renew_interval_later() {
     ));
     // Healthy for three intervals: a try every interval.
     tokio::time::sleep_until(t0 + renew * 3 + Duration::from_millis(1)).await;
-    store.down.store(true, Ordering::SeqCst);
+    store.cut.store(true, Ordering::SeqCst);
     let down_at = Instant::now();
     // Down long enough to fence.
     tokio::time::sleep_until(down_at + fence_after + renew).await;

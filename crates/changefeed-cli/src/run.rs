@@ -120,11 +120,14 @@ async fn run_host(config: RunConfig) -> anyhow::Result<ExitCode> {
                 config.group.clone(),
                 groups.clone(),
             )),
-            Protocol::Lines => Arc::new(changefeed_exec::lines::LinesHandler::new(
-                config.handler.clone(),
-                config.group.clone(),
-                groups.clone(),
-            )),
+            Protocol::Lines => Arc::new(
+                changefeed_exec::lines::LinesHandler::new(
+                    config.handler.clone(),
+                    config.group.clone(),
+                    groups.clone(),
+                )
+                .key_concurrency(config.key_concurrency),
+            ),
             Protocol::Kcl => Arc::new(changefeed_exec::kcl::KclHandler::new(
                 config.handler.clone(),
                 config.group.clone(),

@@ -153,10 +153,7 @@ impl Script {
             leader_heartbeat: beat.version,
             live: live
                 .iter()
-                .map(|h| ViewHost {
-                    host: host(h),
-                    incarnation: format!("inc-{h}").into(),
-                })
+                .map(|h| ViewHost::new(host(h), format!("inc-{h}").into()))
                 .collect(),
             dead: dead.iter().map(|h| host(h)).collect(),
         };

@@ -126,10 +126,12 @@ impl LongLived {
     }
 }
 
-/// The processes of the partitions this host owns, waiting between calls. Calls on one
-/// partition never overlap, so a call takes its process out and puts it back when done.
+/// The processes of the partitions this host owns, waiting between calls. A call takes a
+/// process out and puts it back when done. Calls on one partition overlap only with key
+/// concurrency (the `lines` runner's), and then each call holds a process of its own, so a
+/// partition has as many processes as calls ever ran on it at once.
 #[derive(Debug)]
-pub(crate) struct Slots<T>(Mutex<HashMap<PartitionId, T>>);
+pub(crate) struct Slots<T>(Mutex<HashMap<PartitionId, Vec<T>>>);
 
 impl<T> Default for Slots<T> {
     fn default() -> Self {
@@ -138,19 +140,31 @@ impl<T> Default for Slots<T> {
 }
 
 impl<T> Slots<T> {
-    /// Takes `partition`'s waiting process, if there is one.
-    pub(crate) fn take(&self, partition: &PartitionId) -> Option<T> {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(partition)
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PartitionId, Vec<T>>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Puts `partition`'s process back after a clean exchange.
+    /// Takes one of `partition`'s waiting processes, if there is one.
+    pub(crate) fn take(&self, partition: &PartitionId) -> Option<T> {
+        let mut slots = self.lock();
+        let waiting = slots.get_mut(partition)?;
+        let one = waiting.pop();
+        if waiting.is_empty() {
+            slots.remove(partition);
+        }
+        one
+    }
+
+    /// Takes every waiting process of `partition`.
+    pub(crate) fn take_all(&self, partition: &PartitionId) -> Vec<T> {
+        self.lock().remove(partition).unwrap_or_default()
+    }
+
+    /// Puts a process of `partition` back after a clean exchange.
     pub(crate) fn put(&self, partition: &PartitionId, value: T) {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(partition.clone(), value);
+        self.lock()
+            .entry(partition.clone())
+            .or_default()
+            .push(value);
     }
 }

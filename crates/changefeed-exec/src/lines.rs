@@ -15,6 +15,12 @@
 //!
 //! Anything else is a named error that fails the batch; the process is then replaced, as is
 //! one that exits or closes its stdout. Stdin closing is the process's signal to exit.
+//!
+//! With key concurrency ([`LinesHandler::key_concurrency`]) a partition runs up to N such
+//! processes, and each batch line holds the records of one key. The host then owns the
+//! checkpoint, which must not pass a record of another key not yet done: a `checkpoint`
+//! request is answered with an error, and an ack short of the line's last record fails the
+//! line without a checkpoint, so its records are delivered again.
 
 use async_trait::async_trait;
 use changefeed::model::{Batch, Continuation};
@@ -32,6 +38,9 @@ pub struct LinesHandler {
     group: String,
     groups: ProcessGroups,
     slots: Slots<LongLived>,
+    /// Whether calls on one partition run side by side, one key each: then only the host
+    /// moves the checkpoint.
+    keyed: bool,
 }
 
 /// A batch as the process reads it.
@@ -86,7 +95,17 @@ impl LinesHandler {
             group,
             groups,
             slots: Slots::default(),
+            keyed: false,
         }
+    }
+
+    /// Serves a processor with key concurrency above 1 (its `key_concurrency`): a partition
+    /// gets a process per call running at once, and the processes' checkpoint requests are
+    /// refused (see the module doc).
+    #[must_use]
+    pub fn key_concurrency(mut self, n: usize) -> Self {
+        self.keyed = n > 1;
+        self
     }
 
     fn start(&self, ctx: &Context) -> Result<LongLived, HandlerError> {
@@ -132,7 +151,9 @@ impl LinesHandler {
                             ))
                             .into());
                     }
-                    ctx.checkpoint(Continuation::new(c.clone())).await?;
+                    if !self.keyed {
+                        ctx.checkpoint(Continuation::new(c.clone())).await?;
+                    }
                     return Err(child
                         .failed(&format!(
                             "acknowledged the batch only up to {}; the rest is delivered again",
@@ -141,7 +162,13 @@ impl LinesHandler {
                         .into());
                 }
                 Reply::Checkpoint(c) => {
-                    let error = if in_batch(&c) {
+                    let error = if self.keyed {
+                        Some(
+                            "with key concurrency the host checkpoints, once every key's \
+                             records before it are done: acknowledge the line instead"
+                                .to_string(),
+                        )
+                    } else if in_batch(&c) {
                         ctx.checkpoint(Continuation::new(c.clone()))
                             .await
                             .err()
@@ -180,9 +207,8 @@ impl Handler for LinesHandler {
     }
 
     async fn close(&self, ctx: &Context, _reason: CloseReason) {
-        if let Some(child) = self.slots.take(ctx.partition()) {
-            child.finish(KILL_GRACE).await;
-        }
+        let children = self.slots.take_all(ctx.partition());
+        futures::future::join_all(children.into_iter().map(|c| c.finish(KILL_GRACE))).await;
     }
 }
 

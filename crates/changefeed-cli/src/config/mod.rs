@@ -544,10 +544,10 @@ impl RunArgs {
             Some(v) => parse_number("key_concurrency", v)?,
             None => 1,
         };
-        if key_concurrency > 1 && protocol != Protocol::Batch {
+        if key_concurrency > 1 && protocol == Protocol::Kcl {
             return Err(UsageError(format!(
-                "key_concurrency: {key_concurrency} needs --protocol batch: a long-lived lines \
-                 or kcl process serves one call of its partition at a time"
+                "key_concurrency: {key_concurrency} needs --protocol batch or lines: a KCL \
+                 record processor serves its whole shard in order"
             )));
         }
         let dead_letter_command = self.dead_letter_command.clone();

@@ -485,9 +485,9 @@ proptest::proptest! {
 }
 
 #[test]
-fn key_concurrency_is_read_by_name_and_needs_the_batch_protocol() {
-    // DESIGN "Bad input": a bad value, or key-parallel calls on a protocol whose one
-    // long-lived process cannot take them, is refused naming key_concurrency.
+fn key_concurrency_is_read_by_name_and_refused_with_the_kcl_protocol() {
+    // DESIGN "Bad input": a bad value, or key-parallel calls on the KCL protocol, whose
+    // record processor serves its whole shard in order, is refused naming key_concurrency.
     assert_eq!(args().resolve().expect("valid").key_concurrency, 1);
     let mut a = args();
     a.merge_file("f.toml", "key_concurrency = 8\n")
@@ -497,15 +497,17 @@ fn key_concurrency_is_read_by_name_and_needs_the_batch_protocol() {
     a.key_concurrency = Some("many".into());
     let err = a.resolve().expect_err("not a number");
     assert!(err.0.starts_with("key_concurrency: \"many\""), "{err}");
-    for protocol in ["lines", "kcl"] {
-        let mut a = args();
-        a.key_concurrency = Some("4".into());
-        a.protocol = Some(protocol.into());
-        let err = a.resolve().expect_err("not the batch protocol");
-        assert!(
-            err.0
-                .starts_with("key_concurrency: 4 needs --protocol batch"),
-            "{err}"
-        );
-    }
+    let mut a = args();
+    a.key_concurrency = Some("4".into());
+    a.protocol = Some("lines".into());
+    assert_eq!(a.resolve().expect("lines takes it").key_concurrency, 4);
+    let mut a = args();
+    a.key_concurrency = Some("4".into());
+    a.protocol = Some("kcl".into());
+    let err = a.resolve().expect_err("not with the KCL protocol");
+    assert!(
+        err.0
+            .starts_with("key_concurrency: 4 needs --protocol batch or lines"),
+        "{err}"
+    );
 }

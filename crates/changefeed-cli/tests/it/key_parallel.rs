@@ -1,5 +1,6 @@
-//! `changefeed run --key-concurrency 4`: a real host process whose per-batch handler commands
-//! run four at a time, one key each, killed mid-flight and replaced by another host.
+//! `changefeed run --key-concurrency 4`: a real host process whose handler calls run four at
+//! a time, one key each, killed mid-flight and replaced by another host: per-batch commands,
+//! and long-lived `lines` processes (four per partition).
 
 use std::collections::BTreeMap;
 use std::process::Stdio;
@@ -14,13 +15,14 @@ const KEYS: usize = 8;
 const PER_KEY: usize = 25;
 const BATCH: usize = 40;
 
-/// A host of group `g` running `handler` with four key-parallel calls.
-fn host(fx: &Fixture, name: &str, handler: &str) -> KillOnDrop {
+/// A host of group `g` running `handler` over `protocol` with four key-parallel calls.
+fn host(fx: &Fixture, name: &str, protocol: &str, handler: &str) -> KillOnDrop {
     let batch = BATCH.to_string();
     KillOnDrop(
         bin()
             .args(["run", "--store", &fx.url(), "--source", &fx.url()])
             .args(["--handler", handler, "--host", name, "--group", "g"])
+            .args(["--protocol", protocol])
             .args(["--key-concurrency", "4", "--max-batch-size", &batch])
             .args(FAST)
             .stdout(Stdio::null())
@@ -35,6 +37,35 @@ fn host(fx: &Fixture, name: &str, handler: &str) -> KillOnDrop {
 /// batch in flight (the checkpoint stands before the oldest record not done).
 #[test]
 fn killed_key_parallel_host_loses_nothing_and_keeps_each_keys_order() {
+    // Each call takes a while, then appends its records (one write per line).
+    killed_host_loses_nothing(Protocol::Batch);
+}
+
+/// The same with long-lived `lines` processes, each answering a line of one key's records.
+#[test]
+fn killed_key_parallel_lines_host_loses_nothing_and_keeps_each_keys_order() {
+    killed_host_loses_nothing(Protocol::Lines);
+}
+
+#[derive(Clone, Copy)]
+enum Protocol {
+    Batch,
+    Lines,
+}
+
+/// The lines handler: per line, a while, then its records appended, then the ack.
+const LINES_HANDLER: &str = r#"
+import json, sys, time
+out = open(sys.argv[1], "a")
+for line in sys.stdin:
+    records = json.loads(line)["records"]
+    time.sleep(0.2)
+    out.write("".join(json.dumps(r) + "\n" for r in records))
+    out.flush()
+    print(json.dumps({"ack": records[-1]["continuation"]}), flush=True)
+"#;
+
+fn killed_host_loses_nothing(protocol: Protocol) {
     let fx = Fixture::new();
     fx.with_feed(async |feed| {
         feed.create_partitions(1).await.expect("partitions");
@@ -48,12 +79,24 @@ fn killed_key_parallel_host_loses_nothing_and_keeps_each_keys_order() {
         }
     });
     let delivered = fx.path("delivered.jsonl");
-    // Each call takes a while, then appends its records (one write per line).
-    let handler = format!(
-        "input=$(cat); sleep 0.2; printf '%s\\n' \"$input\" >> '{}'",
-        delivered.display()
-    );
-    let mut first = host(&fx, "h1", &handler);
+    let (name, handler) = match protocol {
+        Protocol::Batch => (
+            "batch",
+            format!(
+                "input=$(cat); sleep 0.2; printf '%s\\n' \"$input\" >> '{}'",
+                delivered.display()
+            ),
+        ),
+        Protocol::Lines => {
+            let script = fx.path("keyed_lines.py");
+            std::fs::write(&script, LINES_HANDLER).expect("write the lines handler");
+            (
+                "lines",
+                format!("python3 '{}' '{}'", script.display(), delivered.display()),
+            )
+        }
+    };
+    let mut first = host(&fx, "h1", name, &handler);
     wait_for(
         Duration::from_secs(30),
         "a batch and a half delivered",
@@ -61,7 +104,7 @@ fn killed_key_parallel_host_loses_nothing_and_keeps_each_keys_order() {
     );
     first.0.kill().expect("SIGKILL the first host");
     first.0.wait().expect("reap the first host");
-    let _second = host(&fx, "h2", &handler);
+    let _second = host(&fx, "h2", name, &handler);
     let last = Continuation::new(format!("0:{}", KEYS * PER_KEY));
     wait_for(
         Duration::from_secs(60),

@@ -326,10 +326,7 @@ fn view_of(leader: &str, heartbeat: u64, live: &[&str]) -> MembershipView {
         leader_heartbeat: Version(heartbeat),
         live: live
             .iter()
-            .map(|h| ViewHost {
-                host: HostName::new(*h).expect("valid"),
-                incarnation: format!("inc-{h}").into(),
-            })
+            .map(|h| ViewHost::new(HostName::new(*h).expect("valid"), format!("inc-{h}").into()))
             .collect(),
         dead: Vec::new(),
     }

@@ -9,7 +9,7 @@
 //! the asker then steals). Hosts that see different snapshots may collide; the compare-and-swap
 //! decides, and the loser plans again next cycle.
 
-use std::cmp::{Ordering, Reverse};
+use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap};
 
 use super::census::CensusSnapshot;
@@ -18,6 +18,11 @@ use super::{BalanceStrategy, HandoffRequest, LeaseView, Plan, Snapshot};
 use crate::model::{HostName, LeaseState};
 
 mod from_census;
+mod slices;
+
+use slices::{
+    by_handoff_order, by_partition, donors, draws, free_slice, release_range, select_range,
+};
 
 /// Equal share of the eligible leases for every live host (`DESIGN.md`, "Balancing"), within
 /// optional [`LeaseLimits`].
@@ -80,10 +85,11 @@ mod from_census;
 ///
 /// Every host must plan with the same limits for every host, as it must see the same live
 /// hosts: a host that believes other limits computes another assignment, and leases it counts
-/// for another host may stay free. The processor therefore takes fleet-wide limits
-/// ([`crate::processor::Settings::min_leases`], [`crate::processor::Settings::max_leases`]),
-/// to be set alike on every host of a group, and gives them to every host here. Without
-/// limits ([`EqualShare::default`]) the plans are exactly those of plain equal share.
+/// for another host may stay free. So each host publishes its own limits
+/// ([`crate::processor::Settings::min_leases`], [`crate::processor::Settings::max_leases`])
+/// with its heartbeat, and the processor gives every host's to every host
+/// ([`BalanceStrategy::with_published_limits`]). Without limits ([`EqualShare::default`]) the
+/// plans are exactly those of plain equal share.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct EqualShare {
     /// Every host's limits, unless `host_limits` names it.
@@ -140,6 +146,16 @@ impl EqualShare {
 }
 
 impl BalanceStrategy for EqualShare {
+    fn with_published_limits(
+        &self,
+        limits: &BTreeMap<HostName, LeaseLimits>,
+    ) -> Option<std::sync::Arc<dyn BalanceStrategy>> {
+        let mut with = self.clone();
+        with.host_limits
+            .extend(limits.iter().map(|(h, l)| (h.clone(), *l)));
+        Some(std::sync::Arc::new(with))
+    }
+
     fn plan(&self, snapshot: &Snapshot<'_>) -> Plan {
         let fleet = Fleet::new(snapshot.live_hosts, self).indexed();
         let Some(me) = fleet.index_of(snapshot.me) else {
@@ -259,142 +275,6 @@ impl BalanceStrategy for EqualShare {
     fn plan_census(&self, snapshot: &CensusSnapshot<'_>) -> Option<Plan> {
         Some(self.plan_from_census(snapshot))
     }
-}
-
-/// Step 2b for the whole fleet: `free` leases, in partition order, go to the hosts under quota
-/// in name order, each taking its shortfall; `need` drops by what each gets. Returns where
-/// `me`'s slice starts in that order and how long it is.
-fn free_slice(need: &mut [usize], free: usize, me: usize) -> (usize, usize) {
-    let mut before = 0usize; // free leases handed to hosts before the current one
-    let mut mine = (0, 0);
-    for (h, n) in need.iter_mut().enumerate() {
-        let got = (*n).min(free.saturating_sub(before));
-        if h == me {
-            mine = (before, got);
-        }
-        before += got;
-        *n -= got;
-    }
-    mine
-}
-
-/// The hosts over quota with how many leases each gives (its excess, at most what it holds
-/// unasked), the most first, ties by name.
-fn donors(shares: &Shares) -> Vec<(usize, usize)> {
-    let mut donors: Vec<(usize, usize)> = (0..shares.quota.len())
-        .map(|h| {
-            let excess = shares.effective[h].saturating_sub(shares.quota[h]);
-            (h, excess.min(shares.requestable[h]))
-        })
-        .filter(|&(_, give)| give > 0)
-        .collect();
-    donors.sort_unstable_by_key(|&(h, give)| (Reverse(give), h));
-    donors
-}
-
-/// Step 3 for `me`: hosts under quota, in name order, draw their remaining `need` from the
-/// `donors` in order. Returns `me`'s draws: (donor, offset into the donor's leases in hand-off
-/// order, count).
-fn draws(need: &[usize], donors: &[(usize, usize)], me: usize) -> Vec<(usize, usize, usize)> {
-    let mut draws = Vec::new();
-    let (mut d, mut offset) = (0usize, 0usize);
-    'askers: for (asker, &want) in need.iter().enumerate() {
-        let mut want = want;
-        while want > 0 {
-            let Some(&(donor, give)) = donors.get(d) else {
-                break 'askers;
-            };
-            let n = want.min(give - offset);
-            if asker == me {
-                draws.push((donor, offset, n));
-            }
-            want -= n;
-            offset += n;
-            if offset == give {
-                d += 1;
-                offset = 0;
-            }
-        }
-        if asker == me {
-            break;
-        }
-    }
-    draws
-}
-
-/// Step 4 for `me`: above its maximum, the range of its unasked leases, in hand-off order, to
-/// release. The askers draw from the donors in order, so they draw the first `drawn` of this
-/// host's leases; the release takes the next ones, and the plans stay disjoint. `None` when
-/// `me` is not above its maximum.
-fn release_range(
-    me: usize,
-    shares: &Shares,
-    fleet: &Fleet<'_>,
-    need: &[usize],
-    donors: &[(usize, usize)],
-) -> Option<(usize, usize)> {
-    let over = shares.effective[me].saturating_sub(fleet.bounds[me].1);
-    if over == 0 {
-        return None;
-    }
-    let wanted: usize = need.iter().sum();
-    let before: usize = donors
-        .iter()
-        .take_while(|&&(h, _)| h != me)
-        .map(|&(_, give)| give)
-        .sum();
-    let give = donors
-        .iter()
-        .find(|&&(h, _)| h == me)
-        .map_or(0, |&(_, give)| give);
-    let drawn = wanted.saturating_sub(before).min(give);
-    Some((drawn, drawn + over.saturating_sub(drawn)))
-}
-
-/// The order in which an over-quota host's leases are asked for (and, above its maximum,
-/// released): stale requests first (they would otherwise move twice), then by partition.
-fn by_handoff_order(leases: &[LeaseView<'_>], x: usize, y: usize) -> Ordering {
-    let unasked = |i: usize| leases[i].lease.next_owner.is_none();
-    unasked(x)
-        .cmp(&unasked(y))
-        .then_with(|| by_partition(leases, x, y))
-}
-
-/// Orders leases by partition id, then by position in the snapshot (a total order even if a
-/// snapshot repeats a partition).
-fn by_partition(leases: &[LeaseView<'_>], x: usize, y: usize) -> Ordering {
-    leases[x]
-        .lease
-        .key
-        .partition
-        .cmp(&leases[y].lease.key.partition)
-        .then(x.cmp(&y))
-}
-
-/// Rearranges `items` so that `items[from..to]` holds, sorted, the elements that would be at
-/// those positions if all of `items` were sorted by `cmp`, and returns that slice. Expected
-/// O(len + k log k): the rest is never fully sorted.
-fn select_range<T>(
-    items: &mut [T],
-    from: usize,
-    to: usize,
-    mut cmp: impl FnMut(&T, &T) -> Ordering,
-) -> &[T] {
-    let to = to.min(items.len());
-    let from = from.min(to);
-    if from == to {
-        return &[];
-    }
-    if from > 0 {
-        items.select_nth_unstable_by(from, &mut cmp);
-    }
-    let tail = &mut items[from..];
-    if to - from < tail.len() {
-        tail.select_nth_unstable_by(to - from, &mut cmp);
-    }
-    let range = &mut items[from..to];
-    range.sort_unstable_by(&mut cmp);
-    range
 }
 
 /// The live hosts, sorted and deduplicated, with their limits, and a name → index map when

@@ -28,7 +28,9 @@
 //!    than pulling leases back that the next hot spot would push out again.
 //! 4. **Moves close the gap in few steps.** The most utilised host gives a lease to the least
 //!    utilised one: of its leases, the one that lowers the higher utilisation of the pair the
-//!    most, so one large lease goes where it closes the gap instead of many small ones. A move
+//!    most, so one large lease goes where it closes the gap instead of many small ones. A host
+//!    holding nothing is served first, from the most utilised host that has a lease it may
+//!    give (the busiest may hold a single hot lease, or only leases within their dwell). A move
 //!    is made only if its gain, that lowering divided by the utilisation the lease carries off
 //!    its host, is at least `min_gain` (1: the move relieves the busy host fully and overloads
 //!    nobody; near 0: it mostly shifts the problem, and a few percent of noise could undo it),
@@ -276,7 +278,7 @@ impl LoadShare {
                 };
                 // An empty host first: it is as little utilised as any, and is the reason
                 // to move when no host is over the threshold.
-                let (Some(from), Some(to)) = (
+                let (Some(busiest), Some(to)) = (
                     (0..hosts.len()).max_by(by_use),
                     (0..hosts.len())
                         .find(|&h| empty[h])
@@ -284,35 +286,51 @@ impl LoadShare {
                 ) else {
                     break;
                 };
-                let (uf, ut) = (utilisation(&held, from), utilisation(&held, to));
-                if uf <= mean * (1.0 + settle) && !empty[to] {
+                if utilisation(&held, busiest) <= mean * (1.0 + settle) && !empty[to] {
                     break;
                 }
-                let best = movable[from]
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(k, &i)| {
-                        let w = weight(i);
-                        let (nf, nt) = (
-                            (held[from] - w) / capacity[from],
-                            (held[to] + w) / capacity[to],
-                        );
-                        let carried = w / capacity[from];
-                        if carried <= 0.0 {
-                            return None;
-                        }
-                        let lowered = uf.max(ut) - nf.max(nt);
-                        let gain = lowered / carried;
-                        // The change in sum(load² / capacity): negative when the pair evens out.
-                        let potential = w * ((ut + nt) - (uf + nf));
-                        (gain >= self.min_gain && potential < 0.0).then_some((k, i, lowered, gain))
-                    })
-                    .max_by(|a, b| {
-                        a.2.total_cmp(&b.2)
-                            .then(a.3.total_cmp(&b.3))
-                            .then(b.0.cmp(&a.0))
-                    });
-                let Some((k, i, _, gain)) = best else {
+                // The best move from `from` to `to` by rule 4, if any.
+                let best_from = |from: usize| {
+                    let (uf, ut) = (utilisation(&held, from), utilisation(&held, to));
+                    movable[from]
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(k, &i)| {
+                            let w = weight(i);
+                            let (nf, nt) = (
+                                (held[from] - w) / capacity[from],
+                                (held[to] + w) / capacity[to],
+                            );
+                            let carried = w / capacity[from];
+                            if carried <= 0.0 {
+                                return None;
+                            }
+                            let lowered = uf.max(ut) - nf.max(nt);
+                            let gain = lowered / carried;
+                            // The change in sum(load² / capacity): negative when the pair
+                            // evens out.
+                            let potential = w * ((ut + nt) - (uf + nf));
+                            (gain >= self.min_gain && potential < 0.0)
+                                .then_some((k, i, lowered, gain))
+                        })
+                        .max_by(|a, b| {
+                            a.2.total_cmp(&b.2)
+                                .then(a.3.total_cmp(&b.3))
+                                .then(b.0.cmp(&a.0))
+                        })
+                        .map(|(k, i, _, gain)| (from, k, i, gain))
+                };
+                // An empty host takes from the most utilised host that has a lease to give it
+                // (the busiest may hold one hot lease, or only leases within their dwell);
+                // any other move is from the busiest host.
+                let found = if empty[to] {
+                    let mut donors: Vec<usize> = (0..hosts.len()).filter(|&h| h != to).collect();
+                    donors.sort_by(|a, b| by_use(b, a));
+                    donors.into_iter().find_map(best_from)
+                } else {
+                    best_from(busiest)
+                };
+                let Some((from, k, i, gain)) = found else {
                     break;
                 };
                 movable[from].remove(k);

@@ -214,6 +214,19 @@ pub trait BalanceStrategy: Send + Sync + std::fmt::Debug {
     fn wants_load(&self) -> bool {
         false
     }
+
+    /// This strategy with the lease limits hosts publish with their heartbeats (each host's
+    /// own `min_leases` and `max_leases`, [`crate::model::HostReport`]), which take the place
+    /// of any limits it gives those hosts; `None` if it applies no per-host limits (the
+    /// default). [`EqualShare`] applies them. Every host reads the same published limits, so
+    /// every host still plans for every host alike.
+    fn with_published_limits(
+        &self,
+        limits: &BTreeMap<HostName, LeaseLimits>,
+    ) -> Option<std::sync::Arc<dyn BalanceStrategy>> {
+        let _ = limits;
+        None
+    }
 }
 
 /// Every live host's share of the eligible leases under [`EqualShare`] without limits.

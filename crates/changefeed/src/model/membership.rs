@@ -75,6 +75,41 @@ pub struct ViewHost {
     pub host: HostName,
     /// Its incarnation when the leader judged it live.
     pub incarnation: Arc<str>,
+    /// The host's own lease limits, as its heartbeat report published them: the leader copies
+    /// them here so that hosts reading the view alone plan every host with its own limits.
+    /// `None`: it publishes no limit (or no readable report).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<HostLimits>,
+}
+
+/// A host's own `min_leases` and `max_leases`, as it publishes them (see
+/// [`HostReport`](super::HostReport)).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+pub struct HostLimits {
+    /// Its `min_leases`, if it sets one.
+    #[serde(rename = "min", default, skip_serializing_if = "Option::is_none")]
+    pub min_leases: Option<usize>,
+    /// Its `max_leases`, if it sets one.
+    #[serde(rename = "max", default, skip_serializing_if = "Option::is_none")]
+    pub max_leases: Option<usize>,
+}
+
+impl HostLimits {
+    /// These limits, or `None` when they limit nothing.
+    pub fn some(self) -> Option<Self> {
+        (self != Self::default()).then_some(self)
+    }
+}
+
+impl ViewHost {
+    /// `host` live with `incarnation`, publishing no limit.
+    pub fn new(host: HostName, incarnation: Arc<str>) -> Self {
+        ViewHost {
+            host,
+            incarnation,
+            limits: None,
+        }
+    }
 }
 
 impl MembershipView {

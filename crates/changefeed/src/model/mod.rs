@@ -15,7 +15,7 @@ use crate::error::{ModelError, SourceError};
 
 mod membership;
 mod report;
-pub use membership::{GroupHead, Heartbeat, Membership, MembershipView, ViewHost};
+pub use membership::{GroupHead, Heartbeat, HostLimits, Membership, MembershipView, ViewHost};
 pub use report::{HostReport, LeaseLoad, ReportError, REPORT_VERSION};
 
 /// Longest accepted group name, in bytes.

@@ -82,6 +82,15 @@ impl HostReport {
         }
     }
 
+    /// The lease limits this report publishes, if it sets any.
+    pub fn limits(&self) -> Option<super::HostLimits> {
+        super::HostLimits {
+            min_leases: self.min_leases,
+            max_leases: self.max_leases,
+        }
+        .some()
+    }
+
     /// The text stored in the heartbeat row: compact JSON, each figure rounded to three
     /// significant digits (a moving average carries no more).
     pub fn to_json(&self) -> String {

@@ -120,11 +120,11 @@ impl ProcessorBuilder {
         self
     }
 
-    /// The balancing strategy. Default [`EqualShare`], within
-    /// [`min_leases`](Self::min_leases) and [`max_leases`](Self::max_leases). Those two
-    /// settings configure the default strategy only: giving them together with a strategy is
-    /// refused by [`build`](Self::build) (construct it with
-    /// [`EqualShare::with_limits`] instead).
+    /// The balancing strategy. Default [`EqualShare`], with each host within the
+    /// [`min_leases`](Self::min_leases) and [`max_leases`](Self::max_leases) it publishes.
+    /// Those two settings configure the default strategy only: giving them together with a
+    /// strategy is refused by [`build`](Self::build) (construct it with
+    /// [`EqualShare::with_limits`] instead, the same on every host).
     pub fn strategy(mut self, strategy: Arc<dyn BalanceStrategy>) -> Self {
         self.strategy = Some(strategy);
         self
@@ -239,11 +239,11 @@ impl ProcessorBuilder {
         missing_parents: crate::lineage::MissingParents
     );
     setting!(
-        /// See [`Settings::min_leases`]. Set it alike on every host of the group.
+        /// See [`Settings::min_leases`]: this host's own, published with its heartbeat.
         min_leases: usize
     );
     setting!(
-        /// See [`Settings::max_leases`]. Set it alike on every host of the group.
+        /// See [`Settings::max_leases`]: this host's own, published with its heartbeat.
         max_leases: Option<usize>
     );
     setting!(
@@ -399,7 +399,9 @@ impl ProcessorBuilder {
             dead_letter: self.dead_letter,
             strategy: self
                 .strategy
-                .unwrap_or_else(|| Arc::new(EqualShare::with_limits(limits))),
+                // This host's own limits reach every host, itself included, through its
+                // heartbeat report (`HostState::planning_strategy`).
+                .unwrap_or_else(|| Arc::new(EqualShare::default())),
             clock,
             rng: SmallRng::seed_from_u64(seed),
             settings: Arc::new(self.settings),
@@ -486,6 +488,11 @@ impl Processor {
         let _ended = EndGuard(self.health.clone());
         async move {
             let incarnation = format!("{:016x}", self.rng.gen::<u64>());
+            // The first row already carries the host's capacity and limits, so that no host
+            // plans this one without them.
+            let report = super::load::LoadBook::new(&self.settings)
+                .report(self.clock.now())
+                .to_json();
             let Some(row) = heartbeat::register(
                 self.store.as_ref(),
                 self.clock.as_ref(),
@@ -494,6 +501,7 @@ impl Processor {
                 &incarnation,
                 self.settings.lease_expiry,
                 self.settings.renew_interval,
+                &report,
                 &cancel,
             )
             .await?

@@ -91,24 +91,24 @@ pub struct Settings {
     /// How a parent the source no longer lists is read. Default
     /// [`MissingParents::Finished`] (trimmed by retention).
     pub missing_parents: MissingParents,
-    /// The fewest eligible leases each host of the group should hold (Cosmos's
+    /// The fewest eligible leases this host should hold (Cosmos's
     /// `MinPartitionCount`). Default 0: no minimum.
     ///
     /// When the leases do not cover every host's minimum, hosts fill up to it one after
     /// another (those holding most first) and the rest hold nothing, instead of every host
     /// holding a share below the minimum. Applies to the default strategy
-    /// ([`EqualShare`](crate::balance::EqualShare), see its "Limits"). Every host plans for
-    /// the whole fleet with these limits, so set them alike on every host of a group, as
-    /// `lease_expiry`.
+    /// ([`EqualShare`](crate::balance::EqualShare), see its "Limits"). They are this host's
+    /// own: it publishes them with its heartbeat, and every host plans every host with the
+    /// limits that host publishes, so hosts of one group may differ.
     pub min_leases: usize,
-    /// The most eligible leases each host of the group may hold (Cosmos's
+    /// The most eligible leases this host may hold (Cosmos's
     /// `MaxPartitionCount`, KCL's `maxLeasesForWorker`). Default none.
     ///
     /// A host at its maximum takes no more, and what it cannot hold is spread over the others.
     /// A host above it hands the excess to hosts that ask, and releases what nobody asks for.
     /// When every host is at its maximum, the remaining leases stay free, and their
-    /// partitions unread, until a host joins. At least 1 and at least `min_leases`; set alike
-    /// on every host of a group.
+    /// partitions unread, until a host joins. At least 1 and at least `min_leases`; this
+    /// host's own, published as `min_leases` is.
     pub max_leases: Option<usize>,
     /// An idle tick (optional): when a partition has had no records for this long, its handler
     /// is called with an empty batch, and again after each further such wait, for time-window

@@ -10,8 +10,8 @@ use super::store::LeaseStoreFixture;
 use crate::error::LeaseError;
 use crate::lease::LeaseStore;
 use crate::model::{
-    GroupHead, GroupName, HostName, Lease, LeaseKey, MembershipView, PartitionId, Position,
-    Timestamp, Version, ViewHost,
+    GroupHead, GroupName, HostLimits, HostName, Lease, LeaseKey, MembershipView, PartitionId,
+    Position, Timestamp, Version, ViewHost,
 };
 
 fn group(name: &str) -> GroupName {
@@ -22,7 +22,8 @@ fn host(name: &str) -> HostName {
     HostName::new(name).expect("suite host names are valid")
 }
 
-/// A view led by `leader` (incarnation `inc-<leader>`) listing `live` live and `dead` dead.
+/// A view led by `leader` (incarnation `inc-<leader>`) listing `live` live and `dead` dead;
+/// host `b` publishes lease limits, which the view must keep.
 fn view(leader: &str, leader_heartbeat: u64, live: &[&str], dead: &[&str]) -> MembershipView {
     MembershipView {
         version: 0,
@@ -32,8 +33,11 @@ fn view(leader: &str, leader_heartbeat: u64, live: &[&str], dead: &[&str]) -> Me
         live: live
             .iter()
             .map(|h| ViewHost {
-                host: host(h),
-                incarnation: format!("inc-{h}").into(),
+                limits: (*h == "b").then_some(HostLimits {
+                    min_leases: Some(1),
+                    max_leases: Some(3),
+                }),
+                ..ViewHost::new(host(h), format!("inc-{h}").into())
             })
             .collect(),
         dead: dead.iter().map(|h| host(h)).collect(),

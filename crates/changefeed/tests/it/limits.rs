@@ -135,3 +135,41 @@ async fn a_host_restarted_with_a_lower_maximum_releases_the_excess() {
     again.stop().await.unwrap();
     b.stop().await.unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn hosts_with_limits_of_their_own_each_hold_within_them() {
+    // Each host publishes its own limits with its heartbeat, and every host plans every host
+    // with them: a small host, one without limits and one with a minimum share 10 leases
+    // 1 / 4 / 5, and a newcomer capped at 2 takes 2 from the host without limits.
+    let (store, feed) = setup(10).await;
+    let start = |host: &str, min: usize, max: Option<usize>| {
+        builder(&store, &feed, host)
+            .min_leases(min)
+            .max_leases(max)
+            .build()
+            .unwrap()
+            .start()
+    };
+    let a = start("a", 0, Some(1));
+    let b = start("b", 0, None);
+    let c = start("c", 5, None);
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert_eq!(
+        owners(&store).await,
+        BTreeMap::from([("a".into(), 1), ("b".into(), 4), ("c".into(), 5)])
+    );
+    let d = start("d", 0, Some(2));
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert_eq!(
+        owners(&store).await,
+        BTreeMap::from([
+            ("a".into(), 1),
+            ("b".into(), 2),
+            ("c".into(), 5),
+            ("d".into(), 2)
+        ])
+    );
+    for host in [a, b, c, d] {
+        host.stop().await.unwrap();
+    }
+}

@@ -12,7 +12,8 @@ use std::collections::HashSet;
 
 use imbl::OrdSet;
 
-use super::{donors, draws, free_slice, release_range, select_range, EqualShare, Fleet, Shares};
+use super::slices::{donors, draws, free_slice, release_range, select_range};
+use super::{EqualShare, Fleet, Shares};
 use crate::balance::census::{holder, Census, CensusSnapshot, Row};
 use crate::balance::{HandoffRequest, Plan};
 use crate::model::{HostName, Lease, PartitionId};

@@ -163,6 +163,32 @@ fn a_hot_pair_on_one_host_is_split() {
 }
 
 #[test]
+fn a_host_holding_nothing_is_given_a_lease_by_a_host_that_has_one_to_give() {
+    // The busiest host holds one hot lease, which would only move the problem; the next host
+    // gives one of its leases, one of which is still within its dwell.
+    let mut l = Loaded {
+        live: hosts(&["a", "b", "c"]),
+        table: Table::default(),
+        loads: BTreeMap::new(),
+        capacity: ["a", "b", "c"].iter().map(|h| (host(h), 1.0)).collect(),
+    };
+    l.table.add(1, Some("a")).add(3, Some("b"));
+    for (i, load) in [10.0, 1.0, 1.0, 1.0].into_iter().enumerate() {
+        l.loads.insert(pid(i), load);
+    }
+    let moved: BTreeMap<PartitionId, Duration> =
+        [(pid(1), Duration::from_secs(100))].into_iter().collect();
+    let s = LoadShare::default();
+    let moves = l.moves(&s, &l.input(&moved, Duration::from_secs(130)));
+    assert_eq!(moves.len(), 1, "{moves:?}");
+    assert_eq!((moves[0].from.as_str(), moves[0].to.as_str()), ("b", "c"));
+    assert_ne!(moves[0].partition, pid(1), "a lease within its dwell stays");
+    l.apply(&moves);
+    let after = l.input(&moved, Duration::from_secs(130));
+    assert!(l.moves(&s, &after).is_empty(), "then it rests");
+}
+
+#[test]
 fn free_leases_go_heaviest_first_to_the_least_used_host() {
     // Rule 2: a big host (capacity 3) takes three times the load of a small one.
     let live = hosts(&["big", "small"]);

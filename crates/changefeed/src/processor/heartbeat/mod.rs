@@ -66,6 +66,7 @@ pub(crate) async fn register(
     incarnation: &str,
     lease_expiry: Duration,
     renew_interval: Duration,
+    report: &str,
     cancel: &CancellationToken,
 ) -> Result<Option<Heartbeat>, ProcessorError> {
     let mut watching: Option<(Heartbeat, Instant)> = None;
@@ -83,7 +84,7 @@ pub(crate) async fn register(
                     clock.wall(),
                     expected,
                     HeartbeatRole::Member,
-                    None,
+                    Some(report),
                 )
                 .await
             {
@@ -453,6 +454,7 @@ pub(crate) async fn run(
                 fence.record.set_unregistered(clock.now());
                 rejoins += 1;
                 let token = format!("{base_incarnation}.r{rejoins}");
+                let published = loads.report(clock.now()).to_json();
                 // Bounded like a renewal: a hung store must not hold the loop (and with it the
                 // fence and health reports). A registration that lands after the bound is
                 // adopted by the next renewal's conflict, as its incarnation is ours.
@@ -463,7 +465,7 @@ pub(crate) async fn run(
                     clock.wall(),
                     None,
                     HeartbeatRole::Member,
-                    None,
+                    Some(&published),
                 );
                 let registered = tokio::select! {
                     biased;

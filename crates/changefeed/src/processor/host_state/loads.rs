@@ -1,6 +1,6 @@
-//! What a host planning by measured load knows of the others: the reports their heartbeats
-//! carry ([`HostReport`]), and when each lease last changed owner, as [`LoadShare`]'s
-//! [`LoadInput`] wants them.
+//! What a host knows of the others from the reports their heartbeats carry ([`HostReport`]):
+//! the lease limits each publishes, and for a host planning by measured load, the leases'
+//! loads and when each lease last changed owner, as [`LoadShare`]'s [`LoadInput`] wants them.
 //!
 //! [`LoadShare`]: crate::balance::LoadShare
 
@@ -12,7 +12,7 @@ use tracing::debug;
 use super::table::LeaseTable;
 use crate::balance::LoadInput;
 use crate::clock::Instant;
-use crate::model::{HostName, HostReport, Membership, PartitionId};
+use crate::model::{HostLimits, HostName, HostReport, Membership, PartitionId};
 
 /// The reports last read and the owner changes seen; see the module doc.
 #[derive(Debug, Clone)]
@@ -72,6 +72,20 @@ impl LoadView {
                 }
             })
             .collect();
+    }
+
+    /// The lease limits the reports last read publish, by host (hosts publishing none are
+    /// left out).
+    pub(crate) fn published_limits(&self) -> BTreeMap<HostName, HostLimits> {
+        self.reports
+            .iter()
+            .filter_map(|(h, r)| Some((h.clone(), r.limits()?)))
+            .collect()
+    }
+
+    /// The limits `host`'s last report read publishes, if any.
+    pub(crate) fn limits_of(&self, host: &HostName) -> Option<HostLimits> {
+        self.reports.get(host)?.limits()
     }
 
     /// The load input at `now` over `table`: each lease's handler busy time per second as its

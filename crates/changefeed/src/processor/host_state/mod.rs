@@ -40,8 +40,8 @@ use crate::balance::{BalanceStrategy, HandoffRequest};
 use crate::clock::Instant;
 use crate::lineage::ParentsRule;
 use crate::model::{
-    GroupHead, GroupName, Heartbeat, HostName, Lease, Membership, MembershipView, PartitionId,
-    Version,
+    GroupHead, GroupName, Heartbeat, HostLimits, HostName, Lease, Membership, MembershipView,
+    PartitionId, Version,
 };
 
 /// Why a lease is taken: free or expired (a take), or an unhonoured hand-off (a steal).
@@ -152,8 +152,11 @@ pub(crate) struct HostState {
     /// The rows of the running workers' leases in the last full listing, as listed, until
     /// [`HostState::hint_all`] tells the workers of them.
     listed_rows: Vec<Arc<Lease>>,
-    /// The others' reports, for a strategy that plans by load.
+    /// The others' reports: their lease limits, and loads for a strategy that plans by load.
     loads: loads::LoadView,
+    /// The lease limits published when the strategy was last given them, and the strategy
+    /// they gave (see [`HostState::planning_strategy`]).
+    limited: Option<(BTreeMap<HostName, HostLimits>, Arc<dyn BalanceStrategy>)>,
 }
 
 impl HostState {
@@ -181,6 +184,7 @@ impl HostState {
             sync_at: None,
             unowned_lag_at: None,
             loads: loads::LoadView::new(now),
+            limited: None,
         }
     }
 
@@ -304,7 +308,14 @@ impl HostState {
             .iter()
             .find(|hb| hb.host == self.me && hb.incarnation == self.incarnation)?;
         let owners = self.table.owners();
-        let judged = view::judge(&self.me, my_row, &membership.hosts, &self.judged, &owners);
+        let judged = view::judge(
+            &self.me,
+            my_row,
+            &membership.hosts,
+            &self.judged,
+            &owners,
+            |h| self.loads.limits_of(h),
+        );
         self.observer
             .members
             .should_write(&judged)

@@ -1,7 +1,7 @@
 //! Planning from the table (what to take, ask for and release) and the workers this host runs.
 
 use super::*;
-use crate::balance::BalanceStrategy;
+use crate::balance::{BalanceStrategy, LeaseLimits};
 use crate::model::LeaseState;
 
 impl HostState {
@@ -49,6 +49,56 @@ impl HostState {
     pub(crate) fn keep_and_replan(&mut self, current: Lease) {
         self.remember(current);
         self.replan = true;
+    }
+
+    /// The strategy to plan with at `now`: the configured one, given the lease limits the
+    /// live hosts publish ([`BalanceStrategy::with_published_limits`]), as the view lists them
+    /// when it decides who is live, else as the heartbeat reports read say. Every host reads
+    /// the same, so every host plans every host with that host's own limits. Built again only
+    /// when what is published changes.
+    pub(crate) fn planning_strategy(&mut self, now: Instant) -> Arc<dyn BalanceStrategy> {
+        let published: BTreeMap<HostName, HostLimits> = if self.by_view(now) {
+            self.observer
+                .members
+                .view()
+                .map(|v| {
+                    v.live
+                        .iter()
+                        .filter_map(|h| Some((h.host.clone(), h.limits?)))
+                        .collect()
+                })
+                .unwrap_or_default()
+        } else {
+            self.loads.published_limits()
+        };
+        if published.is_empty() {
+            self.limited = None;
+            return self.config.strategy.clone();
+        }
+        if let Some((seen, strategy)) = &self.limited {
+            if *seen == published {
+                return strategy.clone();
+            }
+        }
+        let limits: BTreeMap<HostName, LeaseLimits> = published
+            .iter()
+            .filter_map(|(host, l)| {
+                match LeaseLimits::new(l.min_leases.unwrap_or(0), l.max_leases) {
+                    Ok(limits) => Some((host.clone(), limits)),
+                    Err(err) => {
+                        tracing::debug!(%host, error = %err, "ignoring published lease limits");
+                        None
+                    }
+                }
+            })
+            .collect();
+        let strategy = self
+            .config
+            .strategy
+            .with_published_limits(&limits)
+            .unwrap_or_else(|| self.config.strategy.clone());
+        self.limited = Some((published, strategy.clone()));
+        strategy
     }
 
     /// The plan at `now`. Hand-off requests are timed from `seen` when the table shows them

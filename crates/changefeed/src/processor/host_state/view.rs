@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::Instant;
-use crate::model::{Heartbeat, HostName, MembershipView, Version, ViewHost};
+use crate::model::{Heartbeat, HostLimits, HostName, MembershipView, Version, ViewHost};
 
 /// The membership view this host last read, and when it last changed on this host's clock:
 /// its version (a new judgment) or the leader's heartbeat copied into it (the store copies
@@ -153,27 +153,27 @@ impl Members {
 /// heartbeat `rows` read after the view it will replace), each with the incarnation read;
 /// as dead, every other host with a row, and every lease owner in `owners` (from a table
 /// listed before that heartbeat read) with no row: a host registers before it takes, so an
-/// owner without a row left or was cleared.
+/// owner without a row left or was cleared. Each live host is listed with the limits its
+/// report publishes (`limits_of`).
 pub(crate) fn judge(
     me: &HostName,
     my_row: &Heartbeat,
     rows: &[Heartbeat],
     live: &[HostName],
     owners: &BTreeSet<HostName>,
+    limits_of: impl Fn(&HostName) -> Option<HostLimits>,
 ) -> MembershipView {
     let is_live = |h: &HostName| live.binary_search(h).is_ok();
+    let listed = |host: &HostName, incarnation: &Arc<str>| ViewHost {
+        limits: limits_of(host),
+        ..ViewHost::new(host.clone(), incarnation.clone())
+    };
     let mut live_hosts: Vec<ViewHost> = rows
         .iter()
         .filter(|hb| is_live(&hb.host) && &hb.host != me)
-        .map(|hb| ViewHost {
-            host: hb.host.clone(),
-            incarnation: hb.incarnation.clone(),
-        })
+        .map(|hb| listed(&hb.host, &hb.incarnation))
         .collect();
-    live_hosts.push(ViewHost {
-        host: me.clone(),
-        incarnation: my_row.incarnation.clone(),
-    });
+    live_hosts.push(listed(me, &my_row.incarnation));
     live_hosts.sort_by(|a, b| a.host.cmp(&b.host));
     live_hosts.dedup_by(|a, b| a.host == b.host);
     let listed: BTreeSet<&HostName> = live_hosts.iter().map(|h| &h.host).collect();

@@ -164,7 +164,7 @@ impl HostState {
     /// The plan: takes and steals, hand-off requests, releases, in that order.
     pub(super) fn balance(&mut self, c: &mut Cycle, now: &Now) {
         // Hand-off requests are timed on this host's own clock from when it first sees them.
-        let strategy = self.config.strategy.clone();
+        let strategy = self.planning_strategy(c.now);
         let actions = self.actions(c.now, now.at, strategy.as_ref());
         if actions.takes.is_empty() && actions.requests.is_empty() && actions.releases.is_empty() {
             self.outbox.push(Effect::Gauges);

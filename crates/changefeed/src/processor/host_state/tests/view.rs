@@ -36,10 +36,7 @@ fn view(
         leader_heartbeat: Version(leader_hb),
         live: live
             .iter()
-            .map(|n| ViewHost {
-                host: h(n),
-                incarnation: "i".into(),
-            })
+            .map(|n| ViewHost::new(h(n), "i".into()))
             .collect(),
         dead: dead.iter().map(|n| h(n)).collect(),
     }
@@ -142,10 +139,7 @@ fn a_host_takes_nothing_until_a_view_lists_it_in_its_incarnation() {
     );
     // The leader lists it live in this incarnation: it takes and adopts.
     v.version = 2;
-    v.live.push(ViewHost {
-        host: h("b"),
-        incarnation: "i".into(),
-    });
+    v.live.push(ViewHost::new(h("b"), "i".into()));
     v.dead.clear();
     s.observe_head(&head(Some(v)), start + 2 * SECOND);
     assert!(s.admitted());
@@ -263,10 +257,7 @@ fn a_host_waiting_to_be_admitted_or_granted_cycles_four_times_as_often() {
     assert!(!s.admitted());
     assert_eq!(s.cycle_interval(), SECOND / 2, "waiting to be admitted");
     v.version = 2;
-    v.live.push(ViewHost {
-        host: h("b"),
-        incarnation: "i".into(),
-    });
+    v.live.push(ViewHost::new(h("b"), "i".into()));
     v.dead.clear();
     s.observe_head(&head(Some(v)), start + SECOND);
     assert!(s.admitted());

@@ -127,3 +127,66 @@ async fn key_parallel_keeps_each_keys_order_on_sqlite_with_four_slots() {
     let most = most.load(Ordering::SeqCst);
     assert!((2..=4).contains(&most), "{most} calls at once");
 }
+
+/// The checkpoint rule within a batch: while one key's call still runs, the checkpoint moves
+/// to the last record before that key's oldest record (the done prefix), not further, so a
+/// crash then re-delivers only what is not done before it; the batch's end follows once the
+/// slow key is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_checkpoint_moves_to_the_record_before_the_oldest_not_done_while_a_key_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("changefeed.db");
+    let feed = SqliteFeed::open(&path).await.unwrap();
+    feed.create_partitions(1).await.unwrap();
+    // a a a slow c c c: the prefix stops before `slow` until it is done.
+    let mut at = Vec::new();
+    for key in ["a", "a", "a", "slow", "c", "c", "c"] {
+        at.push(feed.append(key, "x").await.unwrap().1);
+    }
+    let store = SqliteLeaseStore::open(&path).await.unwrap();
+    let release = Arc::new(tokio::sync::Notify::new());
+    let handler = {
+        let release = release.clone();
+        handler_fn(move |_ctx, batch| {
+            let release = release.clone();
+            async move {
+                if batch.records.first().is_some_and(|r| r.key == "slow") {
+                    release.notified().await;
+                }
+                Ok(())
+            }
+        })
+    };
+    let running = Processor::builder()
+        .host("host-a")
+        .group("orders")
+        .settings(settings())
+        .store(Arc::new(store.clone()))
+        .source(Arc::new(feed.clone()))
+        .handler(handler)
+        .key_concurrency(4)
+        .build()
+        .unwrap()
+        .start();
+    let key = LeaseKey::new(
+        GroupName::new("orders").unwrap(),
+        PartitionId::new("0").unwrap(),
+    );
+    let checkpoint = || async { store.get(&key).await.unwrap().and_then(|l| l.continuation) };
+    wait_for(
+        "the checkpoint at the record before the slow key's",
+        Duration::from_secs(30),
+        || async { (checkpoint().await.as_ref() == Some(&at[2])).then_some(()) },
+    )
+    .await;
+    // It cannot pass the slow key's record while that call runs (c's records, done, wait
+    // behind it): only the batch's end moves it on.
+    release.notify_one();
+    wait_for(
+        "the checkpoint at the batch's last record",
+        Duration::from_secs(30),
+        || async { (checkpoint().await.as_ref() == Some(&at[6])).then_some(()) },
+    )
+    .await;
+    running.stop().await.unwrap();
+}

@@ -103,6 +103,15 @@ impl Context {
     pub async fn checkpoint(&self, continuation: Continuation) -> Result<(), LeaseError> {
         self.cell.checkpoint(continuation).await.map(|_| ())
     }
+
+    /// Writes `continuation` as the checkpoint while other calls of the batch still run: never
+    /// a hand-off, which waits for the batch's end.
+    pub(crate) async fn checkpoint_within_batch(
+        &self,
+        continuation: Continuation,
+    ) -> Result<(), LeaseError> {
+        self.cell.advance(continuation).await
+    }
 }
 
 /// The user's code: receives every batch of the partitions this host owns.

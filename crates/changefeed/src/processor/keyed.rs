@@ -8,14 +8,16 @@
 //!
 //! # The checkpoint rule
 //!
-//! The checkpoint may stand at the last record before the oldest one not yet done. The
-//! handler API lets a batch succeed or fail only as a whole, and the worker checkpoints only
-//! after a batch succeeded, so the rule is kept at batch granularity: the adapter reports `Ok`
-//! only once the done prefix ([`Dispatch::done_prefix`]) covers the whole batch, and the
-//! checkpoint never passes a record not yet done. A crash re-delivers at most the batch in
-//! flight. The adapter never writes a checkpoint itself: a mid-batch checkpoint written beside
-//! the worker's own deferred one ([`super::CheckpointMode::Interval`]) could move the
-//! continuation backwards.
+//! The checkpoint stands at the last record before the oldest one not yet done. The adapter
+//! reports `Ok` only once the done prefix ([`Dispatch::done_prefix`]) covers the whole batch,
+//! and the worker then checkpoints the batch. Within the batch, with
+//! [`super::CheckpointMode::EveryBatch`], the adapter itself checkpoints the done prefix each
+//! time it grows while calls still run (one write at a time, beside the calls), so a crash
+//! re-delivers only the records from the oldest one not done. Such a write never hands the
+//! lease off (the worker does, between batches), and a failed one is left to the next. With
+//! [`super::CheckpointMode::Interval`] it writes none: beside the worker's own deferred
+//! checkpoint it could move the continuation backwards; a crash then re-delivers at most what
+//! the interval and the batch in flight hold.
 //!
 //! # Errors, cancellation, dead letters
 //!
@@ -35,6 +37,7 @@ use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
+use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
 
 use super::config::{CheckpointMode, ConfigError, Settings};
@@ -126,6 +129,13 @@ impl Dispatch {
     }
 }
 
+/// What ended among the futures of one batch: a handler call with the records it held, or a
+/// checkpoint of the done prefix.
+enum Done {
+    Call(Vec<usize>, Result<(), HandlerError>),
+    Checkpoint(Result<(), crate::error::LeaseError>),
+}
+
 /// What a lease's failed batch had done, so that its retry skips those records.
 #[derive(Debug)]
 struct Remembered {
@@ -162,6 +172,8 @@ impl BatchId {
 pub struct KeyParallel {
     inner: Arc<dyn Handler>,
     slots: NonZeroUsize,
+    /// Whether to checkpoint the done prefix while calls run (see the module doc).
+    prefix_checkpoints: bool,
     remembered: Mutex<HashMap<LeaseKey, Remembered>>,
 }
 
@@ -179,8 +191,18 @@ impl KeyParallel {
         KeyParallel {
             inner,
             slots,
+            prefix_checkpoints: false,
             remembered: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Also checkpoints each batch's done prefix while its calls run (see the module doc);
+    /// right only where the worker keeps no deferred checkpoint of its own
+    /// ([`CheckpointMode::EveryBatch`]).
+    #[must_use]
+    pub fn checkpointing_done_prefix(mut self) -> Self {
+        self.prefix_checkpoints = true;
+        self
     }
 
     /// The most calls run at once per lease.
@@ -233,7 +255,14 @@ pub(super) fn wrap(
              checkpoint one key's record past other keys' records not yet done"
         )));
     }
-    Ok(Arc::new(KeyParallel::new(handler, slots)))
+    let keyed = KeyParallel::new(handler, slots);
+    Ok(Arc::new(
+        if settings.checkpoint_mode == CheckpointMode::EveryBatch {
+            keyed.checkpointing_done_prefix()
+        } else {
+            keyed
+        },
+    ))
 }
 
 /// The records at `indices` as a sub-batch for the wrapped handler.
@@ -264,26 +293,53 @@ impl Handler for KeyParallel {
         };
         let already = self.already_done(ctx.lease_key(), &id);
         let mut dispatch = Dispatch::new(batch.records.iter().map(|r| r.key.as_str()), &already);
-        let mut running = FuturesUnordered::new();
+        let mut running: FuturesUnordered<BoxFuture<'_, Done>> = FuturesUnordered::new();
+        let mut calls = 0usize;
+        // The done prefix a checkpoint was written (or is being written) at, and whether one
+        // is in flight.
+        let (mut written, mut writing) = (dispatch.done_prefix(), false);
         let mut first_error: Option<HandlerError> = None;
         loop {
-            while running.len() < self.slots.get() {
+            while calls < self.slots.get() {
                 let Some(indices) = dispatch.take() else {
                     break;
                 };
                 let sub = Arc::new(sub_batch(&batch, &indices));
                 let inner = self.inner.clone();
-                running.push(async move {
+                calls += 1;
+                running.push(Box::pin(async move {
                     let result = inner.handle_shared(ctx, sub).await;
-                    (indices, result)
-                });
+                    Done::Call(indices, result)
+                }));
             }
-            let Some((indices, result)) = running.next().await else {
+            let prefix = dispatch.done_prefix();
+            if self.prefix_checkpoints && !writing && prefix > written && !dispatch.finished() {
+                if let Some(record) = prefix.checked_sub(1).and_then(|i| batch.records.get(i)) {
+                    let at = record.continuation.clone();
+                    (written, writing) = (prefix, true);
+                    running.push(Box::pin(async move {
+                        Done::Checkpoint(ctx.checkpoint_within_batch(at).await)
+                    }));
+                }
+            }
+            let Some(done) = running.next().await else {
                 break;
             };
-            match result {
-                Ok(()) => dispatch.complete(&indices),
-                Err(err) => {
+            match done {
+                Done::Checkpoint(result) => {
+                    writing = false;
+                    if let Err(err) = result {
+                        // The next prefix, or the batch's own checkpoint, writes it again; a
+                        // lost lease ends the call from the worker.
+                        tracing::debug!(lease = %ctx.lease_key(), error = %err, "checkpoint of the done prefix failed");
+                    }
+                }
+                Done::Call(indices, Ok(())) => {
+                    calls -= 1;
+                    dispatch.complete(&indices);
+                }
+                Done::Call(indices, Err(err)) => {
+                    calls -= 1;
                     tracing::debug!(
                         lease = %ctx.lease_key(),
                         records = indices.len(),

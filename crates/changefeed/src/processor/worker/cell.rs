@@ -75,6 +75,16 @@ impl LeaseCell {
     /// while this host still owns it. A `next_owner` on the row turns the write into a
     /// hand-off (unless `change` finishes the lease, which also clears ownership).
     async fn write(&self, change: impl Fn(&mut Lease)) -> Result<WriteOutcome, LeaseError> {
+        self.write_as(change, true).await
+    }
+
+    /// [`Self::write`], handing off only if `hand_off` (a write made while calls still run
+    /// leaves a `next_owner` for the worker to honour between batches).
+    async fn write_as(
+        &self,
+        change: impl Fn(&mut Lease),
+        hand_off: bool,
+    ) -> Result<WriteOutcome, LeaseError> {
         let mut lease = self.lease.lock().await;
         if self.is_done() {
             return Err(LeaseError::Conflict {
@@ -86,7 +96,7 @@ impl LeaseCell {
         loop {
             let mut next = lease.clone();
             change(&mut next);
-            let handoff = next.state == LeaseState::Owned && next.next_owner.is_some();
+            let handoff = hand_off && next.state == LeaseState::Owned && next.next_owner.is_some();
             if handoff {
                 next.owner = next.next_owner.take();
             }
@@ -143,6 +153,20 @@ impl LeaseCell {
             l.properties.remove(FAILURES_PROPERTY);
         })
         .await
+    }
+
+    /// Moves the checkpoint to `continuation` without handing the lease off, while other
+    /// handler calls of the batch still run (key-parallel delivery's done prefix).
+    pub(crate) async fn advance(&self, continuation: Continuation) -> Result<(), LeaseError> {
+        self.write_as(
+            |l| {
+                l.continuation = Some(continuation.clone());
+                l.properties.remove(FAILURES_PROPERTY);
+            },
+            false,
+        )
+        .await
+        .map(|_| ())
     }
 
     /// Marks the lease finished at `continuation` (its partition ended).

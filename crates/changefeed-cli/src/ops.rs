@@ -19,8 +19,8 @@ use changefeed::admin::{self, ResetError, Watched};
 use changefeed::clock::{Clock, SystemClock};
 use changefeed::lease::LeaseStore;
 use changefeed::model::{
-    Continuation, GroupName, Heartbeat, HostName, Lease, LeaseKey, LeaseState, PartitionId,
-    Position, Timestamp,
+    Continuation, GroupName, Heartbeat, HostLimits, HostName, HostReport, Lease, LeaseKey,
+    LeaseState, PartitionId, Position, Timestamp,
 };
 use changefeed::source::{FeedSource, LeasedPartition};
 use changefeed::{LeaseError, SourceError};
@@ -362,7 +362,18 @@ fn malformed_partition(err: &LeaseError, group: &GroupName) -> String {
         .to_string()
 }
 
-/// `changefeed hosts`: the heartbeat rows and how many leases each host owns.
+/// A host's published lease limits for display: `2..8`, `min 2`, `max 8`.
+fn show_limits(limits: HostLimits) -> String {
+    match (limits.min_leases, limits.max_leases) {
+        (Some(min), Some(max)) => format!("{min}..{max}"),
+        (Some(min), None) => format!("min {min}"),
+        (None, Some(max)) => format!("max {max}"),
+        (None, None) => "-".into(),
+    }
+}
+
+/// `changefeed hosts`: the heartbeat rows, how many leases each host owns, and what each
+/// publishes about itself (capacity, lease limits, and with `--json` its leases' loads).
 pub fn hosts(args: HostsArgs) -> anyhow::Result<ExitCode> {
     block_on(async move {
         let (store, group) = args.target.open().await?;
@@ -383,16 +394,37 @@ pub fn hosts(args: HostsArgs) -> anyhow::Result<ExitCode> {
         for h in &membership.hosts {
             let n = counts.remove(&h.host).unwrap_or(0);
             let age = age_ms(now, h.written_at);
+            // What the host publishes about itself; an unreadable report shows as none.
+            let report = h.report.as_deref().and_then(|t| HostReport::parse(t).ok());
+            let limits = report.as_ref().and_then(HostReport::limits);
             rows.push(vec![
                 h.host.to_string(),
                 n.to_string(),
                 show_age(age),
                 h.version.to_string(),
                 h.incarnation.to_string(),
+                opt(report.as_ref().map(|r| r.capacity)),
+                limits.map_or_else(|| "-".into(), show_limits),
             ]);
+            let load: BTreeMap<&str, serde_json::Value> = report
+                .iter()
+                .flat_map(|r| &r.leases)
+                .map(|(p, l)| {
+                    let load = json!({
+                        "records_per_second": l.records_per_second,
+                        "bytes_per_second": l.bytes_per_second,
+                        "busy": l.busy,
+                    });
+                    (p.as_str(), load)
+                })
+                .collect();
             json_hosts.push(json!({
                 "host": h.host.as_str(), "leases": n, "heartbeat_age_ms": age,
                 "heartbeat_version": h.version.0, "incarnation": h.incarnation,
+                "capacity": report.as_ref().map(|r| r.capacity),
+                "min_leases": limits.and_then(|l| l.min_leases),
+                "max_leases": limits.and_then(|l| l.max_leases),
+                "load": load,
             }));
         }
         // Owners without a heartbeat row: dead hosts whose leases nobody has taken yet.
@@ -403,10 +435,13 @@ pub fn hosts(args: HostsArgs) -> anyhow::Result<ExitCode> {
                 "no heartbeat (dead)".into(),
                 "-".into(),
                 "-".into(),
+                "-".into(),
+                "-".into(),
             ]);
             json_hosts.push(json!({
                 "host": host.as_str(), "leases": n, "heartbeat_age_ms": null,
-                "heartbeat_version": null, "incarnation": null,
+                "heartbeat_version": null, "incarnation": null, "capacity": null,
+                "min_leases": null, "max_leases": null, "load": {},
             }));
         }
         if args.json {
@@ -425,7 +460,9 @@ pub fn hosts(args: HostsArgs) -> anyhow::Result<ExitCode> {
                         "LEASES",
                         "HEARTBEAT WRITTEN",
                         "VERSION",
-                        "INCARNATION"
+                        "INCARNATION",
+                        "CAPACITY",
+                        "LIMITS"
                     ],
                     &rows
                 )

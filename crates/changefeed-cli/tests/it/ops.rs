@@ -434,3 +434,71 @@ fn lag_counts_the_children_of_a_split_that_have_no_lease_yet() {
         .collect();
     assert_eq!(unleased, [(a.as_str(), 4), (b.as_str(), 6)], "{j}");
 }
+
+#[test]
+fn hosts_shows_what_each_host_publishes_capacity_limits_and_loads() {
+    // What balancing goes by is visible: each host's capacity and own lease limits, and with
+    // --json the loads it publishes; a host with an unreadable report shows none.
+    let fx = Fixture::new();
+    let group = GroupName::new("g").expect("group");
+    let report = r#"{"v":1,"c":2.0,"max":3,"l":{"0":{"r":12.5,"b":400.0,"u":0.25}}}"#;
+    fx.with_store(async |s| {
+        for (host, report) in [("h1", Some(report)), ("h2", Some("not json")), ("h3", None)] {
+            s.heartbeat(
+                &group,
+                &HostName::new(host).expect("host"),
+                "inc",
+                Timestamp(0),
+                None,
+                HeartbeatRole::Member,
+                report,
+            )
+            .await
+            .expect("heartbeat");
+        }
+    });
+    let run = |json: bool| {
+        let mut cmd = bin();
+        cmd.args(["hosts", "--store", &fx.url(), "--group", "g"]);
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd.output().expect("hosts");
+        assert!(out.status.success(), "{:?}", text(&out));
+        text(&out).0
+    };
+    let table = run(false);
+    let cells: Vec<Vec<&str>> = table
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        cells[0][cells[0].len() - 2..],
+        ["CAPACITY", "LIMITS"],
+        "{table}"
+    );
+    assert_eq!(
+        (cells[1][0], &cells[1][cells[1].len() - 3..]),
+        ("h1", &["2", "max", "3"][..]),
+        "{table}"
+    );
+    assert_eq!(
+        (cells[2][0], &cells[2][cells[2].len() - 2..]),
+        ("h2", &["-", "-"][..]),
+        "{table}"
+    );
+    let v: Value = serde_json::from_str(&run(true)).expect("JSON");
+    let h1 = &v["hosts"][0];
+    assert_eq!(
+        (h1["capacity"].as_f64(), h1["max_leases"].as_u64()),
+        (Some(2.0), Some(3))
+    );
+    assert!(h1["min_leases"].is_null(), "{h1}");
+    assert_eq!(h1["load"]["0"]["records_per_second"].as_f64(), Some(12.5));
+    assert_eq!(h1["load"]["0"]["busy"].as_f64(), Some(0.25));
+    let h3 = &v["hosts"][2];
+    assert!(
+        h3["capacity"].is_null() && h3["load"] == serde_json::json!({}),
+        "{h3}"
+    );
+}

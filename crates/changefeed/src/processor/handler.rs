@@ -105,11 +105,12 @@ impl Context {
     }
 
     /// Writes `continuation` as the checkpoint while other calls of the batch still run: never
-    /// a hand-off, which waits for the batch's end.
+    /// a hand-off, which waits for the batch's end. `Ok(false)`: not written, as a hand-off
+    /// request is pending.
     pub(crate) async fn checkpoint_within_batch(
         &self,
         continuation: Continuation,
-    ) -> Result<(), LeaseError> {
+    ) -> Result<bool, LeaseError> {
         self.cell.advance(continuation).await
     }
 }

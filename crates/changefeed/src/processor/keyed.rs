@@ -133,7 +133,7 @@ impl Dispatch {
 /// checkpoint of the done prefix.
 enum Done {
     Call(Vec<usize>, Result<(), HandlerError>),
-    Checkpoint(Result<(), crate::error::LeaseError>),
+    Checkpoint(Result<bool, crate::error::LeaseError>),
 }
 
 /// What a lease's failed batch had done, so that its retry skips those records.
@@ -298,6 +298,7 @@ impl Handler for KeyParallel {
         // The done prefix a checkpoint was written (or is being written) at, and whether one
         // is in flight.
         let (mut written, mut writing) = (dispatch.done_prefix(), false);
+        let mut prefix_checkpoints = self.prefix_checkpoints;
         let mut first_error: Option<HandlerError> = None;
         loop {
             while calls < self.slots.get() {
@@ -313,7 +314,7 @@ impl Handler for KeyParallel {
                 }));
             }
             let prefix = dispatch.done_prefix();
-            if self.prefix_checkpoints && !writing && prefix > written && !dispatch.finished() {
+            if prefix_checkpoints && !writing && prefix > written && !dispatch.finished() {
                 if let Some(record) = prefix.checked_sub(1).and_then(|i| batch.records.get(i)) {
                     let at = record.continuation.clone();
                     (written, writing) = (prefix, true);
@@ -328,10 +329,16 @@ impl Handler for KeyParallel {
             match done {
                 Done::Checkpoint(result) => {
                     writing = false;
-                    if let Err(err) = result {
+                    match result {
+                        Ok(true) => {}
+                        // A hand-off request is pending: the worker honours it, and this batch
+                        // writes no more.
+                        Ok(false) => prefix_checkpoints = false,
                         // The next prefix, or the batch's own checkpoint, writes it again; a
                         // lost lease ends the call from the worker.
-                        tracing::debug!(lease = %ctx.lease_key(), error = %err, "checkpoint of the done prefix failed");
+                        Err(err) => {
+                            tracing::debug!(lease = %ctx.lease_key(), error = %err, "checkpoint of the done prefix failed");
+                        }
                     }
                 }
                 Done::Call(indices, Ok(())) => {

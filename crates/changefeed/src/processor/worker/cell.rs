@@ -75,16 +75,20 @@ impl LeaseCell {
     /// while this host still owns it. A `next_owner` on the row turns the write into a
     /// hand-off (unless `change` finishes the lease, which also clears ownership).
     async fn write(&self, change: impl Fn(&mut Lease)) -> Result<WriteOutcome, LeaseError> {
-        self.write_as(change, true).await
+        // A write that may hand off is never withheld.
+        let outcome = self.write_as(change, true).await?;
+        Ok(outcome.unwrap_or(WriteOutcome::Kept))
     }
 
-    /// [`Self::write`], handing off only if `hand_off` (a write made while calls still run
-    /// leaves a `next_owner` for the worker to honour between batches).
+    /// [`Self::write`], handing off only if `hand_off`. Otherwise a pending hand-off request
+    /// withholds the write (`Ok(None)`), for the worker to honour between batches; the cell
+    /// then keeps the row it had, so that the worker still learns of the request from the
+    /// listing (a cell that adopted the newer row would hide it from the worker).
     async fn write_as(
         &self,
         change: impl Fn(&mut Lease),
         hand_off: bool,
-    ) -> Result<WriteOutcome, LeaseError> {
+    ) -> Result<Option<WriteOutcome>, LeaseError> {
         let mut lease = self.lease.lock().await;
         if self.is_done() {
             return Err(LeaseError::Conflict {
@@ -96,7 +100,10 @@ impl LeaseCell {
         loop {
             let mut next = lease.clone();
             change(&mut next);
-            let handoff = hand_off && next.state == LeaseState::Owned && next.next_owner.is_some();
+            let handoff = next.state == LeaseState::Owned && next.next_owner.is_some();
+            if handoff && !hand_off {
+                return Ok(None);
+            }
             if handoff {
                 next.owner = next.next_owner.take();
             }
@@ -114,16 +121,19 @@ impl LeaseCell {
                     if handoff {
                         self.handed.store(true, Ordering::Release);
                         self.done.send_replace(true);
-                        return Ok(WriteOutcome::HandedOff);
+                        return Ok(Some(WriteOutcome::HandedOff));
                     }
                     if lease.state != LeaseState::Owned {
                         self.done.send_replace(true);
                     }
-                    return Ok(WriteOutcome::Kept);
+                    return Ok(Some(WriteOutcome::Kept));
                 }
                 Err(LeaseError::Conflict { current, .. })
                     if current.is_owned_by(&self.host) && current.keeps_continuation_of(&lease) =>
                 {
+                    if !hand_off && current.next_owner.is_some() {
+                        return Ok(None);
+                    }
                     debug!(lease = %lease.key, version = %current.version, "conflict; still the owner, retrying");
                     *lease = *current;
                 }
@@ -156,8 +166,9 @@ impl LeaseCell {
     }
 
     /// Moves the checkpoint to `continuation` without handing the lease off, while other
-    /// handler calls of the batch still run (key-parallel delivery's done prefix).
-    pub(crate) async fn advance(&self, continuation: Continuation) -> Result<(), LeaseError> {
+    /// handler calls of the batch still run (key-parallel delivery's done prefix). `Ok(false)`:
+    /// not written, as a hand-off request is pending (see [`Self::write_as`]).
+    pub(crate) async fn advance(&self, continuation: Continuation) -> Result<bool, LeaseError> {
         self.write_as(
             |l| {
                 l.continuation = Some(continuation.clone());
@@ -166,7 +177,7 @@ impl LeaseCell {
             false,
         )
         .await
-        .map(|_| ())
+        .map(|outcome| outcome.is_some())
     }
 
     /// Marks the lease finished at `continuation` (its partition ended).

@@ -22,6 +22,8 @@ pub(crate) struct LoadView {
     reports: BTreeMap<HostName, HostReport>,
     /// Each lease's holder when last planned, to see it change.
     holders: HashMap<PartitionId, Option<HostName>>,
+    /// When `holders` was taken (since `origin`).
+    holders_at: Duration,
     moved_at: BTreeMap<PartitionId, Duration>,
 }
 
@@ -51,6 +53,7 @@ impl LoadView {
             origin,
             reports: BTreeMap::new(),
             holders: HashMap::new(),
+            holders_at: Duration::ZERO,
             moved_at: BTreeMap::new(),
         }
     }
@@ -90,8 +93,9 @@ impl LoadView {
 
     /// The load input at `now` over `table`: each lease's handler busy time per second as its
     /// owner last reported it (unknown when its owner's report does not name it), each
-    /// reporting host's capacity, and when each lease was last seen to change owner (a lease
-    /// seen for the first time has not moved, as far as this host knows).
+    /// reporting host's capacity, and when each lease last changed owner as far as this host
+    /// can tell: no earlier than its last look before it saw the change (a lease seen for the
+    /// first time has not moved, as far as this host knows).
     pub(crate) fn maps(&mut self, table: &LeaseTable, now: Instant) -> LoadMaps {
         let now = now.saturating_duration_since(self.origin);
         let mut lease_load = BTreeMap::new();
@@ -100,8 +104,11 @@ impl LoadView {
             let partition = &lease.key.partition;
             let holder = lease.owner.clone();
             match self.holders.get(partition) {
+                // It changed hands after the last look, which is the earliest it can have
+                // moved: dated then, a change seen late (this host was cut off or stalled for
+                // a while) does not hold the lease for a whole dwell after this host is back.
                 Some(before) if *before != holder => {
-                    self.moved_at.insert(partition.clone(), now);
+                    self.moved_at.insert(partition.clone(), self.holders_at);
                 }
                 _ => {}
             }
@@ -117,6 +124,7 @@ impl LoadView {
         // Leases gone from the table are forgotten.
         self.moved_at.retain(|p, _| holders.contains_key(p));
         self.holders = holders;
+        self.holders_at = now;
         let capacity = self
             .reports
             .iter()

@@ -138,6 +138,7 @@ fn partitions(takes: &[(Lease, TakeKind)]) -> Vec<(PartitionId, TakeKind)> {
 }
 
 mod census;
+mod loads;
 mod ordering;
 mod parts;
 mod state;

@@ -30,7 +30,10 @@
 //!    utilised one: of its leases, the one that lowers the higher utilisation of the pair the
 //!    most, so one large lease goes where it closes the gap instead of many small ones. A host
 //!    holding nothing is served first, from the most utilised host that has a lease it may
-//!    give (the busiest may hold a single hot lease, or only leases within their dwell). A move
+//!    give (the busiest may hold a single hot lease, or only leases within their dwell); where
+//!    no lease passes the gain rule below (idle leases weigh nothing), by count: the lightest
+//!    lease of a host holding two or more, whatever its gain, if it leaves the empty host no
+//!    busier than the giver was. Any other move
 //!    is made only if its gain, that lowering divided by the utilisation the lease carries off
 //!    its host, is at least `min_gain` (1: the move relieves the busy host fully and overloads
 //!    nobody; near 0: it mostly shifts the problem, and a few percent of noise could undo it),
@@ -320,13 +323,45 @@ impl LoadShare {
                         })
                         .map(|(k, i, _, gain)| (from, k, i, gain))
                 };
+                // The lightest lease `from` may give, by count (its gain, if it has one), if it
+                // leaves `to` no busier than `from` was: then the move does not raise the sum
+                // of load² ÷ capacity either, and the next plan has no reason to undo it.
+                let lightest = |from: usize| {
+                    let (k, &i) = movable[from]
+                        .iter()
+                        .enumerate()
+                        .min_by(|a, b| weight(*a.1).total_cmp(&weight(*b.1)).then(a.0.cmp(&b.0)))?;
+                    let w = weight(i);
+                    let carried = w / capacity[from];
+                    let (uf, ut) = (utilisation(&held, from), utilisation(&held, to));
+                    if (held[to] + w) / capacity[to] > uf {
+                        return None;
+                    }
+                    let lowered = uf.max(ut)
+                        - ((held[from] - w) / capacity[from]).max((held[to] + w) / capacity[to]);
+                    let gain = if carried > 0.0 {
+                        lowered / carried
+                    } else {
+                        0.0
+                    };
+                    Some((from, k, i, gain))
+                };
                 // An empty host takes from the most utilised host that has a lease to give it
-                // (the busiest may hold one hot lease, or only leases within their dwell);
-                // any other move is from the busiest host.
+                // (the busiest may hold one hot lease, or only leases within their dwell). If
+                // no lease passes rule 4 (those it could take weigh nothing, or each is all of
+                // its host's load), it takes the lightest lease of a host holding two or more:
+                // a host holding nothing is a reason by count. Any other move is from the
+                // busiest host.
                 let found = if empty[to] {
                     let mut donors: Vec<usize> = (0..hosts.len()).filter(|&h| h != to).collect();
                     donors.sort_by(|a, b| by_use(b, a));
-                    donors.into_iter().find_map(best_from)
+                    donors.iter().copied().find_map(best_from).or_else(|| {
+                        donors
+                            .iter()
+                            .copied()
+                            .filter(|&h| holds[h] >= 2)
+                            .find_map(lightest)
+                    })
                 } else {
                     best_from(busiest)
                 };
@@ -337,6 +372,8 @@ impl LoadShare {
                 let w = weight(i);
                 held[from] -= w;
                 held[to] += w;
+                holds[from] -= 1;
+                holds[to] += 1;
                 empty[to] = false;
                 moves.push(Move {
                     partition: partition(i).clone(),

@@ -189,6 +189,31 @@ fn a_host_holding_nothing_is_given_a_lease_by_a_host_that_has_one_to_give() {
 }
 
 #[test]
+fn a_host_holding_nothing_gets_an_idle_lease_by_count() {
+    // Idle leases weigh nothing, so no move of one passes the gain rule; a host holding
+    // nothing still gets one, the lightest of a host holding two or more.
+    let l = Loaded {
+        live: hosts(&["a", "b", "c"]),
+        table: {
+            let mut t = Table::default();
+            t.add(4, Some("a")).add(1, Some("b"));
+            t
+        },
+        loads: [0.0, 0.0, 5.0, 0.0, 1.0]
+            .into_iter()
+            .enumerate()
+            .map(|(i, x)| (pid(i), x))
+            .collect(),
+        capacity: ["a", "b", "c"].iter().map(|h| (host(h), 1.0)).collect(),
+    };
+    let none = BTreeMap::new();
+    let moves = l.moves(&LoadShare::default(), &l.input(&none, Duration::ZERO));
+    assert_eq!(moves.len(), 1, "{moves:?}");
+    assert_eq!((moves[0].from.as_str(), moves[0].to.as_str()), ("a", "c"));
+    assert_eq!(l.loads[&moves[0].partition], 0.0, "the lightest: {moves:?}");
+}
+
+#[test]
 fn free_leases_go_heaviest_first_to_the_least_used_host() {
     // Rule 2: a big host (capacity 3) takes three times the load of a small one.
     let live = hosts(&["big", "small"]);
@@ -251,7 +276,8 @@ fn without_loads_it_is_equal_share() {
 proptest! {
     /// Every hand-off brings at least `min_gain` (the pair's higher utilisation lowered by that
     /// fraction of what the lease carries off its host) and moves a lease from the host
-    /// holding it.
+    /// holding it, except one that gives a host holding nothing a lease of a host holding two
+    /// or more (rule 4's count fallback).
     #[test]
     fn never_moves_a_lease_without_the_stated_gain(l in gen_loaded(), gain in 0.0f64..1.0) {
         let s = LoadShare::default().with_min_gain(gain);
@@ -261,6 +287,13 @@ proptest! {
         let mut l2 = l.clone();
         for m in &moves {
             let w = l.loads[&m.partition];
+            let count = |h: &HostName| l2.table.leases.iter().filter(|x| x.owner.as_ref() == Some(h)).count();
+            if count(&m.to) == 0 && count(&m.from) >= 2 {
+                *held.get_mut(&m.from).expect("live") -= w;
+                *held.get_mut(&m.to).expect("live") += w;
+                l2.apply(std::slice::from_ref(m));
+                continue;
+            }
             let (f, t) = (held[&m.from], held[&m.to]);
             let before = (f / l.cap(&m.from)).max(t / l.cap(&m.to));
             let after = ((f - w) / l.cap(&m.from)).max((t + w) / l.cap(&m.to));

@@ -569,20 +569,6 @@ impl HostState {
         self.table.rows()
     }
 
-    /// Whether the partition sync should run now, before its interval: a lease became
-    /// finished since the last successful sync (its children may need leases). Two hosts
-    /// that both sync are harmless: lease creation is create-if-absent.
-    pub(crate) fn sync_wanted(&mut self) -> bool {
-        self.sync_wanted |= self.table.take_finished();
-        self.sync_wanted
-    }
-
-    /// A partition sync succeeded, or this host does not lead (a host that comes to lead
-    /// syncs at once anyway).
-    pub(crate) fn synced(&mut self) {
-        self.sync_wanted = false;
-    }
-
     /// The heartbeat rows of dead hosts the leader may remove (see [`dead_rows`]); none
     /// unless this host leads. With a view, only rows the view lists dead, so no host holding
     /// the view counts a removed row's host as unknown while it still owns leases.

@@ -1,4 +1,5 @@
-//! Planning from the table (what to take, ask for and release) and the workers this host runs.
+//! Planning from the table (what to take, ask for and release), the workers this host runs,
+//! and when the partition sync is wanted.
 
 use super::*;
 use crate::balance::{BalanceStrategy, LeaseLimits};
@@ -292,5 +293,21 @@ impl HostState {
                 self.outbox.push(Effect::Hint(Lease::clone(row)));
             }
         }
+    }
+
+    // --- the partition sync ----------------------------------------------------------------
+
+    /// Whether the partition sync should run now, before its interval: a lease became
+    /// finished since the last successful sync (its children may need leases). Two hosts
+    /// that both sync are harmless: lease creation is create-if-absent.
+    pub(crate) fn sync_wanted(&mut self) -> bool {
+        self.sync_wanted |= self.table.take_finished();
+        self.sync_wanted
+    }
+
+    /// A partition sync succeeded, or this host does not lead (a host that comes to lead
+    /// syncs at once anyway).
+    pub(crate) fn synced(&mut self) {
+        self.sync_wanted = false;
     }
 }

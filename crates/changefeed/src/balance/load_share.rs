@@ -292,28 +292,34 @@ impl LoadShare {
                 if utilisation(&held, busiest) <= mean * (1.0 + settle) && !empty[to] {
                     break;
                 }
+                // Moving lease `i` from `from` to `to`: how much it lowers the pair's higher
+                // utilisation, its gain (that as a fraction of what it carries off `from`; 0
+                // for a lease that weighs nothing), the change in sum(load² / capacity)
+                // (negative when the pair evens out), and `to`'s utilisation after it.
+                let effect = |from: usize, i: usize| {
+                    let w = weight(i);
+                    let (uf, ut) = (utilisation(&held, from), utilisation(&held, to));
+                    let (nf, nt) = (
+                        (held[from] - w) / capacity[from],
+                        (held[to] + w) / capacity[to],
+                    );
+                    let carried = w / capacity[from];
+                    let lowered = uf.max(ut) - nf.max(nt);
+                    let gain = if carried > 0.0 {
+                        lowered / carried
+                    } else {
+                        0.0
+                    };
+                    (lowered, gain, w * ((ut + nt) - (uf + nf)), nt)
+                };
                 // The best move from `from` to `to` by rule 4, if any.
                 let best_from = |from: usize| {
-                    let (uf, ut) = (utilisation(&held, from), utilisation(&held, to));
                     movable[from]
                         .iter()
                         .enumerate()
                         .filter_map(|(k, &i)| {
-                            let w = weight(i);
-                            let (nf, nt) = (
-                                (held[from] - w) / capacity[from],
-                                (held[to] + w) / capacity[to],
-                            );
-                            let carried = w / capacity[from];
-                            if carried <= 0.0 {
-                                return None;
-                            }
-                            let lowered = uf.max(ut) - nf.max(nt);
-                            let gain = lowered / carried;
-                            // The change in sum(load² / capacity): negative when the pair
-                            // evens out.
-                            let potential = w * ((ut + nt) - (uf + nf));
-                            (gain >= self.min_gain && potential < 0.0)
+                            let (lowered, gain, potential, _) = effect(from, i);
+                            (weight(i) > 0.0 && gain >= self.min_gain && potential < 0.0)
                                 .then_some((k, i, lowered, gain))
                         })
                         .max_by(|a, b| {
@@ -331,20 +337,8 @@ impl LoadShare {
                         .iter()
                         .enumerate()
                         .min_by(|a, b| weight(*a.1).total_cmp(&weight(*b.1)).then(a.0.cmp(&b.0)))?;
-                    let w = weight(i);
-                    let carried = w / capacity[from];
-                    let (uf, ut) = (utilisation(&held, from), utilisation(&held, to));
-                    if (held[to] + w) / capacity[to] > uf {
-                        return None;
-                    }
-                    let lowered = uf.max(ut)
-                        - ((held[from] - w) / capacity[from]).max((held[to] + w) / capacity[to]);
-                    let gain = if carried > 0.0 {
-                        lowered / carried
-                    } else {
-                        0.0
-                    };
-                    Some((from, k, i, gain))
+                    let (_, gain, _, to_after) = effect(from, i);
+                    (to_after <= utilisation(&held, from)).then_some((from, k, i, gain))
                 };
                 // An empty host takes from the most utilised host that has a lease to give it
                 // (the busiest may hold one hot lease, or only leases within their dwell). If

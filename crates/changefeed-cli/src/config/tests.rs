@@ -497,14 +497,17 @@ fn key_concurrency_is_read_by_name_and_refused_with_the_kcl_protocol() {
     a.key_concurrency = Some("many".into());
     let err = a.resolve().expect_err("not a number");
     assert!(err.0.starts_with("key_concurrency: \"many\""), "{err}");
-    let mut a = args();
-    a.key_concurrency = Some("4".into());
-    a.protocol = Some("lines".into());
-    assert_eq!(a.resolve().expect("lines takes it").key_concurrency, 4);
-    let mut a = args();
-    a.key_concurrency = Some("4".into());
-    a.protocol = Some("kcl".into());
-    let err = a.resolve().expect_err("not with the KCL protocol");
+    let four_over = |protocol: &str| {
+        let mut a = args();
+        a.key_concurrency = Some("4".into());
+        a.protocol = Some(protocol.into());
+        a.resolve()
+    };
+    assert_eq!(
+        four_over("lines").expect("lines takes it").key_concurrency,
+        4
+    );
+    let err = four_over("kcl").expect_err("not with the KCL protocol");
     assert!(
         err.0
             .starts_with("key_concurrency: 4 needs --protocol batch or lines"),

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use changefeed::lease::LeaseStore;
-use changefeed::model::{GroupName, LeaseKey, PartitionId};
-use changefeed::processor::{handler_fn, Processor, Settings};
+use changefeed::model::{Continuation, GroupName, LeaseKey, PartitionId};
+use changefeed::processor::{handler_fn, Handler, Processor, ProcessorHandle, Settings};
 use changefeed_sqlite::{SqliteFeed, SqliteLeaseStore};
 
 use super::dead_letter::{settings, wait_for};
@@ -17,27 +17,79 @@ use super::dead_letter::{settings, wait_for};
 const KEYS: usize = 8;
 const PER_KEY: usize = 30;
 
+/// A SQLite file whose one partition holds the records given, with its feed, its lease store
+/// and each record's continuation, in order.
+struct OnePartition {
+    _dir: tempfile::TempDir,
+    feed: SqliteFeed,
+    store: SqliteLeaseStore,
+    at: Vec<Continuation>,
+}
+
+impl OnePartition {
+    async fn new(records: impl IntoIterator<Item = (String, String)>) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("changefeed.db");
+        let feed = SqliteFeed::open(&path).await.unwrap();
+        feed.create_partitions(1).await.unwrap();
+        let mut at = Vec::new();
+        for (key, data) in records {
+            at.push(feed.append(&key, data).await.unwrap().1);
+        }
+        let store = SqliteLeaseStore::open(&path).await.unwrap();
+        OnePartition {
+            _dir: dir,
+            feed,
+            store,
+            at,
+        }
+    }
+
+    /// Host `host-a` of group `orders` running `handler` four keys at once.
+    fn start(&self, settings: Settings, handler: impl Handler) -> ProcessorHandle {
+        Processor::builder()
+            .host("host-a")
+            .group("orders")
+            .settings(settings)
+            .store(Arc::new(self.store.clone()))
+            .source(Arc::new(self.feed.clone()))
+            .handler(handler)
+            .key_concurrency(4)
+            .build()
+            .unwrap()
+            .start()
+    }
+
+    /// The partition's checkpoint now.
+    async fn checkpoint(&self) -> Option<Continuation> {
+        let key = LeaseKey::new(
+            GroupName::new("orders").unwrap(),
+            PartitionId::new("0").unwrap(),
+        );
+        self.store
+            .get(&key)
+            .await
+            .unwrap()
+            .and_then(|l| l.continuation)
+    }
+
+    /// Waits until the checkpoint stands at `at`.
+    async fn wait_for_checkpoint(&self, what: &str, at: &Continuation) {
+        wait_for(what, Duration::from_secs(30), || async {
+            (self.checkpoint().await.as_ref() == Some(at)).then_some(())
+        })
+        .await;
+    }
+}
+
 /// Each key's records in order, none lost, at most four calls at once (and more than one),
 /// the checkpoint at the last record; the one key whose first call fails is the only one
 /// delivered twice. Rule 4 of DESIGN.md, kept per key when a partition runs key-parallel.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn key_parallel_keeps_each_keys_order_on_sqlite_with_four_slots() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("changefeed.db");
-    let feed = SqliteFeed::open(&path).await.unwrap();
-    feed.create_partitions(1).await.unwrap();
-    let mut last = None;
-    for seq in 0..PER_KEY {
-        for k in 0..KEYS {
-            let (_, c) = feed
-                .append(&format!("k{k}"), format!("{seq}"))
-                .await
-                .unwrap();
-            last = Some(c);
-        }
-    }
-    let last = last.unwrap();
-    let store = SqliteLeaseStore::open(&path).await.unwrap();
+    let records =
+        (0..PER_KEY).flat_map(|seq| (0..KEYS).map(move |k| (format!("k{k}"), seq.to_string())));
+    let one = OnePartition::new(records).await;
 
     // Per key, the sequence numbers in the order the handler saw them.
     let seen: Arc<Mutex<BTreeMap<String, Vec<usize>>>> = Arc::default();
@@ -80,34 +132,16 @@ async fn key_parallel_keeps_each_keys_order_on_sqlite_with_four_slots() {
             }
         })
     };
-    let running = Processor::builder()
-        .host("host-a")
-        .group("orders")
-        .settings(Settings {
+    let running = one.start(
+        Settings {
             max_batch_size: 40,
             ..settings()
-        })
-        .store(Arc::new(store.clone()))
-        .source(Arc::new(feed.clone()))
-        .handler(handler)
-        .key_concurrency(4)
-        .build()
-        .unwrap()
-        .start();
-
-    let key = LeaseKey::new(
-        GroupName::new("orders").unwrap(),
-        PartitionId::new("0").unwrap(),
-    );
-    wait_for(
-        "the checkpoint to reach the last record",
-        Duration::from_secs(30),
-        || async {
-            let at = store.get(&key).await.unwrap().and_then(|l| l.continuation);
-            (at.as_ref() == Some(&last)).then_some(())
         },
-    )
-    .await;
+        handler,
+    );
+    let last = one.at.last().unwrap();
+    one.wait_for_checkpoint("the checkpoint to reach the last record", last)
+        .await;
     running.stop().await.unwrap();
 
     let seen = seen.lock().unwrap().clone();
@@ -134,16 +168,9 @@ async fn key_parallel_keeps_each_keys_order_on_sqlite_with_four_slots() {
 /// slow key is done.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_checkpoint_moves_to_the_record_before_the_oldest_not_done_while_a_key_runs() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("changefeed.db");
-    let feed = SqliteFeed::open(&path).await.unwrap();
-    feed.create_partitions(1).await.unwrap();
     // a a a slow c c c: the prefix stops before `slow` until it is done.
-    let mut at = Vec::new();
-    for key in ["a", "a", "a", "slow", "c", "c", "c"] {
-        at.push(feed.append(key, "x").await.unwrap().1);
-    }
-    let store = SqliteLeaseStore::open(&path).await.unwrap();
+    let keys = ["a", "a", "a", "slow", "c", "c", "c"];
+    let one = OnePartition::new(keys.map(|k| (k.to_string(), "x".to_string()))).await;
     let release = Arc::new(tokio::sync::Notify::new());
     let handler = {
         let release = release.clone();
@@ -157,36 +184,16 @@ async fn the_checkpoint_moves_to_the_record_before_the_oldest_not_done_while_a_k
             }
         })
     };
-    let running = Processor::builder()
-        .host("host-a")
-        .group("orders")
-        .settings(settings())
-        .store(Arc::new(store.clone()))
-        .source(Arc::new(feed.clone()))
-        .handler(handler)
-        .key_concurrency(4)
-        .build()
-        .unwrap()
-        .start();
-    let key = LeaseKey::new(
-        GroupName::new("orders").unwrap(),
-        PartitionId::new("0").unwrap(),
-    );
-    let checkpoint = || async { store.get(&key).await.unwrap().and_then(|l| l.continuation) };
-    wait_for(
+    let running = one.start(settings(), handler);
+    one.wait_for_checkpoint(
         "the checkpoint at the record before the slow key's",
-        Duration::from_secs(30),
-        || async { (checkpoint().await.as_ref() == Some(&at[2])).then_some(()) },
+        &one.at[2],
     )
     .await;
     // It cannot pass the slow key's record while that call runs (c's records, done, wait
     // behind it): only the batch's end moves it on.
     release.notify_one();
-    wait_for(
-        "the checkpoint at the batch's last record",
-        Duration::from_secs(30),
-        || async { (checkpoint().await.as_ref() == Some(&at[6])).then_some(()) },
-    )
-    .await;
+    one.wait_for_checkpoint("the checkpoint at the batch's last record", &one.at[6])
+        .await;
     running.stop().await.unwrap();
 }
